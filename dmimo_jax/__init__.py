@@ -1,0 +1,100 @@
+"""dmimo_jax: differentiable carrier-phase-only positioning in distributed MIMO (POPT).
+
+Physics, bounds and estimation expect float64: enable it in your entry point with
+``jax.config.update("jax_enable_x64", True)``; importing dmimo_jax never changes it.
+"""
+
+from dmimo_jax import bounds, materials, measure, phase, physics, scene
+from dmimo_jax.bounds import (
+    channel_fim,
+    efim,
+    efim_from_variance,
+    efim_schur,
+    jacobian_analytic,
+    peb,
+    peb_map,
+    phase_jacobian,
+    position_fim,
+)
+from dmimo_jax.materials import ITU_MATERIALS, relative_permittivity
+from dmimo_jax.measure import (
+    phases_from_signal,
+    random_cpos,
+    received_signal,
+    simulate_phases,
+    simulate_phases_batch,
+    simulate_phases_exact,
+    simulate_phases_exact_batch,
+)
+from dmimo_jax.phase import angle_diff, circular_mean, wrap
+from dmimo_jax.physics import (
+    PhaseModel,
+    TwoRayModel,
+    as_phase_model,
+    effective_amplitude,
+    effective_phase,
+    effective_phasor,
+    path_parameters,
+    phase_noise_var,
+    phase_perturbation,
+    reflection_coefficient,
+    unwrapped_phase,
+)
+from dmimo_jax.scene import (
+    Scene,
+    dbm_to_watt,
+    paper_scene,
+    sample_ap_positions,
+    sample_positions,
+    thermal_noise_power,
+    watt_to_dbm,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ITU_MATERIALS",
+    "PhaseModel",
+    "Scene",
+    "TwoRayModel",
+    "angle_diff",
+    "as_phase_model",
+    "bounds",
+    "channel_fim",
+    "circular_mean",
+    "dbm_to_watt",
+    "effective_amplitude",
+    "effective_phase",
+    "effective_phasor",
+    "efim",
+    "efim_from_variance",
+    "efim_schur",
+    "jacobian_analytic",
+    "materials",
+    "measure",
+    "paper_scene",
+    "path_parameters",
+    "peb",
+    "peb_map",
+    "phase",
+    "phase_jacobian",
+    "phase_noise_var",
+    "phase_perturbation",
+    "phases_from_signal",
+    "physics",
+    "position_fim",
+    "random_cpos",
+    "received_signal",
+    "reflection_coefficient",
+    "relative_permittivity",
+    "sample_ap_positions",
+    "sample_positions",
+    "scene",
+    "simulate_phases",
+    "simulate_phases_batch",
+    "simulate_phases_exact",
+    "simulate_phases_exact_batch",
+    "thermal_noise_power",
+    "unwrapped_phase",
+    "watt_to_dbm",
+]

@@ -1,0 +1,256 @@
+r"""Fisher information and the position error bound, eqs. (10)-(14) and the Appendix.
+
+Route of Sec. II-C: channel FIM :math:`\mathbf{J}(\boldsymbol\eta)` over
+:math:`\boldsymbol\eta = [\phi, \boldsymbol\alpha^\top, \boldsymbol\theta^\top]^\top`
+(eq. 10, by autodiff of the noise-free signal) :math:`\to` EFIM of the phases by Schur
+complement (eq. 13a), equal to the closed form (eq. 13b) :math:`\to` position FIM
+:math:`\mathbf{J}(\mathbf{x}) = \mathbf{H}^\top\mathbf{J}(\boldsymbol\theta)\mathbf{H}`
+(eq. 14) with :math:`\mathbf{H} = \partial\boldsymbol\theta/\partial\mathbf{x}` from
+``jax.jacfwd`` :math:`\to` :math:`\mathrm{PEB} = \sqrt{\mathrm{tr}\,\mathbf{J}(\mathbf{x})^{-1}}`.
+
+Since :math:`1/\sigma_m^2 = 2P\alpha_m^2/\sigma_w^2` (eq. 9), eq. (13b) is
+:math:`\mathrm{diag}(\mathbf{w}) - \mathbf{w}\mathbf{w}^\top / \sum_m w_m` with
+:math:`w_m = 1/\sigma_m^2`, which needs only a PhaseModel's mean and variance: the
+position FIM and PEB therefore accept any PhaseModel (a Scene means its two-ray model).
+
+All position functions take one position (3,); :func:`peb_map` evaluates many.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_positions
+from dmimo_jax.physics import (
+    as_phase_model,
+    effective_amplitude,
+    geometry,
+    reflection_coefficient,
+    unwrapped_phase,
+)
+from dmimo_jax.physics import _zeta
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "channel_fim",
+    "efim_schur",
+    "efim",
+    "efim_from_variance",
+    "phase_jacobian",
+    "jacobian_analytic",
+    "position_fim",
+    "peb",
+    "peb_map",
+]
+
+
+def channel_fim(x: ArrayLike, scene: Scene) -> Array:
+    r"""Channel FIM of :math:`\boldsymbol\eta = [\phi, \alpha_1..\alpha_M, \theta_1..\theta_M]`, eq. (10).
+
+    :math:`[\mathbf{J}]_{kl} = \frac{2}{\sigma_w^2}\sum_m \Re\{\partial_k \bar y_m^* \,\partial_l \bar y_m\}`
+    with :math:`\bar y_m = \sqrt{P}\alpha_m e^{-j(\theta_m+\phi)}`, differentiated by
+    ``jax.jacfwd`` (real and imaginary parts). The value of :math:`\phi` does not enter.
+
+    Returns:
+        (2M+1, 2M+1) symmetric, rank-deficient by one (phases and CPO are coupled).
+    """
+    check_positions("x", x, batched=False)
+    m = scene.num_aps
+    alpha = effective_amplitude(x, scene)
+    theta = unwrapped_phase(x, scene)
+    eta = jnp.concatenate([jnp.zeros((1,), alpha.dtype), alpha, theta])
+
+    def noise_free(eta: Array) -> Array:
+        phi, a, t = eta[0], eta[1 : m + 1], eta[m + 1 :]
+        y = jnp.sqrt(scene.tx_power) * a * jnp.exp(-1j * (t + phi))
+        return jnp.stack([jnp.real(y), jnp.imag(y)])  # (2, M)
+
+    d = jax.jacfwd(noise_free)(eta)  # (2, M, 2M+1)
+    return 2.0 / scene.noise_power * jnp.einsum("cmk,cml->kl", d, d)
+
+
+def efim_schur(fim: ArrayLike) -> Array:
+    r"""EFIM of the phases by Schur complement, eq. (13a).
+
+    :math:`\mathbf{J}(\boldsymbol\theta) = \mathbf{J}_{\theta\theta} -
+    \mathbf{J}_{\nu\theta}^\top\mathbf{J}_{\nu\nu}^{-1}\mathbf{J}_{\nu\theta}`, nuisance
+    :math:`\boldsymbol\nu = [\phi, \boldsymbol\alpha]` (the first M+1 entries of
+    :math:`\boldsymbol\eta`).
+
+    Args:
+        fim: (2M+1, 2M+1) channel FIM from :func:`channel_fim`.
+
+    Returns:
+        (M, M) EFIM.
+    """
+    fim = jnp.asarray(fim)
+    n = fim.shape[-1]
+    if fim.shape != (n, n) or n % 2 != 1:
+        raise ValueError(f"fim must be square with odd size 2M+1, got {fim.shape}")
+    m = (n - 1) // 2
+    j_nn, j_nt, j_tt = fim[: m + 1, : m + 1], fim[: m + 1, m + 1 :], fim[m + 1 :, m + 1 :]
+    return j_tt - j_nt.T @ jnp.linalg.solve(j_nn, j_nt)
+
+
+def efim_from_variance(variance: ArrayLike) -> Array:
+    r"""Closed-form EFIM from the phase variances: :math:`\mathrm{diag}(\mathbf w) - \mathbf w\mathbf w^\top/\sum w`.
+
+    With :math:`w_m = 1/\sigma_m^2 = 2P\alpha_m^2/\sigma_w^2` this is eq. (13b). (M, M).
+    """
+    w = 1.0 / jnp.asarray(variance)
+    return jnp.diag(w) - jnp.outer(w, w) / jnp.sum(w)
+
+
+def efim(x: ArrayLike, scene: Scene) -> Array:
+    r"""Closed-form EFIM, eq. (13b): :math:`\frac{2P}{\sigma_w^2}(\boldsymbol\Lambda - \boldsymbol\alpha_{sq}\boldsymbol\alpha_{sq}^\top/\sum_m\alpha_m^2)`. (M, M)."""
+    check_positions("x", x, batched=False)
+    a_sq = effective_amplitude(x, scene) ** 2
+    scale = 2.0 * scene.tx_power / scene.noise_power
+    return scale * (jnp.diag(a_sq) - jnp.outer(a_sq, a_sq) / jnp.sum(a_sq))
+
+
+def phase_jacobian(x: ArrayLike, model: Any) -> Array:
+    r""":math:`\mathbf{H} = \partial\boldsymbol\theta/\partial\mathbf{x}` by ``jax.jacfwd`` of the mean phase, (M, 3)."""
+    model = as_phase_model(model)
+    check_positions("x", x, batched=False)
+    return jax.jacfwd(model.mean)(jnp.asarray(x))
+
+
+def jacobian_analytic(x: ArrayLike, scene: Scene, *, paper_sign: bool = False) -> Array:
+    r"""The Appendix's analytic Jacobian :math:`\partial\theta_m/\partial\mathbf{x}`, (M, 3).
+
+    Implements eqs. (A1)-(A6): path-amplitude and path-phase derivatives, the
+    derivative of :math:`\Gamma` through the incidence angle, and
+
+    .. math::
+
+        \frac{\partial\theta_m}{\partial\mathbf x} = -\Im\Big\{\frac{\sum_i(\partial\alpha^{(i)}_m
+        - j\alpha^{(i)}_m\partial\theta^{(i)}_m)e^{-j\theta^{(i)}_m}}{\sum_i h^{(i)}_m}\Big\}.
+
+    Two deliberate departures from the printed Appendix, both checked by the tests:
+
+    * **Sign.** Eq. (A1) prints :math:`+\Im\{\cdot\}`. Since :math:`\sum_i h^{(i)}_m =
+      \alpha_m e^{-j\theta_m}`, :math:`\Im\{\partial\log\sum_i h^{(i)}_m\} =
+      -\partial\theta_m`, so the correct sign is minus (with a LoS path alone the printed
+      form gives :math:`-\partial\theta^{(1)}`). The sign cancels in the position FIM
+      :math:`\mathbf H^\top\mathbf J\mathbf H`, so the paper's PEB is unaffected.
+      ``paper_sign=True`` returns the printed form.
+    * **No 0/0 below an AP.** The Appendix writes
+      :math:`\partial\Gamma = \frac{2(1-\varepsilon_r)\sin\gamma}{\zeta(\cos\gamma+\zeta)^2}\partial\gamma`
+      with :math:`\partial\gamma` carrying :math:`1/\sin\gamma`; here
+      :math:`\sin\gamma\,\partial\gamma = -\partial\cos\gamma` is substituted, which is
+      finite straight below an AP.
+
+    TM polarization uses :math:`\partial\Gamma_{TM}/\partial\cos\gamma =
+    2\varepsilon_r(\varepsilon_r-1)/(\zeta(\varepsilon_r\cos\gamma+\zeta)^2)` (same
+    derivation); a perfect conductor has :math:`\partial\Gamma = 0`.
+    """
+    check_positions("x", x, batched=False)
+    x = jnp.asarray(x, scene.ap_positions.dtype)
+    ap = scene.ap_positions
+    lam = scene.wavelength
+    k = 2 * jnp.pi / lam
+    geo = geometry(x, scene)
+    d1, d2, c = geo.d1[:, None], geo.d2[:, None], geo.cos_gamma
+    delta = ap - x[None, :]
+    delta_t = ap * jnp.asarray([1.0, 1.0, -1.0], ap.dtype)[None, :] - x[None, :]
+    e3 = jnp.asarray([0.0, 0.0, 1.0], ap.dtype)[None, :]
+
+    # LoS path (A2)
+    alpha1 = lam / (4 * jnp.pi * d1)
+    theta1 = k * d1
+    dalpha1 = lam / (4 * jnp.pi) * delta / d1**3
+    dtheta1 = -k * delta / d1
+
+    # Reflection coefficient and its derivative (A4)-(A6), via d cos(gamma)/dx
+    gamma = reflection_coefficient(c, scene.eps_r, scene.polarization, scene.perfect_conductor)
+    dcos = ((x[2] + ap[:, 2])[:, None] * delta_t + d2**2 * e3) / d2**3
+    cc = c.astype(gamma.dtype)
+    eps = scene.eps_r
+    zeta = _zeta(cc, eps)
+    if scene.perfect_conductor:
+        dgamma_dcos = jnp.zeros_like(gamma)
+    elif scene.polarization == "TE":
+        dgamma_dcos = 2 * (eps - 1) / (zeta * (cc + zeta) ** 2)
+    else:
+        dgamma_dcos = 2 * eps * (eps - 1) / (zeta * (eps * cc + zeta) ** 2)
+    dgamma = dgamma_dcos[:, None] * dcos
+    abs_g = jnp.abs(gamma)[:, None]
+    dabs_g = jnp.real(jnp.conj(gamma)[:, None] / abs_g * dgamma)
+    dang_g = jnp.imag(dgamma / gamma[:, None])
+
+    # Reflected path (A3)
+    alpha2 = abs_g * lam / (4 * jnp.pi * d2)
+    theta2 = k * d2 - jnp.angle(gamma)[:, None]
+    dalpha2 = lam / (4 * jnp.pi * d2) * (abs_g * delta_t / d2**2 + dabs_g)
+    dtheta2 = -k * delta_t / d2 - dang_g
+
+    # (A1); a common factor exp(-j theta1) is removed from numerator and denominator so
+    # that no ~170 rad phase enters the complex exponentials.
+    rot2 = jnp.exp(-1j * (theta2 - theta1))
+    num = (dalpha1 - 1j * alpha1 * dtheta1) + (dalpha2 - 1j * alpha2 * dtheta2) * rot2
+    den = alpha1 + alpha2 * rot2
+    h = jnp.imag(num / den)
+    return h if paper_sign else -h
+
+
+def position_fim(x: ArrayLike, model: Any) -> Array:
+    r"""Position FIM :math:`\mathbf{J}(\mathbf{x}) = \mathbf{H}^\top\mathbf{J}(\boldsymbol\theta)\mathbf{H}`, eq. (14), (3, 3), 1/m^2.
+
+    Args:
+        x: UE position (3,), metres.
+        model: a Scene (two-ray model, eq. 13b) or any PhaseModel.
+    """
+    model = as_phase_model(model)
+    check_positions("x", x, batched=False)
+    x = jnp.asarray(x)
+    h = jax.jacfwd(model.mean)(x)
+    j_theta = efim_from_variance(model.variance(x))
+    return h.T @ j_theta @ h
+
+
+def peb(x: ArrayLike, model: Any) -> Array:
+    r"""Position error bound :math:`\sqrt{\mathrm{tr}(\mathbf{J}(\mathbf{x})^{-1})}` in metres.
+
+    Args:
+        x: UE position (3,), metres.
+        model: a Scene or any PhaseModel.
+
+    Returns:
+        Scalar PEB in metres (inf/NaN when the position FIM is singular, e.g. M < 4).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from dmimo_jax import paper_scene
+        >>> p = peb(jnp.array([6.5, 5.0, 2.0]), paper_scene(power_dbm=-10.0))
+        >>> bool(1e-6 < float(p) < 1e-4)  # tens of micrometres
+        True
+    """
+    j = position_fim(x, model)
+    return jnp.sqrt(jnp.trace(jnp.linalg.inv(j)))
+
+
+def peb_map(xs: ArrayLike, model: Any, *, batch_size: int = 4096) -> Array:
+    """PEB at many positions, (N,), evaluated in jitted chunks of ``batch_size``.
+
+    Args:
+        xs: (N, 3) positions in metres.
+        model: a Scene or any PhaseModel.
+        batch_size: positions per vmapped chunk (memory bound).
+    """
+    model = as_phase_model(model)
+    check_positions("xs", xs, batched=True)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return _peb_map(jnp.asarray(xs), model, batch_size)
+
+
+@partial(jax.jit, static_argnames=("batch_size",))
+def _peb_map(xs: Array, model: Any, batch_size: int) -> Array:
+    return jax.lax.map(lambda x: peb(x, model), xs, batch_size=min(batch_size, xs.shape[0]))

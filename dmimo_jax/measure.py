@@ -1,0 +1,103 @@
+r"""Wrapped carrier-phase snapshots, eq. (8), from any PhaseModel, and the exact
+route through the complex received signal, eq. (6).
+
+Single-snapshot functions take one position (3,) and one CPO (); the ``*_batch``
+functions take (N, 3) positions and (N,) CPOs and split the key per snapshot, so a
+batch equals the single-snapshot calls with ``jax.random.split(key, N)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_finite, check_positions
+from dmimo_jax.phase import wrap
+from dmimo_jax.physics import as_phase_model, effective_amplitude, unwrapped_phase
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "random_cpos",
+    "simulate_phases",
+    "simulate_phases_batch",
+    "received_signal",
+    "phases_from_signal",
+    "simulate_phases_exact",
+    "simulate_phases_exact_batch",
+]
+
+
+def random_cpos(key: Array, num: int, dtype: Any = None) -> Array:
+    r"""``num`` common phase offsets uniform on :math:`[-\pi, \pi)`."""
+    dtype = jnp.result_type(float) if dtype is None else dtype
+    return jax.random.uniform(key, (num,), dtype, minval=-jnp.pi, maxval=jnp.pi)
+
+
+def simulate_phases(key: Array, model: Any, x: ArrayLike, cpo: ArrayLike) -> Array:
+    r"""One snapshot :math:`r_m = \mathrm{wrap}(\mu_m(\mathbf{x}) + \phi + n_m)`, eq. (8).
+
+    :math:`n_m \sim \mathcal{N}(0, \sigma_m^2)` with :math:`\sigma_m^2` = ``model.variance(x)``.
+
+    Args:
+        key: PRNG key.
+        model: a PhaseModel (or a Scene, meaning its two-ray model).
+        x: UE position (3,), metres.
+        cpo: common phase offset :math:`\phi` (scalar), radians.
+
+    Returns:
+        (M,) wrapped phases in :math:`[-\pi, \pi)`.
+    """
+    model = as_phase_model(model)
+    check_positions("x", x, batched=False)
+    mean, var = model.mean(x), model.variance(x)
+    noise = jnp.sqrt(var) * jax.random.normal(key, mean.shape, mean.dtype)
+    return wrap(mean + cpo + noise)
+
+
+def _batch(fn, key: Array, model: Any, xs: ArrayLike, cpos: ArrayLike) -> Array:
+    check_positions("xs", xs, batched=True)
+    xs = jnp.asarray(xs)
+    cpos = jnp.asarray(cpos, xs.dtype)
+    if cpos.shape != xs.shape[:1]:
+        raise ValueError(f"cpos must have shape ({xs.shape[0]},) to match xs, got {cpos.shape}")
+    check_finite("cpos", cpos)
+    keys = jax.random.split(key, xs.shape[0])
+    return jax.vmap(fn, in_axes=(0, None, 0, 0))(keys, model, xs, cpos)
+
+
+def simulate_phases_batch(key: Array, model: Any, xs: ArrayLike, cpos: ArrayLike) -> Array:
+    """Snapshots for (N, 3) positions and (N,) CPOs, shape (N, M); see :func:`simulate_phases`."""
+    return _batch(simulate_phases, key, as_phase_model(model), xs, cpos)
+
+
+def received_signal(key: Array, scene: Scene, x: ArrayLike, cpo: ArrayLike) -> Array:
+    r"""Received pilot :math:`y_m = \sqrt{P}\alpha_m e^{-j(\theta_m+\phi)} + w_m`, eq. (6) with s = 1.
+
+    :math:`w_m \sim \mathcal{CN}(0, \sigma_w^2)`. Complex (M,).
+    """
+    check_positions("x", x, batched=False)
+    alpha = effective_amplitude(x, scene)
+    theta = unwrapped_phase(x, scene)
+    mean = jnp.sqrt(scene.tx_power) * alpha * jnp.exp(-1j * (theta + cpo))
+    std = jnp.sqrt(scene.noise_power / 2.0)
+    w = std * jax.random.normal(key, (2,) + alpha.shape, alpha.dtype)
+    return mean + (w[0] + 1j * w[1])
+
+
+def phases_from_signal(y: ArrayLike) -> Array:
+    r"""Measured phase :math:`r_m = -\angle y_m` in :math:`[-\pi, \pi)` (Sec. II-A)."""
+    return wrap(-jnp.angle(jnp.asarray(y)))
+
+
+def simulate_phases_exact(key: Array, scene: Scene, x: ArrayLike, cpo: ArrayLike) -> Array:
+    """Snapshot through the complex signal (no Gaussian phase approximation), (M,)."""
+    return phases_from_signal(received_signal(key, scene, x, cpo))
+
+
+def simulate_phases_exact_batch(key: Array, scene: Scene, xs: ArrayLike, cpos: ArrayLike) -> Array:
+    """Batched :func:`simulate_phases_exact`, (N, M)."""
+    return _batch(simulate_phases_exact, key, scene, xs, cpos)

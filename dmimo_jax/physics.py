@@ -1,0 +1,324 @@
+r"""Two-ray (LoS + specular ground reflection) carrier-phase model, eqs. (1)-(9).
+
+Every public function takes **one** UE position ``x`` of shape (3,) and returns one
+value per AP, shape (M,); batch with ``jax.vmap``. All are differentiable in ``x``
+and in the :class:`~dmimo_jax.scene.Scene` leaves (e.g. ``eps_r``).
+
+Numerics. The effective phase (eq. 7b) is computed as the LoS phase plus a bounded
+perturbation,
+
+.. math::
+
+    \sum_j h_m^{(j)} = h_m^{(1)}(1+\rho_m), \qquad
+    \rho_m = \Gamma_m \frac{d^{(1)}_m}{d^{(2)}_m} e^{-j 2\pi (d^{(2)}_m-d^{(1)}_m)/\lambda},
+    \qquad \theta_m = \frac{2\pi d^{(1)}_m}{\lambda} - \arg(1+\rho_m),
+
+which is algebraically eq. (7b) (:math:`|\rho_m|<1` because :math:`|\Gamma|\le 1` and
+:math:`d^{(2)} > d^{(1)}`, so :math:`\arg(1+\rho)\in(-\pi/2,\pi/2)` is smooth), with the
+path difference :math:`d^{(2)}-d^{(1)} = 4 z z_m / (d^{(1)}+d^{(2)})` free of
+cancellation, and :math:`\cos\gamma = (z+z_m)/d^{(2)}` used directly (no ``acos``), so
+gradients are finite straight below an AP.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_positions
+from dmimo_jax.phase import wrap
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "Geometry",
+    "PathParameters",
+    "geometry",
+    "reflection_coefficient",
+    "path_parameters",
+    "relative_reflection",
+    "effective_phasor",
+    "effective_amplitude",
+    "effective_phase",
+    "unwrapped_phase",
+    "phase_perturbation",
+    "phase_noise_var",
+    "TwoRayModel",
+    "PhaseModel",
+    "as_phase_model",
+]
+
+
+class Geometry(NamedTuple):
+    """Per-AP geometry of one UE position, each (M,)."""
+
+    d1: Array  # LoS length ||p_m - x||, m
+    d2: Array  # reflected length ||p~_m - x||, p~_m = [x_m, y_m, -z_m], m
+    path_difference: Array  # d2 - d1 (cancellation-free), m
+    cos_gamma: Array  # cos of the incidence angle, (z + z_m) / d2
+
+
+class PathParameters(NamedTuple):
+    """Amplitudes and phases of the two paths (eq. 4) and Gamma (eq. 3), each (M,)."""
+
+    alpha1: Array
+    theta1: Array
+    alpha2: Array
+    theta2: Array
+    gamma: Array  # complex reflection coefficient
+
+
+def _safe_norm(v: Array, axis: int = -1) -> Array:
+    """Euclidean norm with a finite (zero) gradient at v = 0 (double-where trick)."""
+    sq = jnp.sum(v * v, axis=axis)
+    nonzero = sq > 0
+    return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
+
+
+def geometry(x: ArrayLike, scene: Scene) -> Geometry:
+    """LoS/NLoS path lengths and the incidence angle cosine for UE ``x`` (3,)."""
+    x = jnp.asarray(x, scene.ap_positions.dtype)
+    ap = scene.ap_positions
+    delta = ap - x[None, :]
+    mirror = ap * jnp.asarray([1.0, 1.0, -1.0], ap.dtype)[None, :]
+    d1 = _safe_norm(delta)
+    d2 = _safe_norm(mirror - x[None, :])
+    # d2^2 - d1^2 = (z + z_m)^2 - (z - z_m)^2 = 4 z z_m
+    path_difference = 4.0 * x[2] * ap[:, 2] / (d1 + d2)
+    cos_gamma = (x[2] + ap[:, 2]) / d2
+    return Geometry(d1, d2, path_difference, cos_gamma)
+
+
+def reflection_coefficient(
+    cos_gamma: ArrayLike,
+    eps_r: ArrayLike,
+    polarization: str = "TE",
+    perfect_conductor: bool = False,
+) -> Array:
+    r"""Fresnel reflection coefficient of the ground, eq. (3).
+
+    .. math::
+
+        \Gamma_{TE} = \frac{\cos\gamma - \zeta}{\cos\gamma + \zeta},\qquad
+        \Gamma_{TM} = \frac{\varepsilon_r\cos\gamma - \zeta}{\varepsilon_r\cos\gamma + \zeta},
+        \qquad \zeta = \sqrt{\varepsilon_r - \sin^2\gamma},
+
+    with :math:`\varepsilon_r - \sin^2\gamma = (\varepsilon_r - 1) + \cos^2\gamma` (ITU-R P.2040 eqs. 31; the principal
+    square root has non-negative real part). A perfect conductor gives -1.
+
+    Args:
+        cos_gamma: cosine of the incidence angle (measured from the surface normal).
+        eps_r: complex relative permittivity.
+        polarization: ``"TE"`` or ``"TM"`` (static).
+        perfect_conductor: return -1 regardless of ``eps_r`` (static).
+
+    Returns:
+        Complex array broadcast from the inputs.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> complex(reflection_coefficient(1.0, 4.0 + 0j))  # (1 - 2) / (1 + 2)
+        (-0.333...+0j)
+    """
+    cos_gamma = jnp.asarray(cos_gamma)
+    cdt = jnp.result_type(cos_gamma.dtype, jnp.complex64)
+    eps = jnp.asarray(eps_r, cdt)
+    if perfect_conductor:
+        return jnp.full(jnp.broadcast_shapes(cos_gamma.shape, eps.shape), -1.0 + 0j, cdt)
+    c = cos_gamma.astype(cdt)
+    zeta = _zeta(c, eps)
+    if polarization == "TE":
+        num, den = c - zeta, c + zeta
+    elif polarization == "TM":
+        num, den = eps * c - zeta, eps * c + zeta
+    else:
+        raise ValueError(f"polarization must be 'TE' or 'TM', got {polarization!r}")
+    # den = 0 only for eps_r = 1 at exact grazing incidence (no interface): Gamma = 0 there,
+    # with the double-where so the gradient stays finite.
+    safe = den != 0
+    return jnp.where(safe, num / jnp.where(safe, den, 1.0), 0.0)
+
+
+def _zeta(cos_gamma: Array, eps_r: Array) -> Array:
+    r""":math:`\zeta = \sqrt{\varepsilon_r - \sin^2\gamma}`, written as
+    :math:`\sqrt{(\varepsilon_r - 1) + \cos^2\gamma}` to avoid cancellation near grazing."""
+    return jnp.sqrt((eps_r - 1.0) + cos_gamma * cos_gamma)
+
+
+def _gamma(geo: Geometry, scene: Scene) -> Array:
+    return reflection_coefficient(
+        geo.cos_gamma, scene.eps_r, scene.polarization, scene.perfect_conductor
+    )
+
+
+def path_parameters(x: ArrayLike, scene: Scene) -> PathParameters:
+    r"""Amplitudes and phases of the LoS and reflected paths, eq. (4) (unit antenna gains).
+
+    :math:`\alpha^{(1)} = \lambda/(4\pi d^{(1)})`, :math:`\theta^{(1)} = 2\pi d^{(1)}/\lambda`,
+    :math:`\alpha^{(2)} = |\Gamma|\lambda/(4\pi d^{(2)})`,
+    :math:`\theta^{(2)} = 2\pi d^{(2)}/\lambda - \angle\Gamma`. Phases are unwrapped.
+    """
+    check_positions("x", x, batched=False)
+    geo = geometry(x, scene)
+    lam = scene.wavelength
+    gamma = _gamma(geo, scene)
+    k = 2 * jnp.pi / lam
+    return PathParameters(
+        alpha1=lam / (4 * jnp.pi * geo.d1),
+        theta1=k * geo.d1,
+        alpha2=jnp.abs(gamma) * lam / (4 * jnp.pi * geo.d2),
+        theta2=k * geo.d2 - jnp.angle(gamma),
+        gamma=gamma,
+    )
+
+
+def relative_reflection(x: ArrayLike, scene: Scene) -> tuple[Geometry, Array]:
+    r""":math:`\rho_m = h^{(2)}_m / h^{(1)}_m`, the reflected phasor relative to the LoS one.
+
+    Returns:
+        ``(geometry, rho)`` with ``rho`` complex (M,), :math:`|\rho_m| < 1`.
+    """
+    geo = geometry(x, scene)
+    gamma = _gamma(geo, scene)
+    k = 2 * jnp.pi / scene.wavelength
+    rho = gamma * (geo.d1 / geo.d2) * jnp.exp(-1j * (k * geo.path_difference))
+    return geo, rho
+
+
+def effective_phasor(x: ArrayLike, scene: Scene) -> Array:
+    r"""Noise-free channel :math:`h_m = \sum_j \alpha^{(j)}_m e^{-j\theta^{(j)}_m} = \alpha_m e^{-j\theta_m}`.
+
+    Eq. (2) summed over the two paths; equals eq. (6) without :math:`\sqrt{P}`, CPO and noise.
+    Complex, shape (M,).
+    """
+    check_positions("x", x, batched=False)
+    geo, rho = relative_reflection(x, scene)
+    lam = scene.wavelength
+    h1 = (lam / (4 * jnp.pi * geo.d1)) * jnp.exp(-1j * (2 * jnp.pi / lam * geo.d1))
+    return h1 * (1.0 + rho)
+
+
+def effective_amplitude(x: ArrayLike, scene: Scene) -> Array:
+    r"""Effective amplitude :math:`\alpha_m(\mathbf{x})`, eq. (7a), shape (M,).
+
+    Computed as :math:`\alpha^{(1)}|1+\rho|`, identical to
+    :math:`\sqrt{\tilde\alpha_1^2+\tilde\alpha_2^2+2\tilde\alpha_1\tilde\alpha_2\cos(\tilde\theta_1-\tilde\theta_2)}`.
+    """
+    check_positions("x", x, batched=False)
+    geo, rho = relative_reflection(x, scene)
+    return scene.wavelength / (4 * jnp.pi * geo.d1) * jnp.abs(1.0 + rho)
+
+
+def phase_perturbation(x: ArrayLike, scene: Scene) -> Array:
+    r"""Reflection-induced phase perturbation :math:`\theta_m - \theta^{(1)}_m = -\arg(1+\rho_m)`.
+
+    Bounded in :math:`(-\pi/2, \pi/2)`; this is the function the GP of Sec. III learns
+    (eq. 20). Shape (M,), radians.
+    """
+    check_positions("x", x, batched=False)
+    _, rho = relative_reflection(x, scene)
+    return -jnp.arctan2(jnp.imag(rho), 1.0 + jnp.real(rho))
+
+
+def unwrapped_phase(x: ArrayLike, scene: Scene) -> Array:
+    r"""Effective phase without wrapping: :math:`2\pi d^{(1)}_m/\lambda` + perturbation.
+
+    Continuous in ``x``; ``wrap(unwrapped_phase(x))`` equals eq. (7b). Use it for
+    Jacobians (eq. 14) and as the PhaseModel mean. Shape (M,), radians (~170 rad in
+    the paper's scene: keep float64).
+    """
+    check_positions("x", x, batched=False)
+    geo, rho = relative_reflection(x, scene)
+    return 2 * jnp.pi / scene.wavelength * geo.d1 - jnp.arctan2(jnp.imag(rho), 1.0 + jnp.real(rho))
+
+
+def effective_phase(x: ArrayLike, scene: Scene) -> Array:
+    r"""Effective carrier phase :math:`\theta_m(\mathbf{x})` of eq. (7b), wrapped to :math:`[-\pi,\pi)`.
+
+    Args:
+        x: UE position (3,) in metres, z > 0.
+        scene: the deployment.
+
+    Returns:
+        (M,) phases in radians.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from dmimo_jax import paper_scene
+        >>> scene = paper_scene()
+        >>> effective_phase(jnp.array([6.5, 5.0, 2.0]), scene).shape
+        (17,)
+    """
+    return wrap(unwrapped_phase(x, scene))
+
+
+def phase_noise_var(x: ArrayLike, scene: Scene) -> Array:
+    r"""Phase-noise variance :math:`\sigma_m^2 = \sigma_w^2 / (2 P \alpha_m^2)`, eq. (9), rad^2, (M,)."""
+    alpha = effective_amplitude(x, scene)
+    return scene.noise_power / (2.0 * scene.tx_power * alpha**2)
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class TwoRayModel:
+    r"""The analytic two-ray model as a **PhaseModel**.
+
+    A PhaseModel maps one UE position ``x`` (3,) to the per-AP mean carrier phase
+    without CPO, ``mean(x)`` (M,) (unwrapped, radians), and the phase-noise variance
+    ``variance(x)`` (M,) (rad^2). Estimators, bounds and measurement simulation are
+    written against this interface, so the GP model of Sec. III plugs in unchanged.
+    A mismatched model is ``TwoRayModel(scene.replace(eps_r=beta * scene.eps_r))``.
+    """
+
+    def __init__(self, scene: Scene):
+        self.scene = scene
+
+    @property
+    def num_aps(self) -> int:
+        return self.scene.num_aps
+
+    def mean(self, x: ArrayLike) -> Array:
+        """Eq. (7b), unwrapped."""
+        return unwrapped_phase(x, self.scene)
+
+    def variance(self, x: ArrayLike) -> Array:
+        """Eq. (9)."""
+        return phase_noise_var(x, self.scene)
+
+    def tree_flatten_with_keys(self):
+        return ((jax.tree_util.GetAttrKey("scene"), self.scene),), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        obj.scene = children[0]
+        return obj
+
+    def __repr__(self) -> str:
+        return f"TwoRayModel({self.scene!r})"
+
+
+@runtime_checkable
+class PhaseModel(Protocol):
+    """Anything mapping one UE position (3,) to per-AP mean phase (M,) and variance (M,)."""
+
+    @property
+    def num_aps(self) -> int: ...
+
+    def mean(self, x: ArrayLike) -> Array: ...
+
+    def variance(self, x: ArrayLike) -> Array: ...
+
+
+def as_phase_model(model_or_scene: Any) -> Any:
+    """A :class:`~dmimo_jax.scene.Scene` becomes its :class:`TwoRayModel`; a PhaseModel passes."""
+    if isinstance(model_or_scene, Scene):
+        return TwoRayModel(model_or_scene)
+    if not (hasattr(model_or_scene, "mean") and hasattr(model_or_scene, "variance")):
+        raise ValueError(
+            "model must be a Scene or a PhaseModel with mean(x) and variance(x), got "
+            f"{type(model_or_scene).__name__}"
+        )
+    return model_or_scene

@@ -1,0 +1,354 @@
+r"""The deployment: a :class:`Scene` pytree, unit helpers, AP sampling and the paper's scene.
+
+Sec. II-A and Sec. VI of the paper: M single-antenna APs at known positions on the
+ceiling, a ground plane z = 0 with complex relative permittivity :math:`\varepsilon_r`,
+transmit power P and complex noise power :math:`\sigma_w^2 = k_B T W \cdot NF`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from importlib import resources
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_finite, is_concrete
+from dmimo_jax.materials import Convention, is_perfect_conductor, relative_permittivity
+
+__all__ = [
+    "Scene",
+    "SPEED_OF_LIGHT",
+    "BOLTZMANN_PAPER",
+    "dbm_to_watt",
+    "watt_to_dbm",
+    "db_to_linear",
+    "thermal_noise_power",
+    "sample_ap_positions",
+    "sample_positions",
+    "paper_scene",
+    "paper_scene_data",
+]
+
+SPEED_OF_LIGHT = 299_792_458.0  # m/s
+BOLTZMANN_PAPER = 1.38e-23  # J/K, the rounded value used in the paper (Sec. VI)
+
+Polarization = Literal["TE", "TM"]
+
+
+def _float_dtype(dtype: Any = None) -> Any:
+    return jnp.result_type(float) if dtype is None else dtype
+
+
+def _complex_dtype(float_dtype: Any) -> Any:
+    return jnp.complex128 if jnp.dtype(float_dtype) == jnp.float64 else jnp.complex64
+
+
+@jax.tree_util.register_pytree_with_keys_class
+@dataclasses.dataclass(frozen=True, init=False, repr=False, eq=False)
+class Scene:
+    r"""A D-MIMO deployment over a reflecting ground plane (a JAX pytree).
+
+    Array fields are pytree leaves, so ``jax.grad`` reaches e.g. ``eps_r`` or the AP
+    positions; ``polarization`` and ``perfect_conductor`` are static.
+
+    Attributes:
+        ap_positions: (M, 3) AP positions :math:`\mathbf{p}_m` in metres, z > 0.
+        wavelength: () carrier wavelength :math:`\lambda` in metres.
+        eps_r: () complex relative permittivity of the ground (ignored for a perfect conductor).
+        tx_power: () transmit power P in watts.
+        noise_power: () complex noise power :math:`\sigma_w^2` in watts.
+        ue_low, ue_high: (3,) corners of the box UE positions are drawn from (metres).
+        room_size: (3,) room extent [0, Lx] x [0, Ly] x [0, Lz] in metres (the EGS search box).
+        polarization: ``"TE"`` (paper) or ``"TM"``.
+        perfect_conductor: ground is a perfect electric conductor, :math:`\Gamma = -1`.
+
+    Construct with keyword arguments; concrete inputs are validated (``ValueError``).
+    """
+
+    ap_positions: Array
+    wavelength: Array
+    eps_r: Array
+    tx_power: Array
+    noise_power: Array
+    ue_low: Array
+    ue_high: Array
+    room_size: Array
+    polarization: Polarization
+    perfect_conductor: bool
+
+    _LEAVES = (
+        "ap_positions",
+        "wavelength",
+        "eps_r",
+        "tx_power",
+        "noise_power",
+        "ue_low",
+        "ue_high",
+        "room_size",
+    )
+
+    def __init__(
+        self,
+        *,
+        ap_positions: ArrayLike,
+        wavelength: ArrayLike,
+        eps_r: ArrayLike,
+        tx_power: ArrayLike,
+        noise_power: ArrayLike,
+        ue_low: ArrayLike,
+        ue_high: ArrayLike,
+        room_size: ArrayLike | None = None,
+        polarization: Polarization = "TE",
+        perfect_conductor: bool = False,
+        dtype: Any = None,
+    ):
+        fdt = _float_dtype(dtype)
+        cdt = _complex_dtype(fdt)
+        if polarization not in ("TE", "TM"):
+            raise ValueError(f"polarization must be 'TE' or 'TM', got {polarization!r}")
+        ap = jnp.asarray(ap_positions, fdt)
+        if ap.ndim != 2 or ap.shape[-1] != 3 or ap.shape[0] < 1:
+            raise ValueError(f"ap_positions must have shape (M, 3) with M >= 1, got {ap.shape}")
+        if room_size is None:
+            room_size = jnp.maximum(jnp.asarray(ue_high, fdt), jnp.max(ap, axis=0))
+        values = {
+            "ap_positions": ap,
+            "wavelength": jnp.asarray(wavelength, fdt),
+            "eps_r": jnp.asarray(eps_r, cdt),
+            "tx_power": jnp.asarray(tx_power, fdt),
+            "noise_power": jnp.asarray(noise_power, fdt),
+            "ue_low": jnp.asarray(ue_low, fdt),
+            "ue_high": jnp.asarray(ue_high, fdt),
+            "room_size": jnp.asarray(room_size, fdt),
+        }
+        for k, v in values.items():
+            object.__setattr__(self, k, v)
+        object.__setattr__(self, "polarization", polarization)
+        object.__setattr__(self, "perfect_conductor", bool(perfect_conductor))
+        self._validate()
+
+    def _validate(self) -> None:
+        ap = self.ap_positions
+        for name in ("wavelength", "eps_r", "tx_power", "noise_power"):
+            if getattr(self, name).shape != ():
+                raise ValueError(f"{name} must be a scalar, got shape {getattr(self, name).shape}")
+        for name in ("ue_low", "ue_high", "room_size"):
+            if getattr(self, name).shape != (3,):
+                raise ValueError(f"{name} must have shape (3,), got {getattr(self, name).shape}")
+        if not is_concrete(*(getattr(self, k) for k in self._LEAVES)):
+            return
+        for name in self._LEAVES:
+            check_finite(name, getattr(self, name))
+        if np.any(np.asarray(ap[:, 2]) <= 0):
+            raise ValueError(
+                "ap_positions must lie above the ground plane (z > 0 m), got z = "
+                f"{np.asarray(ap[:, 2]).min():.6g} m"
+            )
+        for name in ("wavelength", "tx_power", "noise_power"):
+            if float(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive, got {float(getattr(self, name))!r}")
+        low, high = np.asarray(self.ue_low), np.asarray(self.ue_high)
+        if np.any(low > high):
+            raise ValueError(f"ue_low must be <= ue_high elementwise, got {low} and {high}")
+        if low[2] <= 0:
+            raise ValueError(f"ue_low[2] must be > 0 (UEs above the ground), got {low[2]}")
+
+    # -- pytree protocol (unflatten bypasses __init__ so transforms can carry any leaf) --
+    def tree_flatten_with_keys(self):
+        children = tuple((jax.tree_util.GetAttrKey(k), getattr(self, k)) for k in self._LEAVES)
+        return children, (self.polarization, self.perfect_conductor)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        for k, v in zip(cls._LEAVES, children, strict=True):
+            object.__setattr__(obj, k, v)
+        object.__setattr__(obj, "polarization", aux[0])
+        object.__setattr__(obj, "perfect_conductor", aux[1])
+        return obj
+
+    # -- conveniences --
+    @property
+    def num_aps(self) -> int:
+        """M, the number of APs."""
+        return self.ap_positions.shape[0]
+
+    @property
+    def frequency(self) -> Array:
+        """Carrier frequency c / lambda in Hz."""
+        return SPEED_OF_LIGHT / self.wavelength
+
+    def replace(self, **changes: Any) -> Scene:
+        """A copy with some fields replaced (validated like the constructor)."""
+        kwargs = {k: getattr(self, k) for k in self._LEAVES}
+        kwargs.update(polarization=self.polarization, perfect_conductor=self.perfect_conductor)
+        kwargs.update(changes)
+        kwargs.setdefault("dtype", None)
+        if kwargs["dtype"] is None:
+            kwargs["dtype"] = self.ap_positions.dtype
+        return Scene(**kwargs)
+
+    def astype(self, dtype: Any) -> Scene:
+        """The same scene with float leaves cast to ``dtype`` (complex to its complex pair)."""
+        return self.replace(dtype=dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"Scene(M={self.num_aps}, wavelength={float(self.wavelength):.6g} m, "
+            f"eps_r={complex(self.eps_r):.6g}, polarization={self.polarization!r}, "
+            f"perfect_conductor={self.perfect_conductor}, "
+            f"tx_power={watt_to_dbm(float(self.tx_power)):.3g} dBm, "
+            f"noise_power={float(self.noise_power):.4g} W)"
+            if is_concrete(self.wavelength, self.eps_r, self.tx_power, self.noise_power)
+            else f"Scene(M={self.num_aps}, traced)"
+        )
+
+
+def dbm_to_watt(p_dbm: ArrayLike) -> Array:
+    """Power in dBm to watts: :math:`10^{(P_{dBm}-30)/10}`."""
+    return 10.0 ** ((jnp.asarray(p_dbm, float) - 30.0) / 10.0)
+
+
+def watt_to_dbm(p_w: ArrayLike) -> Array:
+    """Power in watts to dBm: :math:`10\\log_{10}(P) + 30`."""
+    return 10.0 * jnp.log10(jnp.asarray(p_w, float)) + 30.0
+
+
+def db_to_linear(x_db: ArrayLike) -> Array:
+    return 10.0 ** (jnp.asarray(x_db, float) / 10.0)
+
+
+def thermal_noise_power(
+    bandwidth_hz: float,
+    *,
+    temperature_k: float = 290.0,
+    noise_figure_db: float = 3.0,
+    boltzmann: float = BOLTZMANN_PAPER,
+) -> float:
+    r"""Complex noise power :math:`\sigma_w^2 = k_B T W \cdot NF` in watts (Sec. VI).
+
+    Examples:
+        >>> round(thermal_noise_power(180e3) * 1e15, 4)  # paper: W=180 kHz, T=290 K, NF=3 dB
+        1.4372
+    """
+    for name, v in (("bandwidth_hz", bandwidth_hz), ("temperature_k", temperature_k)):
+        if not v > 0:
+            raise ValueError(f"{name} must be positive, got {v!r}")
+    return boltzmann * temperature_k * bandwidth_hz * 10.0 ** (noise_figure_db / 10.0)
+
+
+def sample_ap_positions(
+    key: Array,
+    num_aps: int,
+    *,
+    room_size: tuple[float, float] = (10.0, 10.0),
+    height: float = 4.0,
+    min_separation: float = 1.0,
+    margin: float = 0.5,
+    max_candidates: int = 100_000,
+) -> Array:
+    """Random AP deployment on a ceiling with a minimum pairwise separation (seeded).
+
+    Candidates are drawn uniformly on ``[margin, Lx - margin] x [margin, Ly - margin]``
+    at ``z = height`` and accepted greedily in draw order when they are at least
+    ``min_separation`` from every accepted AP (sequential random packing). Same key,
+    same layout.
+
+    Returns:
+        (num_aps, 3) positions in metres.
+
+    Raises:
+        ValueError: if the room cannot hold ``num_aps`` APs at that separation.
+    """
+    if num_aps < 1:
+        raise ValueError(f"num_aps must be >= 1, got {num_aps}")
+    if height <= 0:
+        raise ValueError(f"height must be > 0 m (APs above the ground), got {height}")
+    lx, ly = room_size
+    if not (lx > 2 * margin and ly > 2 * margin):
+        raise ValueError(f"room_size {room_size} must exceed 2 * margin = {2 * margin}")
+    cand = np.asarray(
+        jax.random.uniform(
+            key, (max_candidates, 2), minval=jnp.array([margin, margin]),
+            maxval=jnp.array([lx - margin, ly - margin]),
+        )
+    )
+    accepted: list[np.ndarray] = []
+    for c in cand:
+        if all(np.hypot(*(c - a)) >= min_separation for a in accepted):
+            accepted.append(c)
+            if len(accepted) == num_aps:
+                xy = np.stack(accepted)
+                return jnp.asarray(np.column_stack([xy, np.full(num_aps, height)]))
+    raise ValueError(
+        f"could not place num_aps={num_aps} APs with min_separation={min_separation} m in "
+        f"a {lx} x {ly} m ceiling after {max_candidates} candidates; lower min_separation"
+    )
+
+
+def sample_positions(key: Array, num: int, scene: Scene) -> Array:
+    """``num`` UE positions uniform in the scene's box ``[ue_low, ue_high]``, shape (num, 3)."""
+    u = jax.random.uniform(key, (num, 3), dtype=scene.ue_low.dtype)
+    return scene.ue_low[None, :] + u * (scene.ue_high - scene.ue_low)[None, :]
+
+
+def paper_scene_data() -> dict[str, Any]:
+    """The paper's deployment as shipped in ``dmimo_jax/data/paper_scene.json``."""
+    text = resources.files("dmimo_jax").joinpath("data/paper_scene.json").read_text()
+    return json.loads(text)
+
+
+def paper_scene(
+    power_dbm: float = -10.0,
+    material: str = "concrete",
+    *,
+    convention: Convention = "paper",
+    polarization: Polarization = "TE",
+    dtype: Any = None,
+) -> Scene:
+    r"""The set-up of the paper's numerical results (Sec. VI).
+
+    f_c = 800 MHz, :math:`\lambda = c/f_c`, W = 180 kHz, T = 290 K, NF = 3 dB,
+    :math:`k_B = 1.38\times10^{-23}` J/K, the 17 APs of the paper's layout on the
+    4 m ceiling of a 10 x 10 x 4 m room, UE region [0.5, 9.5]^2 x [0.5, 3.5] m.
+    ``convention="paper"`` gives concrete :math:`\varepsilon_r = 5.24 - j0.0096` as the
+    paper states; pass ``convention="itu"`` for the correct ITU-R value (5.24 - j0.872).
+
+    Args:
+        power_dbm: transmit power P in dBm.
+        material: ground material (see :mod:`dmimo_jax.materials`); ``metal`` is a perfect conductor.
+        convention: ``"paper"`` (default here) or ``"itu"``.
+        polarization: ``"TE"`` (paper) or ``"TM"``.
+        dtype: float dtype of the leaves (default: JAX's default float).
+
+    Examples:
+        >>> scene = paper_scene()
+        >>> scene.num_aps, round(float(scene.wavelength), 6)
+        (17, 0.374741)
+    """
+    data = paper_scene_data()
+    f = float(data["carrier_frequency_hz"])
+    noise = thermal_noise_power(
+        float(data["bandwidth_hz"]),
+        temperature_k=float(data["noise_temperature_k"]),
+        noise_figure_db=float(data["noise_figure_db"]),
+    )
+    return Scene(
+        ap_positions=np.asarray(data["aps"], float),
+        wavelength=SPEED_OF_LIGHT / f,
+        eps_r=relative_permittivity(material, f, convention=convention),
+        tx_power=float(dbm_to_watt(power_dbm)),
+        noise_power=noise,
+        ue_low=data["ue_region"]["low"],
+        ue_high=data["ue_region"]["high"],
+        room_size=data["room"]["size"],
+        polarization=polarization,
+        perfect_conductor=is_perfect_conductor(material),
+        dtype=dtype,
+    )

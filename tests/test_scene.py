@@ -1,0 +1,111 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax.scene import SPEED_OF_LIGHT, paper_scene_data
+
+
+def test_paper_scene_values():
+    s = dj.paper_scene()
+    assert s.num_aps == 17
+    assert float(s.wavelength) == pytest.approx(SPEED_OF_LIGHT / 800e6)
+    assert float(s.tx_power) == pytest.approx(1e-4)  # -10 dBm
+    assert float(s.noise_power) == pytest.approx(1.38e-23 * 290 * 180e3 * 10**0.3)
+    assert complex(s.eps_r) == pytest.approx(5.24 - 0.0096j, abs=5e-5)
+    np.testing.assert_allclose(np.asarray(s.ap_positions), paper_scene_data()["aps"])
+    assert np.all(np.asarray(s.ap_positions)[:, 2] == 4.0)
+    np.testing.assert_allclose(np.asarray(s.ue_low), [0.5, 0.5, 0.5])
+    np.testing.assert_allclose(np.asarray(s.ue_high), [9.5, 9.5, 3.5])
+    np.testing.assert_allclose(np.asarray(s.room_size), [10.0, 10.0, 4.0])
+    assert s.polarization == "TE" and s.ap_positions.dtype == jnp.float64
+
+
+def test_paper_scene_itu_convention():
+    s = dj.paper_scene(convention="itu")
+    assert complex(s.eps_r).imag == pytest.approx(-0.872, abs=5e-4)
+
+
+def test_scene_is_a_pytree():
+    s = dj.paper_scene()
+    leaves, treedef = jax.tree.flatten(s)
+    s2 = jax.tree.unflatten(treedef, leaves)
+    assert s2.polarization == s.polarization and s2.num_aps == s.num_aps
+    # jit through a scene, and a transform that puts non-array leaves in it
+    out = jax.jit(lambda sc: sc.wavelength * 2)(s)
+    assert float(out) == pytest.approx(2 * float(s.wavelength))
+    jax.tree.map(lambda _: None, s)
+    # grad reaches eps_r
+    g = jax.grad(lambda e: dj.peb(jnp.array([6.5, 5.0, 2.0]), s.replace(eps_r=e)).real,
+                 holomorphic=False)(jnp.asarray(5.0, jnp.float64))
+    assert np.isfinite(float(g))
+
+
+def test_astype_float32():
+    s32 = dj.paper_scene().astype(jnp.float32)
+    assert s32.ap_positions.dtype == jnp.float32 and s32.eps_r.dtype == jnp.complex64
+
+
+def test_units_roundtrip():
+    p = jnp.array([-60.0, -10.0, 0.0, 30.0])
+    np.testing.assert_allclose(np.asarray(dj.watt_to_dbm(dj.dbm_to_watt(p))), np.asarray(p))
+    assert float(dj.dbm_to_watt(30.0)) == pytest.approx(1.0)
+
+
+def _kwargs(**changes):
+    base = dict(
+        ap_positions=[[1.0, 1.0, 4.0], [5.0, 5.0, 4.0]], wavelength=0.375, eps_r=5.0 - 0.1j,
+        tx_power=1e-4, noise_power=1e-15, ue_low=[0.5, 0.5, 0.5], ue_high=[9.5, 9.5, 3.5],
+    )
+    base.update(changes)
+    return base
+
+
+@pytest.mark.parametrize(
+    "changes, match",
+    [
+        (dict(ap_positions=[[1.0, 1.0, -4.0], [5.0, 5.0, 4.0]]), "above the ground"),
+        (dict(ap_positions=[[1.0, 1.0, 0.0], [5.0, 5.0, 4.0]]), "above the ground"),
+        (dict(ap_positions=[1.0, 1.0, 4.0]), r"shape \(M, 3\)"),
+        (dict(ap_positions=[[1.0, 4.0], [5.0, 4.0]]), r"shape \(M, 3\)"),
+        (dict(ap_positions=[[np.nan, 1.0, 4.0], [5.0, 5.0, 4.0]]), "finite"),
+        (dict(wavelength=0.0), "wavelength must be positive"),
+        (dict(wavelength=-0.3), "wavelength must be positive"),
+        (dict(tx_power=0.0), "tx_power must be positive"),
+        (dict(noise_power=-1.0), "noise_power must be positive"),
+        (dict(ue_low=[0.5, 0.5, 0.0]), "ue_low"),
+        (dict(ue_low=[9.6, 0.5, 0.5]), "ue_low must be <= ue_high"),
+        (dict(polarization="circular"), "polarization"),
+    ],
+)
+def test_scene_validation(changes, match):
+    with pytest.raises(ValueError, match=match):
+        dj.Scene(**_kwargs(**changes))
+
+
+def test_sample_ap_positions_seeded_and_separated():
+    a = dj.sample_ap_positions(jax.random.key(3), 17, min_separation=1.5)
+    b = dj.sample_ap_positions(jax.random.key(3), 17, min_separation=1.5)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    xy = np.asarray(a)[:, :2]
+    dist = np.linalg.norm(xy[:, None] - xy[None], axis=-1) + np.eye(17) * 1e9
+    assert dist.min() >= 1.5
+    assert np.all(np.asarray(a)[:, 2] == 4.0)
+    c = dj.sample_ap_positions(jax.random.key(4), 17, min_separation=1.5)
+    assert not np.allclose(np.asarray(a), np.asarray(c))
+
+
+def test_sample_ap_positions_impossible():
+    with pytest.raises(ValueError, match="could not place"):
+        dj.sample_ap_positions(jax.random.key(0), 50, min_separation=3.0, max_candidates=2000)
+
+
+def test_sample_positions_in_region():
+    s = dj.paper_scene()
+    x = np.asarray(dj.sample_positions(jax.random.key(1), 5000, s))
+    assert x.shape == (5000, 3)
+    assert np.all(x >= np.asarray(s.ue_low)) and np.all(x <= np.asarray(s.ue_high))
+    # covers the box
+    assert np.all(x.min(0) < np.asarray(s.ue_low) + 0.05)
+    assert np.all(x.max(0) > np.asarray(s.ue_high) - 0.05)
