@@ -181,20 +181,27 @@ def jacobian_analytic(x: ArrayLike, scene: Scene, *, paper_sign: bool = False) -
     else:
         dgamma_dcos = 2 * eps * (eps - 1) / (zeta * (eps * cc + zeta) ** 2)
     dgamma = dgamma_dcos[:, None] * dcos
-    abs_g = jnp.abs(gamma)[:, None]
-    dabs_g = jnp.real(jnp.conj(gamma)[:, None] / abs_g * dgamma)
-    dang_g = jnp.imag(dgamma / gamma[:, None])
+    # (A5): d|G| = Re{G*/|G| dG}, d angle(G) = Im{dG/G}. Only |G| d angle(G) = Im{G*/|G| dG}
+    # enters (A1) (through alpha2 * dtheta2), so both use the unit phasor G/|G|, which is
+    # finite where G = 0 (vacuum ground, TM at the Brewster angle).
+    abs_g = jnp.abs(gamma)
+    nonzero = abs_g > 0
+    unit = jnp.where(nonzero, gamma / jnp.where(nonzero, abs_g, 1.0), 1.0)[:, None]
+    dabs_g = jnp.real(jnp.conj(unit) * dgamma)
+    abs_g_dang_g = jnp.imag(jnp.conj(unit) * dgamma)
+    abs_g = abs_g[:, None]
 
     # Reflected path (A3)
-    alpha2 = abs_g * lam / (4 * jnp.pi * d2)
+    spread2 = lam / (4 * jnp.pi * d2)
+    alpha2 = abs_g * spread2
     theta2 = k * d2 - jnp.angle(gamma)[:, None]
-    dalpha2 = lam / (4 * jnp.pi * d2) * (abs_g * delta_t / d2**2 + dabs_g)
-    dtheta2 = -k * delta_t / d2 - dang_g
+    dalpha2 = spread2 * (abs_g * delta_t / d2**2 + dabs_g)
+    alpha2_dtheta2 = alpha2 * (-k * delta_t / d2) - spread2 * abs_g_dang_g
 
     # (A1); a common factor exp(-j theta1) is removed from numerator and denominator so
     # that no ~170 rad phase enters the complex exponentials.
     rot2 = jnp.exp(-1j * (theta2 - theta1))
-    num = (dalpha1 - 1j * alpha1 * dtheta1) + (dalpha2 - 1j * alpha2 * dtheta2) * rot2
+    num = (dalpha1 - 1j * alpha1 * dtheta1) + (dalpha2 - 1j * alpha2_dtheta2) * rot2
     den = alpha1 + alpha2 * rot2
     h = jnp.imag(num / den)
     return h if paper_sign else -h

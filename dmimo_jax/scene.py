@@ -235,7 +235,7 @@ def thermal_noise_power(
 
     Examples:
         >>> round(thermal_noise_power(180e3) * 1e15, 4)  # paper: W=180 kHz, T=290 K, NF=3 dB
-        1.4372
+        1.4373
     """
     for name, v in (("bandwidth_hz", bandwidth_hz), ("temperature_k", temperature_k)):
         if not v > 0:

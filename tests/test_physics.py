@@ -152,7 +152,7 @@ def test_gradients_finite_straight_below_ap(pol):
         assert np.all(np.isfinite(np.asarray(fwd))), fn.__name__
         assert_allclose(fwd, rev, rtol=1e-9, atol=1e-12)
     x = jnp.array([5.0, 5.0, 2.0])  # directly below AP 0
-    check_grads(lambda x: dj.unwrapped_phase(x, scene), (x,), order=2, modes=["fwd", "rev"])
+    check_grads(jax.jit(lambda x: dj.unwrapped_phase(x, scene)), (x,), order=1, modes=["fwd", "rev"])
     g = jax.grad(lambda e: jnp.sum(dj.unwrapped_phase(x, scene.replace(eps_r=e))))(5.0 + 0j)
     assert np.isfinite(complex(g))
 
