@@ -20,11 +20,16 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import (  # noqa: E402
+    device_name,
+    peak_rss_mb,
+    print_table,
+    summarize,
+    time_call,
+    write_json,
+)
 
 import dmimo_jax as dj  # noqa: E402
-from _common import (  # noqa: E402
-    device_name, peak_rss_mb, print_table, summarize, time_call, write_json,
-)
 
 
 def _peb_from(h, j_theta):
@@ -61,28 +66,37 @@ def main(argv=None):
         stats = summarize(times)
         outputs[name] = values = np.asarray(fn())
         reference = outputs["autodiff"]
-        rows.append({
-            "method": name,
-            "n_positions": args.n,
-            "first_call_s": first,
-            **stats,
-            "us_per_peb": stats["median_s"] / args.n * 1e6,
-            "max_rel_diff_vs_autodiff": float(np.max(np.abs(values - reference) / reference)),
-            "mean_peb_m": float(values.mean()),
-            "median_peb_m": float(np.median(values)),
-            "device": device_name(),
-            "peak_rss_mb": peak_rss_mb(),
-        })
+        rows.append(
+            {
+                "method": name,
+                "n_positions": args.n,
+                "first_call_s": first,
+                **stats,
+                "us_per_peb": stats["median_s"] / args.n * 1e6,
+                "max_rel_diff_vs_autodiff": float(np.max(np.abs(values - reference) / reference)),
+                "mean_peb_m": float(values.mean()),
+                "median_peb_m": float(np.median(values)),
+                "device": device_name(),
+                "peak_rss_mb": peak_rss_mb(),
+            }
+        )
     base = rows[0]["median_s"]
     for r in rows:
         r["time_ratio_vs_autodiff"] = r["median_s"] / base
     print(f"PEB throughput, {args.n} positions, P = {args.power_dbm} dBm, {device_name()}")
-    print_table(rows, [
-        ("method", "method", "s"), ("first_call_s", "first call s", ".3f"),
-        ("median_s", "median s", ".4f"), ("std_s", "std s", ".4f"),
-        ("us_per_peb", "us / PEB", ".2f"), ("time_ratio_vs_autodiff", "ratio", ".2f"),
-        ("max_rel_diff_vs_autodiff", "max rel diff", ".1e"), ("mean_peb_m", "mean PEB m", ".3e"),
-    ])
+    print_table(
+        rows,
+        [
+            ("method", "method", "s"),
+            ("first_call_s", "first call s", ".3f"),
+            ("median_s", "median s", ".4f"),
+            ("std_s", "std s", ".4f"),
+            ("us_per_peb", "us / PEB", ".2f"),
+            ("time_ratio_vs_autodiff", "ratio", ".2f"),
+            ("max_rel_diff_vs_autodiff", "max rel diff", ".1e"),
+            ("mean_peb_m", "mean PEB m", ".3e"),
+        ],
+    )
     write_json(args.json, rows)
     return rows
 

@@ -18,9 +18,9 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _common import device_name, print_table, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from _common import device_name, print_table, write_json  # noqa: E402
 
 
 def direct_eq7b(x, scene):
@@ -49,20 +49,35 @@ def main(argv=None):
             assert th32.dtype == jnp.float32
             err = np.abs(np.asarray(dj.wrap(th32.astype(jnp.float64) - ref)))
             ratio = err / sigma
-            rows.append({
-                "method": name, "dtype": "float32", "power_dbm": power, "n_positions": args.n,
-                "median_err_rad": float(np.median(err)), "p99_err_rad": float(np.percentile(err, 99)),
-                "max_err_rad": float(err.max()), "median_sigma_rad": float(np.median(sigma)),
-                "median_err_over_sigma": float(np.median(ratio)), "max_err_over_sigma": float(ratio.max()),
-                "device": device_name(),
-            })
+            rows.append(
+                {
+                    "method": name,
+                    "dtype": "float32",
+                    "power_dbm": power,
+                    "n_positions": args.n,
+                    "median_err_rad": float(np.median(err)),
+                    "p99_err_rad": float(np.percentile(err, 99)),
+                    "max_err_rad": float(err.max()),
+                    "median_sigma_rad": float(np.median(sigma)),
+                    "median_err_over_sigma": float(np.median(ratio)),
+                    "max_err_over_sigma": float(ratio.max()),
+                    "device": device_name(),
+                }
+            )
     print(f"float32 effective-phase error vs float64, {args.n} random UEs, paper scene")
-    print_table(rows, [
-        ("method", "eq. 7b form", "s"), ("power_dbm", "P dBm", ".0f"),
-        ("median_err_rad", "median err", ".2e"), ("p99_err_rad", "p99 err", ".2e"),
-        ("max_err_rad", "max err", ".2e"), ("median_sigma_rad", "median sigma", ".2e"),
-        ("median_err_over_sigma", "med err/sigma", ".3f"), ("max_err_over_sigma", "max err/sigma", ".3f"),
-    ])
+    print_table(
+        rows,
+        [
+            ("method", "eq. 7b form", "s"),
+            ("power_dbm", "P dBm", ".0f"),
+            ("median_err_rad", "median err", ".2e"),
+            ("p99_err_rad", "p99 err", ".2e"),
+            ("max_err_rad", "max err", ".2e"),
+            ("median_sigma_rad", "median sigma", ".2e"),
+            ("median_err_over_sigma", "med err/sigma", ".3f"),
+            ("max_err_over_sigma", "max err/sigma", ".3f"),
+        ],
+    )
     write_json(args.json, rows)
     return rows
 

@@ -97,4 +97,5 @@ __all__ = [
     "thermal_noise_power",
     "unwrapped_phase",
     "watt_to_dbm",
+    "wrap",
 ]

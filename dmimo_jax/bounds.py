@@ -28,13 +28,13 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_positions
 from dmimo_jax.physics import (
+    _zeta,
     as_phase_model,
     effective_amplitude,
     geometry,
     reflection_coefficient,
     unwrapped_phase,
 )
-from dmimo_jax.physics import _zeta
 from dmimo_jax.scene import Scene
 
 __all__ = [

@@ -275,7 +275,9 @@ def sample_ap_positions(
         raise ValueError(f"room_size {room_size} must exceed 2 * margin = {2 * margin}")
     cand = np.asarray(
         jax.random.uniform(
-            key, (max_candidates, 2), minval=jnp.array([margin, margin]),
+            key,
+            (max_candidates, 2),
+            minval=jnp.array([margin, margin]),
             maxval=jnp.array([lx - margin, ly - margin]),
         )
     )

@@ -29,19 +29,30 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--power-dbm", type=float, default=-10.0, help="transmit power P in dBm")
     parser.add_argument("--material", default="concrete", choices=dj.materials.material_names())
-    parser.add_argument("--convention", default="paper", choices=["paper", "itu"],
-                        help="permittivity convention (paper: f in Hz as in the paper; itu: correct)")
+    parser.add_argument(
+        "--convention",
+        default="paper",
+        choices=["paper", "itu"],
+        help="permittivity convention (paper: f in Hz as in the paper; itu: correct)",
+    )
     parser.add_argument("--polarization", default="TE", choices=["TE", "TM"])
-    parser.add_argument("--ue", type=float, nargs=3, default=[6.5, 5.0, 2.0], metavar=("X", "Y", "Z"),
-                        help="UE position in metres")
+    parser.add_argument(
+        "--ue",
+        type=float,
+        nargs=3,
+        default=[6.5, 5.0, 2.0],
+        metavar=("X", "Y", "Z"),
+        help="UE position in metres",
+    )
     parser.add_argument("--num-positions", type=int, default=1280, help="random UEs for PEB stats")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=pathlib.Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
 
     t_start = time.perf_counter()
-    scene = dj.paper_scene(args.power_dbm, args.material, convention=args.convention,
-                           polarization=args.polarization)
+    scene = dj.paper_scene(
+        args.power_dbm, args.material, convention=args.convention, polarization=args.polarization
+    )
     x = jnp.asarray(args.ue)
     theta = dj.effective_phase(x, scene)
     sigma = jnp.sqrt(dj.phase_noise_var(x, scene))
@@ -51,9 +62,18 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"dmimo_jax {dj.__version__} on {jax.devices()[0].platform}")
     print(scene)
     print(f"\nUE at {np.asarray(x)} m")
-    print(f"{'AP':>3} {'position [m]':>22} {'theta [rad]':>12} {'NLoS pert. [rad]':>17} {'sigma [rad]':>12}")
-    for m, (p, t, g, s) in enumerate(zip(np.asarray(scene.ap_positions), np.asarray(theta),
-                                         np.asarray(perturbation), np.asarray(sigma), strict=True)):
+    print(
+        f"{'AP':>3} {'position [m]':>22} {'theta [rad]':>12} {'NLoS pert. [rad]':>17} {'sigma [rad]':>12}"
+    )
+    for m, (p, t, g, s) in enumerate(
+        zip(
+            np.asarray(scene.ap_positions),
+            np.asarray(theta),
+            np.asarray(perturbation),
+            np.asarray(sigma),
+            strict=True,
+        )
+    ):
         print(f"{m:>3} {np.array2string(p, precision=2):>22} {t:>12.6f} {g:>17.6f} {s:>12.3e}")
     print(f"\nPEB at UE: {peb_x * 1e6:.2f} um")
 
@@ -79,9 +99,11 @@ def main(argv: list[str] | None = None) -> dict:
         "peb_map_s": t_peb,
         "wall_s": time.perf_counter() - t_start,
     }
-    print(f"PEB over {args.num_positions} random UEs (seed {args.seed}): "
-          f"mean {result['mean_peb_m'] * 1e6:.2f} um, median {result['median_peb_m'] * 1e6:.2f} um, "
-          f"95th pct {result['p95_peb_m'] * 1e6:.2f} um  ({t_peb:.2f} s incl. compile)")
+    print(
+        f"PEB over {args.num_positions} random UEs (seed {args.seed}): "
+        f"mean {result['mean_peb_m'] * 1e6:.2f} um, median {result['median_peb_m'] * 1e6:.2f} um, "
+        f"95th pct {result['p95_peb_m'] * 1e6:.2f} um  ({t_peb:.2f} s incl. compile)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

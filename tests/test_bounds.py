@@ -1,3 +1,4 @@
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,7 +23,9 @@ def test_channel_fim_blocks_eqs_11_12():
     assert_allclose(fim, fim.T)
     assert fim[0, 0] == pytest.approx(s * np.sum(a**2), rel=1e-12)
     assert_allclose(fim[1 : m + 1, 1 : m + 1], s * np.eye(m), rtol=1e-12, atol=1e-12 * s)
-    assert_allclose(fim[m + 1 :, m + 1 :], s * np.diag(a**2), rtol=1e-12, atol=1e-12 * s * a.max() ** 2)
+    assert_allclose(
+        fim[m + 1 :, m + 1 :], s * np.diag(a**2), rtol=1e-12, atol=1e-12 * s * a.max() ** 2
+    )
     np.testing.assert_allclose(fim[0, 1 : m + 1], 0.0, atol=1e-12 * s * a.max())
     np.testing.assert_allclose(fim[1 : m + 1, m + 1 :], 0.0, atol=1e-12 * s * a.max())
     assert_allclose(fim[0, m + 1 :], s * a**2, rtol=1e-12)
@@ -40,7 +43,8 @@ def test_efim_schur_equals_closed_form(pol):
         np.testing.assert_allclose(np.asarray(schur), np.asarray(closed), atol=1e-12 * scale)
         np.testing.assert_allclose(
             np.asarray(dj.efim_from_variance(dj.phase_noise_var(x, scene))),
-            np.asarray(closed), atol=1e-12 * scale,
+            np.asarray(closed),
+            atol=1e-12 * scale,
         )
         # a common phase shift carries no information: EFIM @ 1 = 0
         np.testing.assert_allclose(np.asarray(closed @ jnp.ones(17)), 0.0, atol=1e-12 * scale)
@@ -52,17 +56,25 @@ def test_efim_schur_rejects_bad_shape():
 
 
 @pytest.mark.parametrize(
-    "material, pol", [("concrete", "TE"), ("glass", "TE"), ("wet_ground", "TE"),
-                      ("concrete", "TM"), ("metal", "TE")],
+    "material, pol",
+    [
+        ("concrete", "TE"),
+        ("glass", "TE"),
+        ("wet_ground", "TE"),
+        ("concrete", "TM"),
+        ("metal", "TE"),
+    ],
 )
 @pytest.mark.parametrize("convention", ["itu", "paper"])
 def test_analytic_jacobian_matches_autodiff(material, pol, convention):
     scene = dj.paper_scene(material=material, polarization=pol, convention=convention)
-    xs = jnp.concatenate([
-        _positions(200, seed=2),
-        # straight below every AP, where the printed Appendix has 0/0
-        jnp.column_stack([scene.ap_positions[:, :2], jnp.full(17, 1.7)]),
-    ])
+    xs = jnp.concatenate(
+        [
+            _positions(200, seed=2),
+            # straight below every AP, where the printed Appendix has 0/0
+            jnp.column_stack([scene.ap_positions[:, :2], jnp.full(17, 1.7)]),
+        ]
+    )
     auto = jax.vmap(dj.phase_jacobian, (0, None))(xs, scene)
     analytic = jax.vmap(dj.jacobian_analytic, (0, None))(xs, scene)
     assert np.all(np.isfinite(np.asarray(analytic)))
@@ -95,7 +107,9 @@ def test_peb_against_finite_differences():
         cols = []
         for k in range(3):
             e = jnp.zeros(3).at[k].set(h_step)
-            cols.append((dj.unwrapped_phase(x + e, SCENE) - dj.unwrapped_phase(x - e, SCENE)) / (2 * h_step))
+            cols.append(
+                (dj.unwrapped_phase(x + e, SCENE) - dj.unwrapped_phase(x - e, SCENE)) / (2 * h_step)
+            )
         h_fd = jnp.stack(cols, axis=1)
         j_fd = h_fd.T @ dj.efim(x, SCENE) @ h_fd
         peb_fd = float(jnp.sqrt(jnp.trace(jnp.linalg.inv(j_fd))))
@@ -153,3 +167,14 @@ def test_peb_gradient_finite_below_ap():
 def test_peb_map_validation(xs, kwargs, match):
     with pytest.raises(ValueError, match=match):
         dj.peb_map(xs, SCENE, **kwargs)
+
+
+def test_peb_map_does_not_retrace_for_same_shapes():
+    from dmimo_jax import bounds
+
+    traced = chex.assert_max_traces(bounds._peb_map.__wrapped__, n=1)
+    fn = jax.jit(traced, static_argnames=("batch_size",))
+    xs = _positions(16, seed=6)
+    a = fn(xs, SCENE, 8)
+    b = fn(xs + 0.01, dj.paper_scene(power_dbm=-20.0), 8)  # new values, same shapes
+    assert float(jnp.mean(b)) > float(jnp.mean(a))

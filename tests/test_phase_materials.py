@@ -1,4 +1,3 @@
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -54,8 +53,20 @@ def test_itu_formula_at_1ghz_is_the_table():
 
 @pytest.mark.parametrize(
     "name",
-    ["concrete", "brick", "plasterboard", "wood", "glass", "ceiling_board", "chipboard",
-     "floorboard", "very_dry_ground", "medium_dry_ground", "wet_ground", "metal"],
+    [
+        "concrete",
+        "brick",
+        "plasterboard",
+        "wood",
+        "glass",
+        "ceiling_board",
+        "chipboard",
+        "floorboard",
+        "very_dry_ground",
+        "medium_dry_ground",
+        "wet_ground",
+        "metal",
+    ],
 )
 def test_required_materials_present_and_lossy(name):
     eps = relative_permittivity(name, 800e6)

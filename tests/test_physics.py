@@ -18,6 +18,7 @@ def _positions(n, seed=0, scene=SCENE):
 
 # --- reflection coefficient, eq. (3) -------------------------------------------------
 
+
 @pytest.mark.parametrize("eps", [5.24 - 0.0096j, 5.24 - 0.872j, 2.0 - 0.05j, 30.0 - 3.0j])
 def test_gamma_normal_incidence(eps):
     s = np.sqrt(eps)
@@ -55,6 +56,7 @@ def test_gamma_bad_polarization():
 
 # --- geometry and the effective phasor, eqs. (4), (7) --------------------------------
 
+
 def test_geometry_against_direct_formulas():
     for x in np.asarray(_positions(50)):
         geo = geometry(jnp.asarray(x), SCENE)
@@ -86,7 +88,9 @@ def test_phasor_identity_eq7(pol, material):
         assert_allclose(alpha, alpha_7a, rtol=1e-12)
         # compare on the circle; phases ~170 rad lose ~1e-13 in the direct form
         np.testing.assert_allclose(np.angle(np.exp(1j * (theta - theta_7b))), 0.0, atol=1e-11)
-        np.testing.assert_allclose(np.angle(np.exp(1j * (theta + np.angle(h_sum)))), 0.0, atol=1e-11)
+        np.testing.assert_allclose(
+            np.angle(np.exp(1j * (theta + np.angle(h_sum)))), 0.0, atol=1e-11
+        )
         assert_allclose(np.asarray(dj.effective_phasor(x, scene)), h_sum, rtol=1e-11)
 
 
@@ -152,7 +156,9 @@ def test_gradients_finite_straight_below_ap(pol):
         assert np.all(np.isfinite(np.asarray(fwd))), fn.__name__
         assert_allclose(fwd, rev, rtol=1e-9, atol=1e-12)
     x = jnp.array([5.0, 5.0, 2.0])  # directly below AP 0
-    check_grads(jax.jit(lambda x: dj.unwrapped_phase(x, scene)), (x,), order=1, modes=["fwd", "rev"])
+    check_grads(
+        jax.jit(lambda x: dj.unwrapped_phase(x, scene)), (x,), order=1, modes=["fwd", "rev"]
+    )
     g = jax.grad(lambda e: jnp.sum(dj.unwrapped_phase(x, scene.replace(eps_r=e))))(5.0 + 0j)
     assert np.isfinite(complex(g))
 

@@ -54,8 +54,13 @@ def test_units_roundtrip():
 
 def _kwargs(**changes):
     base = dict(
-        ap_positions=[[1.0, 1.0, 4.0], [5.0, 5.0, 4.0]], wavelength=0.375, eps_r=5.0 - 0.1j,
-        tx_power=1e-4, noise_power=1e-15, ue_low=[0.5, 0.5, 0.5], ue_high=[9.5, 9.5, 3.5],
+        ap_positions=[[1.0, 1.0, 4.0], [5.0, 5.0, 4.0]],
+        wavelength=0.375,
+        eps_r=5.0 - 0.1j,
+        tx_power=1e-4,
+        noise_power=1e-15,
+        ue_low=[0.5, 0.5, 0.5],
+        ue_high=[9.5, 9.5, 3.5],
     )
     base.update(changes)
     return base
