@@ -1,0 +1,123 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax import estimators as est
+
+SCENE = dj.paper_scene()
+MODEL = dj.TwoRayModel(SCENE)
+X0 = jnp.array([6.5, 5.0, 2.0])
+
+
+def _circ_err(a, b):
+    return np.abs(np.asarray(dj.wrap(jnp.asarray(a) - jnp.asarray(b))))
+
+
+def test_wrap_correction_eq16_cases():
+    mean = jnp.zeros(5)
+    # majority near +pi, minority near -pi: minority moved up by 2 pi
+    r = jnp.array([3.0, 3.1, 3.05, -3.1, -3.12])
+    e = np.asarray(est.wrap_corrected_residuals(r, mean))
+    np.testing.assert_allclose(e, [3.0, 3.1, 3.05, -3.1 + 2 * np.pi, -3.12 + 2 * np.pi])
+    # majority near -pi: the +pi side moves down
+    e = np.asarray(est.wrap_corrected_residuals(-r, mean))
+    np.testing.assert_allclose(e, -np.array([3.0, 3.1, 3.05, -3.1 + 2 * np.pi, -3.12 + 2 * np.pi]))
+    # nothing near the boundary: untouched
+    r = jnp.array([0.1, -0.2, 0.3, 1.0, -1.2])
+    np.testing.assert_allclose(np.asarray(est.wrap_corrected_residuals(r, mean)), np.asarray(r))
+
+
+def test_cpo_estimate_exact_when_straddling_pi():
+    theta = dj.unwrapped_phase(X0, SCENE)
+    var = dj.phase_noise_var(X0, SCENE)
+    noise = 0.05 * jax.random.normal(jax.random.key(0), (17,))
+    for phi in (np.pi - 0.02, -np.pi + 0.01, np.pi):
+        r = dj.wrap(theta + phi + noise)
+        # the residuals straddle +-pi: the estimate is the weighted mean of phi + noise
+        expected = phi + jnp.sum(noise / var) / jnp.sum(1 / var)
+        assert _circ_err(est.cpo_estimate(r, theta, var), expected) < 1e-12
+        assert _circ_err(est.cpo_estimate(r, theta), phi + jnp.mean(noise)) < 1e-12
+
+
+def test_cpo_estimate_invariant_to_constant_shift():
+    theta = dj.unwrapped_phase(X0, SCENE)
+    var = dj.phase_noise_var(X0, SCENE)
+    r = dj.simulate_phases(jax.random.key(1), SCENE, X0, 0.3)
+    base = est.cpo_estimate(r, theta, var)
+    for c in np.linspace(-3 * np.pi, 3 * np.pi, 97):
+        shifted = est.cpo_estimate(dj.wrap(r + c), theta, var)
+        assert _circ_err(shifted, base + c) < 1e-10, c
+
+
+@pytest.mark.parametrize("cpo", [0.0, np.pi / 2, np.pi - 1e-3, -np.pi])
+def test_costs_zero_at_truth_without_noise(cpo):
+    loud = dj.paper_scene(power_dbm=200.0)  # noise ~ 1e-15 rad
+    for x in dj.sample_positions(jax.random.key(2), 10, SCENE):
+        r = dj.simulate_phases(jax.random.key(3), loud, x, cpo)
+        assert float(est.ls_cost(x, r, SCENE)) < 1e-20
+        # ML cost scales residuals by 1/sigma^2 (~1e7 at -10 dBm): still ~0
+        assert float(est.ml_cost(x, r, SCENE)) < 1e-10
+        # and clearly positive a quarter wavelength away
+        assert float(est.ls_cost(x + jnp.array([0.09, 0.0, 0.0]), r, SCENE)) > 1e-2
+
+
+def test_ml_cost_is_chi_square_at_truth():
+    n = 2000
+    xs = jnp.broadcast_to(X0, (n, 3))
+    r = dj.simulate_phases_batch(jax.random.key(4), SCENE, xs, jnp.full(n, 1.0))
+    costs = np.asarray(jax.vmap(est.ml_cost, (0, 0, None))(xs, r, MODEL))
+    # M residuals, one CPO compressed: chi-square with M - 1 = 16 degrees of freedom
+    assert costs.mean() == pytest.approx(16.0, rel=0.05)
+
+
+def test_refine_converges_from_5cm_without_noise():
+    loud = dj.paper_scene(power_dbm=200.0)
+    n = 128
+    xs = dj.sample_positions(jax.random.key(5), n, SCENE)
+    cpos = dj.random_cpos(jax.random.key(6), n)
+    r = dj.simulate_phases_batch(jax.random.key(7), loud, xs, cpos)
+    d = jax.random.normal(jax.random.key(8), (n, 3))
+    starts = xs + 0.05 * d / jnp.linalg.norm(d, axis=1, keepdims=True)
+    out = est.refine_batch(starts, r, SCENE)
+    err = np.linalg.norm(np.asarray(out.x - xs), axis=1)
+    assert err.max() < 1e-6
+    assert np.all(_circ_err(out.cpo, cpos) < 1e-6)
+
+
+def test_refine_attains_peb_at_paper_point():
+    """From the true position, the refined ML estimate's RMSE matches the PEB (efficiency)."""
+    n = 400
+    xs = jnp.broadcast_to(X0, (n, 3))
+    r = dj.simulate_phases_batch(jax.random.key(9), SCENE, xs, jnp.full(n, np.pi / 2))
+    out = est.refine_batch(xs, r, SCENE)
+    rmse = float(np.sqrt(np.mean(np.sum(np.asarray(out.x - xs) ** 2, axis=1))))
+    assert rmse == pytest.approx(float(dj.peb(X0, SCENE)), rel=0.12)
+
+
+def test_refine_batch_matches_single():
+    r = dj.simulate_phases(jax.random.key(10), SCENE, X0, 0.5)
+    start = X0 + jnp.array([0.02, 0.01, -0.03])
+    one = est.refine(start, r, SCENE)
+    many = est.refine_batch(start[None, :], r[None, :], SCENE)
+    np.testing.assert_allclose(np.asarray(many.x[0]), np.asarray(one.x), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "x0, r, match",
+    [
+        (X0, jnp.zeros(16), r"r must have shape \(17,\)"),
+        (X0, jnp.zeros(17).at[3].set(jnp.nan), "r must be finite"),
+        (jnp.array([1.0, 1.0, jnp.nan]), jnp.zeros(17), "x0 must be finite"),
+        (jnp.array([1.0, 1.0, -1.0]), jnp.zeros(17), "above the ground"),
+    ],
+)
+def test_refine_bad_input(x0, r, match):
+    with pytest.raises(ValueError, match=match):
+        est.refine(x0, r, SCENE)
+
+
+def test_refine_batch_bad_rows():
+    with pytest.raises(ValueError, match="rows to match"):
+        est.refine_batch(jnp.ones((3, 3)), jnp.zeros((2, 17)), SCENE)
