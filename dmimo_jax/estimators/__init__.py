@@ -1,5 +1,6 @@
-"""Position estimators: the model-based MLE (Sec. II-D)."""
+"""Position estimators: the model-based MLE (Sec. II-D) and its grid search."""
 
+from dmimo_jax.estimators.grid import EgsResult, Grid, egs, grid_points, make_grid, phase_table
 from dmimo_jax.estimators.mle import (
     RefineResult,
     cpo_estimate,
@@ -11,6 +12,12 @@ from dmimo_jax.estimators.mle import (
 )
 
 __all__ = [
+    "EgsResult",
+    "Grid",
+    "egs",
+    "grid_points",
+    "make_grid",
+    "phase_table",
     "RefineResult",
     "cpo_estimate",
     "ls_cost",

@@ -147,7 +147,9 @@ def refine(
     model = as_phase_model(model)
     check_positions("x0", x0, batched=False)
     _check_snapshot(r, model)
-    return _refine(jnp.asarray(x0), jnp.asarray(r, jnp.asarray(x0).dtype), model, num_steps, damping)
+    return _refine(
+        jnp.asarray(x0), jnp.asarray(r, jnp.asarray(x0).dtype), model, num_steps, damping
+    )
 
 
 def refine_batch(
