@@ -50,3 +50,24 @@ def check_positions(name: str, x: Any, *, batched: bool | None = None) -> None:
             f"{name} must lie in the half-space above the ground (z > 0 m), "
             f"got min z = {arr[..., 2].min():.6g} m"
         )
+
+
+def check_phases(name: str, r: Any, num_aps: int, *, batched: bool | None = None) -> None:
+    """Check wrapped phase snapshot(s): shape (M,) or (B, M) with M = ``num_aps``, finite.
+
+    Args:
+        name: argument name used in the error message.
+        r: phases in radians.
+        num_aps: M.
+        batched: ``False`` requires (M,), ``True`` requires (B, M), ``None`` accepts both.
+    """
+    shape = tuple(np.shape(r))
+    single, batch = shape == (num_aps,), len(shape) == 2 and shape[1] == num_aps
+    if not ((single and batched is not True) or (batch and batched is not False)):
+        want = {
+            False: f"({num_aps},)",
+            True: f"(B, {num_aps})",
+            None: f"({num_aps},) or (B, {num_aps})",
+        }
+        raise ValueError(f"{name} must have shape {want[batched]} (one phase per AP), got {shape}")
+    check_finite(name, r)

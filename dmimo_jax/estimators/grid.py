@@ -28,7 +28,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_finite
+from dmimo_jax._checks import check_finite, check_phases
 from dmimo_jax.estimators.mle import wrap_corrected_residuals
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import as_phase_model
@@ -139,14 +139,10 @@ def egs(
         :class:`EgsResult` with a leading batch axis (B = 1 for a single snapshot).
     """
     model = as_phase_model(model)
+    check_phases("r", r, model.num_aps)
     r = jnp.asarray(r, grid.low.dtype)
     if r.ndim == 1:
         r = r[None, :]
-    if r.ndim != 2 or r.shape[1] != model.num_aps:
-        raise ValueError(
-            f"r must have shape ({model.num_aps},) or (B, {model.num_aps}), got {r.shape}"
-        )
-    check_finite("r", r)
     if grid.size >= 2**31:
         raise ValueError(f"grid has {grid.size} points; at most 2**31 - 1 are supported")
     if chunk_size < 1:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_finite, check_positions
+from dmimo_jax._checks import check_phases, check_positions
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import as_phase_model
 
@@ -146,7 +146,7 @@ def refine(
     """
     model = as_phase_model(model)
     check_positions("x0", x0, batched=False)
-    _check_snapshot(r, model)
+    check_phases("r", r, model.num_aps, batched=False)
     return _refine(
         jnp.asarray(x0), jnp.asarray(r, jnp.asarray(x0).dtype), model, num_steps, damping
     )
@@ -158,22 +158,12 @@ def refine_batch(
     """:func:`refine` for (N, 3) starts and (N, M) snapshots, jitted and vmapped."""
     model = as_phase_model(model)
     check_positions("x0", x0, batched=True)
-    _check_snapshot(r, model, batched=True)
+    check_phases("r", r, model.num_aps, batched=True)
     x0 = jnp.asarray(x0)
     r = jnp.asarray(r, x0.dtype)
     if r.shape[0] != x0.shape[0]:
         raise ValueError(f"r must have {x0.shape[0]} rows to match x0, got {r.shape[0]}")
     return _refine_batch(x0, r, model, num_steps, damping)
-
-
-def _check_snapshot(r: ArrayLike, model: Any, batched: bool = False) -> None:
-    shape = jnp.shape(r)
-    m = model.num_aps
-    ok = (len(shape) == 2 and shape[1] == m) if batched else shape == (m,)
-    if not ok:
-        want = f"(N, {m})" if batched else f"({m},)"
-        raise ValueError(f"r must have shape {want} (one phase per AP), got {shape}")
-    check_finite("r", r)
 
 
 @partial(jax.jit, static_argnums=(3,))
