@@ -220,6 +220,11 @@ def phase_perturbation(x: ArrayLike, scene: Scene) -> Array:
     """
     check_positions("x", x, batched=False)
     _, rho = relative_reflection(x, scene)
+    return _perturbation(rho)
+
+
+def _perturbation(rho: Array) -> Array:
+    """-arg(1 + rho) for |rho| < 1: smooth, in (-pi/2, pi/2)."""
     return -jnp.arctan2(jnp.imag(rho), 1.0 + jnp.real(rho))
 
 
@@ -232,7 +237,7 @@ def unwrapped_phase(x: ArrayLike, scene: Scene) -> Array:
     """
     check_positions("x", x, batched=False)
     geo, rho = relative_reflection(x, scene)
-    return 2 * jnp.pi / scene.wavelength * geo.d1 - jnp.arctan2(jnp.imag(rho), 1.0 + jnp.real(rho))
+    return 2 * jnp.pi / scene.wavelength * geo.d1 + _perturbation(rho)
 
 
 def effective_phase(x: ArrayLike, scene: Scene) -> Array:

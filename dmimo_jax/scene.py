@@ -188,10 +188,8 @@ class Scene:
         """A copy with some fields replaced (validated like the constructor)."""
         kwargs = {k: getattr(self, k) for k in self._LEAVES}
         kwargs.update(polarization=self.polarization, perfect_conductor=self.perfect_conductor)
+        kwargs["dtype"] = self.ap_positions.dtype
         kwargs.update(changes)
-        kwargs.setdefault("dtype", None)
-        if kwargs["dtype"] is None:
-            kwargs["dtype"] = self.ap_positions.dtype
         return Scene(**kwargs)
 
     def astype(self, dtype: Any) -> Scene:

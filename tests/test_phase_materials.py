@@ -18,9 +18,11 @@ def test_wrap_range_and_identity():
 def test_wrap_boundaries():
     assert float(dj.wrap(jnp.pi)) == pytest.approx(-np.pi)
     assert float(dj.wrap(-jnp.pi)) == pytest.approx(-np.pi)
-    # tiny negative multiple of 2 pi must not come back as +pi
-    tiny = -1e-300 + 0.0 * jnp.ones(())
-    assert float(dj.wrap(tiny - 2 * jnp.pi)) < np.pi
+    # one ulp below -pi: mod(x + pi, 2 pi) rounds to exactly 2 pi, and unguarded
+    # mod-and-shift would return +pi; wrap must fold it back to -pi
+    below = np.nextafter(-np.pi, -np.inf)
+    assert float(jnp.mod(below + np.pi, 2 * np.pi) - np.pi) >= np.pi  # the edge is real
+    assert float(dj.wrap(below)) == pytest.approx(-np.pi)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])

@@ -3,6 +3,7 @@
 from dmimo_jax.estimators.grid import EgsResult, Grid, egs, grid_points, make_grid, phase_table
 from dmimo_jax.estimators.mle import (
     RefineResult,
+    compressed_residuals,
     cpo_estimate,
     ls_cost,
     ml_cost,
@@ -19,6 +20,7 @@ __all__ = [
     "make_grid",
     "phase_table",
     "RefineResult",
+    "compressed_residuals",
     "cpo_estimate",
     "ls_cost",
     "ml_cost",

@@ -29,7 +29,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_finite, check_phases
-from dmimo_jax.estimators.mle import wrap_corrected_residuals
+from dmimo_jax.estimators.mle import compressed_residuals
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import as_phase_model
 
@@ -113,9 +113,7 @@ class EgsResult(NamedTuple):
 
 def _ls_costs(r: Array, theta: Array) -> Array:
     """LS cost (eq. 18) of snapshots r (B, M) against model phases theta (K, M): (B, K)."""
-    e = wrap_corrected_residuals(r[:, None, :], theta[None, :, :])
-    phi = jnp.mean(e, axis=-1, keepdims=True)
-    return jnp.sum(wrap(e - phi) ** 2, axis=-1)
+    return jnp.sum(compressed_residuals(r[:, None, :], theta[None, :, :]) ** 2, axis=-1)
 
 
 def egs(

@@ -25,6 +25,7 @@ from dmimo_jax.physics import as_phase_model
 __all__ = [
     "wrap_corrected_residuals",
     "cpo_estimate",
+    "compressed_residuals",
     "ml_cost",
     "ls_cost",
     "RefineResult",
@@ -74,13 +75,15 @@ def cpo_estimate(r: ArrayLike, mean: ArrayLike, variance: ArrayLike | None = Non
     return jnp.sum(w * e, axis=-1) / jnp.sum(w, axis=-1)
 
 
-def _residuals(x: Array, r: Array, model: Any, weighted: bool) -> tuple[Array, Array]:
-    mean = model.mean(x)
-    var = model.variance(x) if weighted else None
-    phi = cpo_estimate(r, mean, var)
-    res = wrap(r - mean - phi)
-    w = 1.0 / var if weighted else jnp.ones_like(res)
-    return res, w
+def compressed_residuals(r: ArrayLike, mean: ArrayLike, variance: ArrayLike | None = None) -> Array:
+    r"""Residuals with the CPO compressed away: :math:`\mathrm{wrap}(r_m - \theta_m - \hat\phi)`.
+
+    The terms squared in eqs. (17)-(18); :math:`\hat\phi` from :func:`cpo_estimate` with
+    the same ``variance`` (``None``: the LS case). Shapes as in :func:`cpo_estimate`.
+    """
+    r, mean = jnp.asarray(r), jnp.asarray(mean)
+    phi = cpo_estimate(r, mean, variance)
+    return wrap(r - mean - phi[..., None])
 
 
 def ml_cost(x: ArrayLike, r: ArrayLike, model: Any) -> Array:
@@ -89,15 +92,14 @@ def ml_cost(x: ArrayLike, r: ArrayLike, model: Any) -> Array:
     :math:`\sigma_m^2` is the model's variance at ``x``.
     """
     model = as_phase_model(model)
-    res, w = _residuals(jnp.asarray(x), jnp.asarray(r), model, weighted=True)
-    return jnp.sum(w * res**2)
+    mean, var = model.mean(jnp.asarray(x)), model.variance(jnp.asarray(x))
+    return jnp.sum(compressed_residuals(r, mean, var) ** 2 / var)
 
 
 def ls_cost(x: ArrayLike, r: ArrayLike, model: Any) -> Array:
     r"""LS cost :math:`\tilde C(\mathbf x) = \sum_m \mathrm{wrap}(r_m - \mu_m(\mathbf x, \hat\phi))^2`, eq. (18)."""
     model = as_phase_model(model)
-    res, _ = _residuals(jnp.asarray(x), jnp.asarray(r), model, weighted=False)
-    return jnp.sum(res**2)
+    return jnp.sum(compressed_residuals(r, model.mean(jnp.asarray(x))) ** 2)
 
 
 class RefineResult(NamedTuple):
@@ -168,25 +170,23 @@ def refine_batch(
 
 @partial(jax.jit, static_argnums=(3,))
 def _refine(x0: Array, r: Array, model: Any, num_steps: int, damping: float) -> RefineResult:
-    def weighted_residual(x: Array, sqrt_w: Array) -> Array:
-        mean = model.mean(x)
-        phi = cpo_estimate(r, mean, 1.0 / sqrt_w**2)
-        return sqrt_w * wrap(r - mean - phi)
+    def weighted_residual(x: Array, var: Array) -> Array:
+        return compressed_residuals(r, model.mean(x), var) / jnp.sqrt(var)
 
-    def weights(x: Array) -> Array:
-        return jax.lax.stop_gradient(jnp.sqrt(1.0 / model.variance(x)))
+    def variance(x: Array) -> Array:  # weights held constant within a step
+        return jax.lax.stop_gradient(model.variance(x))
 
     def step(_, carry):
         x, lam, accepted = carry
-        sw = weights(x)
-        e = weighted_residual(x, sw)
-        jac = jax.jacfwd(weighted_residual)(x, sw)
+        var = variance(x)
+        e = weighted_residual(x, var)
+        jac = jax.jacfwd(weighted_residual)(x, var)
         a = jac.T @ jac
         g = jac.T @ e
         dx = jnp.linalg.solve(a + lam * jnp.diag(jnp.diag(a)), -g)
         x_new = x + dx
         cost_old = jnp.sum(e**2)
-        cost_new = jnp.sum(weighted_residual(x_new, weights(x_new)) ** 2)
+        cost_new = jnp.sum(weighted_residual(x_new, variance(x_new)) ** 2)
         ok = jnp.isfinite(cost_new) & (cost_new < cost_old) & (x_new[2] > 0)
         return (
             jnp.where(ok, x_new, x),
@@ -197,9 +197,8 @@ def _refine(x0: Array, r: Array, model: Any, num_steps: int, damping: float) -> 
     init = (x0, jnp.asarray(damping, x0.dtype), jnp.zeros((), jnp.int32))
     x, _, accepted = jax.lax.fori_loop(0, num_steps, step, init)
     mean, var = model.mean(x), model.variance(x)
-    phi = cpo_estimate(r, mean, var)
-    cost = jnp.sum(wrap(r - mean - phi) ** 2 / var)
-    return RefineResult(x=x, cpo=wrap(phi), cost=cost, num_accepted=accepted)
+    cost = jnp.sum(compressed_residuals(r, mean, var) ** 2 / var)
+    return RefineResult(x=x, cpo=wrap(cpo_estimate(r, mean, var)), cost=cost, num_accepted=accepted)
 
 
 @partial(jax.jit, static_argnums=(3,))
