@@ -51,36 +51,149 @@ def test_lambda8_egs_noise_free_within_one_cell_diagonal():
     assert np.mean(np.linalg.norm(np.asarray(fine.x - xs), axis=1) < 1e-6) >= 0.99
 
 
+def _snapshots_in_box(n, seed, scene=SCENE):
+    xs = jnp.asarray(BOX_LOW + 0.3)[None, :] + 0.5 * jax.random.uniform(
+        jax.random.key(seed), (n, 3)
+    )
+    cpos = dj.random_cpos(jax.random.key(seed + 1), n)
+    return xs, dj.simulate_phases_batch(jax.random.key(seed + 2), scene, xs, cpos)
+
+
 def test_table_and_table_free_paths_agree():
     grid = est.make_grid(BOX_LOW, BOX_HIGH, LAM / 8)
-    xs = jnp.asarray(BOX_LOW + 0.3)[None, :] + 0.5 * jax.random.uniform(jax.random.key(3), (64, 3))
-    r = dj.simulate_phases_batch(
-        jax.random.key(4), SCENE, xs, dj.random_cpos(jax.random.key(5), 64)
-    )
-    table = est.phase_table(SCENE, grid)
-    assert table.shape == (grid.size, 17)
+    _, r = _snapshots_in_box(64, seed=3)
+    table = est.phasor_table(SCENE, grid, chunk_size=1000)
+    assert table.data.shape == (table.num_chunks * 1000, 34) and table.data.dtype == jnp.float32
     a = est.egs(r, SCENE, grid)
-    b = est.egs(r, SCENE, grid, table=table)
+    b = est.egs(r, SCENE, table)
+    assert bool(jnp.all(b.screened))  # the certificate holds with 64 candidates
     np.testing.assert_array_equal(np.asarray(a.index), np.asarray(b.index))
     np.testing.assert_allclose(np.asarray(a.cost), np.asarray(b.cost), rtol=1e-12, atol=1e-12)
     # chunk size is an implementation detail
     c = est.egs(r, SCENE, grid, chunk_size=1000)
     np.testing.assert_array_equal(np.asarray(a.index), np.asarray(c.index))
     # a single snapshot is a batch of one
-    d = est.egs(r[5], SCENE, grid, table=table)
+    d = est.egs(r[5], SCENE, table)
     assert int(d.index[0]) == int(a.index[5])
 
 
+def test_table_screen_falls_back_when_its_certificate_fails():
+    grid = est.make_grid(BOX_LOW, BOX_HIGH, LAM / 8)
+    _, r = _snapshots_in_box(32, seed=6)
+    table = est.phasor_table(SCENE, grid)
+    exact = est.egs(r, SCENE, grid)
+    one = est.egs(r, SCENE, table, num_candidates=1)
+    assert not bool(jnp.all(one.screened))  # one candidate cannot certify every snapshot
+    np.testing.assert_array_equal(np.asarray(one.index), np.asarray(exact.index))
+
+
+def test_coherence_bound_is_a_lower_bound_on_the_ls_cost():
+    # LS(x) >= 2 (M - |sum_m e^{j(r_m - theta_m(x))}|) at every point: what makes the screen exact
+    grid = est.make_grid(BOX_LOW, BOX_HIGH, LAM / 4)
+    _, r = _snapshots_in_box(4, seed=9)
+    pts = est.grid_points(grid, jnp.arange(grid.size))
+    theta = jax.vmap(dj.TwoRayModel(SCENE).mean)(pts)
+    for rb in r:
+        ls = jnp.sum(est.compressed_residuals(rb[None, :], theta) ** 2, axis=-1)
+        coh = jnp.abs(jnp.sum(jnp.exp(1j * (rb[None, :] - theta)), axis=-1))
+        assert bool(jnp.all(ls >= 2 * (17 - coh) - 1e-9))
+        assert float(jnp.min(ls - 2 * (17 - coh))) < 0.05  # and tight near the arg-min
+
+
+def test_search_grid_regions():
+    g = est.search_grid(SCENE, LAM / 2)
+    np.testing.assert_allclose(np.asarray(g.low), 0.0)
+    ue = est.search_grid(SCENE, LAM / 2, region="ue")
+    np.testing.assert_allclose(np.asarray(ue.low), np.asarray(SCENE.ue_low))
+    with pytest.raises(ValueError, match="region"):
+        est.search_grid(SCENE, LAM / 2, region="house")
+
+
+def test_egs_accepts_a_spacing():
+    xs, r = _snapshots_in_box(2, seed=12)
+    res = est.egs(r, SCENE, LAM / 2, region="ue")
+    assert res.x.shape == (2, 3)
+    assert float(jnp.max(jnp.linalg.norm(res.x - xs, axis=1))) < LAM  # nearest lambda/2 cells
+
+
+def test_coarse_to_fine_matches_fine_egs_plus_refinement():
+    xs, r = _snapshots_in_box(64, seed=15)
+    fine = est.refine_batch(
+        est.egs(r, SCENE, est.make_grid(BOX_LOW, BOX_HIGH, LAM / 8)).x, r, SCENE
+    )
+    coarse = est.phasor_table(SCENE, est.make_grid(BOX_LOW, BOX_HIGH, LAM / 4))
+    h = est.coarse_to_fine(r, SCENE, coarse, num_starts=8)
+    assert h.starts.shape == (64, 8)
+    agree = np.linalg.norm(np.asarray(h.x - fine.x), axis=1) < 1e-3
+    assert agree.mean() >= 0.98
+    assert float(jnp.median(jnp.linalg.norm(h.x - xs, axis=1))) < 1e-4
+
+
+_SHARDED = """
+import jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+import dmimo_jax as dj
+from dmimo_jax import estimators as est
+assert len(jax.devices()) == 4
+s = dj.paper_scene()
+lam = float(s.wavelength)
+grid = est.make_grid([3.0, 3.0, 1.0], [4.2, 4.2, 2.2], lam / 8)
+xs = dj.sample_positions(jax.random.key(0), 16, s) * 0 + np.array([3.5, 3.6, 1.7])
+xs = xs + 0.3 * jax.random.uniform(jax.random.key(1), (16, 3))
+r = dj.simulate_phases_batch(jax.random.key(2), s, xs, dj.random_cpos(jax.random.key(3), 16))
+out = {}
+for name, dev in (("sharded", None), ("single", jax.devices()[:1])):
+    t = est.phasor_table(s, grid, chunk_size=1000, devices=dev)
+    a = est.egs(r, s, grid, chunk_size=1000, devices=dev)
+    b = est.egs(r, s, t)
+    out[name] = (np.asarray(a.index), np.asarray(a.cost), np.asarray(b.index), np.asarray(b.cost))
+    print(name, t.data.sharding)
+for x, y in zip(out["sharded"], out["single"]):
+    np.testing.assert_array_equal(x, y)
+print("IDENTICAL")
+"""
+
+
+def test_sharded_and_single_device_results_identical(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    script = tmp_path / "sharded.py"
+    script.write_text(_SHARDED)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "NamedSharding" in out.stdout and "IDENTICAL" in out.stdout
+
+
 @pytest.mark.parametrize(
-    "r, kwargs, match",
+    "r, grid, kwargs, match",
     [
-        (jnp.zeros(16), {}, r"r must have shape \(17,\)"),
-        (jnp.zeros(17).at[0].set(jnp.nan), {}, "r must be finite"),
-        (jnp.zeros(17), {"chunk_size": 0}, "chunk_size"),
-        (jnp.zeros(17), {"table": jnp.zeros((5, 17))}, "table must have shape"),
+        (jnp.zeros(16), None, {}, r"r must have shape \(17,\)"),
+        (jnp.zeros(17).at[0].set(jnp.nan), None, {}, "r must be finite"),
+        (jnp.zeros(17), None, {"chunk_size": 0}, "chunk_size"),
+        (jnp.zeros(17), None, {"num_candidates": 0}, "num_candidates"),
+        (jnp.zeros(17), 0.0, {}, "spacing"),
+        (jnp.zeros(17), -LAM, {}, "spacing"),
+        (jnp.zeros(17), LAM, {"region": "garden"}, "region"),
     ],
 )
-def test_egs_bad_input(r, kwargs, match):
-    grid = est.make_grid(BOX_LOW, BOX_HIGH, LAM / 2)
+def test_egs_bad_input(r, grid, kwargs, match):
+    grid = est.make_grid(BOX_LOW, BOX_HIGH, LAM / 2) if grid is None else grid
     with pytest.raises(ValueError, match=match):
         est.egs(r, SCENE, grid, **kwargs)
+
+
+def test_tables_that_do_not_fit_are_refused():
+    with pytest.raises(ValueError, match="max_bytes"):
+        est.phasor_table(SCENE, est.search_grid(SCENE, LAM / 8), max_bytes=2**28)
+    with pytest.raises(ValueError, match="too large"):  # 2**31 points would overflow the index
+        est.make_grid([0, 0, 0], [100, 100, 40], LAM / 16)
+    with pytest.raises(ValueError, match="num_starts"):
+        est.coarse_to_fine(
+            jnp.zeros(17),
+            SCENE,
+            est.phasor_table(SCENE, est.make_grid(BOX_LOW, BOX_HIGH, LAM)),
+            num_starts=0,
+        )
