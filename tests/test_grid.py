@@ -197,3 +197,20 @@ def test_tables_that_do_not_fit_are_refused():
             est.phasor_table(SCENE, est.make_grid(BOX_LOW, BOX_HIGH, LAM)),
             num_starts=0,
         )
+
+
+def test_flop_counts_paper_formula_and_xla():
+    from dmimo_jax.complexity import egs_flops_paper, egs_flops_xla
+
+    # the paper's F = B M V / delta^3 with B = 57 at lambda/8 over V = 400 m^3
+    assert egs_flops_paper(17, 400.0, LAM / 8) == pytest.approx(57 * 17 * 400 / (LAM / 8) ** 3)
+    grid = est.make_grid(BOX_LOW, BOX_HIGH, LAM / 4)
+    table = egs_flops_xla(SCENE, grid, batch=8)
+    plain = egs_flops_xla(SCENE, grid, method="plain")
+    assert table is not None and plain is not None
+    # per point and AP: the table screen is a few FLOPs (one 2M x 2B matrix product),
+    # the table-free search evaluates the two-ray model (~10^2 FLOPs)
+    per = lambda f: f / (grid.size * 17)
+    assert 4 <= per(table) < 20 and 50 < per(plain) < 500
+    with pytest.raises(ValueError, match="method"):
+        egs_flops_xla(SCENE, grid, method="magic")
