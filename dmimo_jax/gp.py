@@ -375,7 +375,7 @@ class GPPhaseModel:
         r"""Predictive mean and variance of :math:`g` at (x, every AP): eqs. (25a-b), (M,), (M,)."""
         f = features(x, self.scene)
         mean = jax.vmap(self.cond_mean)(f)
-        var = jax.vmap(lambda s: self.cond_kernel.evaluate(s, s))(f)
+        var = jax.vmap(self.cond_kernel.evaluate_diag)(f)
         return mean, jnp.maximum(var, 0.0)
 
     def mean(self, x: ArrayLike) -> Array:

@@ -82,9 +82,13 @@ def test_table_screen_falls_back_when_its_certificate_fails():
     _, r = _snapshots_in_box(32, seed=6)
     table = est.phasor_table(SCENE, grid)
     exact = est.egs(r, SCENE, grid)
-    one = est.egs(r, SCENE, table, num_candidates=1)
+    one = est.egs(r, SCENE, table, num_candidates=1, widen=1)
     assert not bool(jnp.all(one.screened))  # one candidate cannot certify every snapshot
     np.testing.assert_array_equal(np.asarray(one.index), np.asarray(exact.index))
+    # the wider second screen (16 candidates) certifies them without a full scan
+    wide = est.egs(r, SCENE, table, num_candidates=1)
+    assert bool(jnp.all(wide.screened))
+    np.testing.assert_array_equal(np.asarray(wide.index), np.asarray(exact.index))
 
 
 def test_coherence_bound_is_a_lower_bound_on_the_ls_cost():

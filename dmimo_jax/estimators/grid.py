@@ -287,7 +287,8 @@ class EgsResult(NamedTuple):
     x: Array  # (B, 3) arg-min positions, m
     cost: Array  # (B,) minimal LS cost (eq. 18)
     index: Array  # (B,) flat grid index of the arg-min
-    screened: Array  # (B,) bool: True where the table screen's certificate held
+    screened: Array  # (B,) bool: True where a table screen certified the arg-min
+    # (always True on the table-free path; False where the table path needed a full scan)
 
 
 def egs(
@@ -298,6 +299,7 @@ def egs(
     region: str = "room",
     chunk_size: int | None = None,
     num_candidates: int = 64,
+    widen: int = 16,
     devices: Any = None,
 ) -> EgsResult:
     r"""Exhaustive grid search of the LS cost, eq. (18), for one or many snapshots.
@@ -311,6 +313,8 @@ def egs(
         chunk_size: grid points per step of the table-free scan (default: about 2^23
             floats of work per step); a table carries its own.
         num_candidates: points per snapshot re-ranked exactly after the table screen.
+        widen: snapshots whose certificate fails are screened again with
+            ``widen * num_candidates`` candidates before falling back to the table-free scan.
         devices: devices the table-free scan is sharded over (default: all); a table
             uses the devices it was built on.
 
@@ -325,28 +329,34 @@ def egs(
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if not (isinstance(num_candidates, int) and num_candidates >= 1):
         raise ValueError(f"num_candidates must be a positive int, got {num_candidates!r}")
+    if not (isinstance(widen, int) and widen >= 1):
+        raise ValueError(f"widen must be a positive int, got {widen!r}")
     dtype = grid.grid.low.dtype if isinstance(grid, PhasorTable) else grid.low.dtype
     r = jnp.asarray(r, dtype)
     r = r[None, :] if r.ndim == 1 else r
     if isinstance(grid, PhasorTable):
         if grid.num_aps != model.num_aps:
             raise ValueError(f"table has {grid.num_aps} APs, the model {model.num_aps}")
-        k = min(num_candidates, grid.grid.size)
-        res = _egs_table(r, model, grid, k)
+        res = _egs_table(r, model, grid, min(num_candidates, grid.grid.size))
         bad = np.flatnonzero(~np.asarray(res.screened))
-        if bad.size:  # certificate failed: exact table-free scan for those snapshots
-            exact = egs(r[bad], model, grid.grid, devices=grid.mesh and grid.mesh.devices.ravel())
-            res = EgsResult(
-                res.x.at[bad].set(exact.x),
-                res.cost.at[bad].set(exact.cost),
-                res.index.at[bad].set(exact.index),
-                res.screened,
-            )
+        if bad.size and widen > 1:  # certificate failed: a wider screen for those snapshots
+            wide = _egs_table(r[bad], model, grid, min(widen * num_candidates, grid.grid.size))
+            res = _scatter(res, bad, wide)
+            bad = np.flatnonzero(~np.asarray(res.screened))
+        if bad.size:  # still uncertified: the exact table-free scan (screened stays False)
+            devices = None if grid.mesh is None else grid.mesh.devices.ravel()
+            exact = egs(r[bad], model, grid.grid, devices=devices)
+            res = _scatter(res, bad, exact._replace(screened=~exact.screened))
         return res
     if chunk_size is None:
         chunk_size = int(np.clip(2**23 // (r.shape[0] * model.num_aps), 64, 8192))
     chunk_size = min(chunk_size, grid.size)
     return _egs_free(r, model, grid, chunk_size, _mesh(devices))
+
+
+def _scatter(res: EgsResult, rows: np.ndarray, new: EgsResult) -> EgsResult:
+    """``res`` with ``rows`` replaced by ``new`` (``screened`` as ``new`` reports it)."""
+    return EgsResult(*(a.at[rows].set(b) for a, b in zip(res, new, strict=True)))
 
 
 @partial(jax.jit, static_argnames=("chunk_size", "mesh"))
