@@ -337,11 +337,11 @@ class GPPhaseModel:
     Build with :meth:`from_fit` or :meth:`from_data`.
     """
 
-    def __init__(self, scene: Scene, params: GPParams, cond_mean: Any, cond_kernel: Any):
+    def __init__(self, scene: Scene, params: GPParams, alpha: Array, cond_kernel: Any):
         self.scene = scene
         self.params = params
-        self.cond_mean = cond_mean
-        self.cond_kernel = cond_kernel
+        self.alpha = alpha  # K_r^{-1} upsilon (LM,), from tinygp's conditioning
+        self.cond_kernel = cond_kernel  # tinygp kernels.Conditioned: X, Cholesky solver, kernel
 
     @classmethod
     def from_data(
@@ -358,7 +358,7 @@ class GPPhaseModel:
         x, noise_var = jnp.asarray(x), jnp.asarray(noise_var)
         gp = _training_gp(params, x, noise_var, scene)
         cond = gp.condition(residuals(x, r, cpo, scene).reshape(-1)).gp
-        return cls(scene, params, cond.mean_function, cond.kernel)
+        return cls(scene, params, cond.mean_function.alpha, cond.kernel)
 
     @classmethod
     def from_fit(
@@ -374,21 +374,25 @@ class GPPhaseModel:
     def perturbation(self, x: ArrayLike) -> tuple[Array, Array]:
         r"""Predictive mean and variance of :math:`g` at (x, every AP): eqs. (25a-b), (M,), (M,)."""
         f = features(x, self.scene)
-        mean = jax.vmap(self.cond_mean)(f)
         var = jax.vmap(self.cond_kernel.evaluate_diag)(f)
-        return mean, jnp.maximum(var, 0.0)
+        return self._mean_g(f), jnp.maximum(var, 0.0)
+
+    def _mean_g(self, f: Array) -> Array:
+        """Eq. (25a) at features f (M, 2): k_p^T K_r^{-1} upsilon (tinygp's conditioned mean)."""
+        k = self.cond_kernel.kernel
+        cross = jax.vmap(jax.vmap(k.evaluate, in_axes=(None, 0)), in_axes=(0, None))
+        return cross(f, self.cond_kernel.X) @ self.alpha
 
     def mean(self, x: ArrayLike) -> Array:
         """Eq. (26) without the CPO, unwrapped (M,)."""
-        f = features(x, self.scene)
-        return los_phase(x, self.scene) + jax.vmap(self.cond_mean)(f)
+        return los_phase(x, self.scene) + self._mean_g(features(x, self.scene))
 
     def variance(self, x: ArrayLike) -> Array:
         """Eq. (27) (M,), rad^2."""
         return los_noise_var(x, self.scene) + self.perturbation(x)[1]
 
     def tree_flatten_with_keys(self):
-        keys = ("scene", "params", "cond_mean", "cond_kernel")
+        keys = ("scene", "params", "alpha", "cond_kernel")
         return tuple((jax.tree_util.GetAttrKey(k), getattr(self, k)) for k in keys), None
 
     @classmethod
