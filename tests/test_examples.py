@@ -1,0 +1,47 @@
+"""Smoke runs of the example and benchmark scripts with tiny settings (they must not rot)."""
+
+import json
+import runpy
+import sys
+
+import numpy as np
+import pytest
+
+
+def _run(path, argv, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [path, *argv])
+    monkeypatch.syspath_prepend("benchmarks")
+    runpy.run_path(path, run_name="__main__")
+
+
+def test_mle_mismatch_example(tmp_path, monkeypatch):
+    out = tmp_path / "mm"
+    argv = ["--betas", "1.0", "1.1", "--powers-dbm", "-10", "--realizations", "8"]
+    _run("examples/mle_mismatch.py", [*argv, "--spacing-div", "4", "--out", str(out)], monkeypatch)
+    rows = json.loads(out.with_suffix(".json").read_text())
+    assert {(r["beta"], r["power_dbm"]) for r in rows} == {(1.0, -10.0), (1.1, -10.0)}
+    by_beta = {r["beta"]: r for r in rows}
+    # matched: RMSE at the PEB scale; 10% mismatch: a bias far above it
+    assert by_beta[1.0]["rmse_m"] < 3 * by_beta[1.0]["peb_m"]
+    assert by_beta[1.1]["rmse_m"] > 5 * by_beta[1.1]["peb_m"]
+
+
+def test_egs_flops_benchmark_quick(tmp_path, monkeypatch):
+    out = tmp_path / "egs.json"
+    argv = ["--quick", "--batch", "16", "--realizations", "8", "--repeats", "1", "--json", str(out)]
+    _run("benchmarks/egs_flops.py", argv, monkeypatch)
+    rows = json.loads(out.read_text())
+    keys = {"method", "spacing_m", "n_points", "flops_paper", "flops_xla", "batch", "device"}
+    keys |= {"ms_per_snapshot_single", "ms_per_snapshot_batched", "peak_rss_mb", "fine_rmse_m"}
+    assert all(keys <= set(r) for r in rows)
+    methods = {r["method"] for r in rows}
+    assert {"plain", "table"} <= methods and any("hier" in m for m in methods)
+    assert all("agree_with_lambda8" in r for r in rows if "hier" in r["method"])
+    table = [r for r in rows if r["method"] == "table"]
+    assert all(np.isfinite(r["fine_rmse_m"]) and r["fine_rmse_m"] < 1e-3 for r in table)
+
+
+@pytest.mark.parametrize("bad", [["--realizations", "1"]])
+def test_mle_mismatch_rejects_bad_arguments(bad, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="realizations"):
+        _run("examples/mle_mismatch.py", [*bad, "--out", str(tmp_path / "x")], monkeypatch)
