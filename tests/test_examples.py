@@ -45,3 +45,20 @@ def test_egs_flops_benchmark_quick(tmp_path, monkeypatch):
 def test_mle_mismatch_rejects_bad_arguments(bad, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="realizations"):
         _run("examples/mle_mismatch.py", [*bad, "--out", str(tmp_path / "x")], monkeypatch)
+
+
+def test_gp_examples_quick(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend("examples")
+    out = tmp_path / "ex"
+    _run("examples/gp_example.py", ["--num-train", "5", "--out", str(out)], monkeypatch)
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["slice_rmse_deg"] < 5.0 and len(summary["slice"]["g_true"]) == 300
+    table = tmp_path / "table.json"
+    argv = ["--quick", "--num-train", "8", "--num-test", "20", "--json", str(table)]
+    _run("examples/material_table.py", argv, monkeypatch)
+    rows = json.loads(table.read_text())
+    assert {r["material"] for r in rows} == {"wood", "plasterboard", "concrete", "glass", "metal"}
+    keys = {"material", "convention", "model", "L", "power_dbm", "rmse_deg", "nlpd"}
+    assert all(keys <= set(r) for r in rows)
+    theory = {r["material"]: r["rmse_deg"] for r in rows if r["model"] == "theory"}
+    assert all(v < 0.1 for v in theory.values())  # the true model sees only the noise

@@ -5,8 +5,8 @@ import pytest
 
 import dmimo_jax as dj
 from dmimo_jax import gp
-from dmimo_jax.estimators import compressed_residuals
 from dmimo_jax.learning import load_dataset, synthesize, write_dataset
+from dmimo_jax.metrics import modeling_score
 
 SCENE = dj.paper_scene()
 LAM = float(SCENE.wavelength)
@@ -25,8 +25,7 @@ def _data(seed, num, scene=SCENE):
 def _modeling_rmse(model, scene, seed=999, num=200):
     """Modeling RMSE (rad) with the CPO of each test snapshot compressed (eq. 15)."""
     x, r, _, _ = _data(seed, num, scene)
-    mean, var = jax.vmap(model.mean)(x), jax.vmap(model.variance)(x)
-    return float(jnp.sqrt(jnp.mean(compressed_residuals(r, mean, var) ** 2)))
+    return float(modeling_score(model, x, r).rmse)
 
 
 def test_features_match_the_geometry():
@@ -215,3 +214,17 @@ def test_write_dataset_resumes(tmp_path, monkeypatch):
     np.testing.assert_array_equal(
         load_dataset(tmp_path / "d").r, np.asarray(real(jax.random.key(2), TRUTH, 50).r)
     )
+
+
+def test_modeling_score_matches_the_formulas():
+    x, r, _, cpo = _data(11, 50)
+    mean, var = jax.vmap(TRUTH.mean)(x), jax.vmap(TRUTH.variance)(x)
+    e = np.asarray(dj.wrap(r - mean - cpo[:, None]))
+    known = modeling_score(TRUTH, x, r, cpo)
+    assert float(known.rmse) == pytest.approx(np.sqrt(np.mean(e**2)), rel=1e-12)
+    want = 0.5 * np.mean(e**2 / np.asarray(var) + np.log(2 * np.pi * np.asarray(var)))
+    assert float(known.nlpd) == pytest.approx(want, rel=1e-12)
+    # the true model is calibrated: e^2 / sigma^2 averages to ~1 (here 850 draws)
+    assert np.mean(e**2 / np.asarray(var)) == pytest.approx(1.0, abs=0.15)
+    # compressing the CPO can only lower the residuals
+    assert float(modeling_score(TRUTH, x, r).rmse) <= float(known.rmse) + 1e-12

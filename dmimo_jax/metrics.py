@@ -1,0 +1,77 @@
+r"""Evaluation metrics of Sec. VI-B: localization RMSE, modeling RMSE, NLPD, ECDF."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_phases, check_positions
+from dmimo_jax.estimators.mle import compressed_residuals
+from dmimo_jax.phase import wrap
+from dmimo_jax.physics import as_phase_model
+
+__all__ = ["localization_rmse", "ModelingScore", "modeling_score", "ecdf"]
+
+
+def localization_rmse(x_true: ArrayLike, x_hat: ArrayLike) -> Array:
+    r""":math:`\sqrt{\frac1{N_T}\sum_n\|\mathbf x_n - \hat{\mathbf x}_n\|^2}` over (N, 3) positions, m."""
+    check_positions("x_true", x_true, batched=True)
+    check_positions("x_hat", x_hat, batched=True)
+    x_true, x_hat = jnp.asarray(x_true), jnp.asarray(x_hat)
+    if x_true.shape != x_hat.shape:
+        raise ValueError(
+            f"x_true and x_hat must have the same shape, got {x_true.shape}, {x_hat.shape}"
+        )
+    return jnp.sqrt(jnp.mean(jnp.sum((x_true - x_hat) ** 2, axis=-1)))
+
+
+class ModelingScore(NamedTuple):
+    rmse: Array  # rad
+    nlpd: Array  # nats per observation
+
+    @property
+    def rmse_deg(self) -> float:
+        return float(jnp.degrees(self.rmse))
+
+
+def modeling_score(
+    model: Any, x: ArrayLike, r: ArrayLike, cpo: ArrayLike | None = None
+) -> ModelingScore:
+    r"""Modeling RMSE and NLPD of a PhaseModel on test snapshots (Sec. VI-B).
+
+    :math:`e_{m,n} = \mathrm{wrap}(r_{m,n} - \mu_{m,n})`,
+    :math:`\mathrm{RMSE} = \sqrt{\frac{1}{N_T M}\sum e^2}`,
+    :math:`\mathrm{NLPD} = \frac{1}{2N_TM}\sum(e^2/\sigma^2 + \log 2\pi\sigma^2)` with the
+    model's predictive mean :math:`\mu` and variance :math:`\sigma^2`.
+
+    Args:
+        model: PhaseModel or Scene.
+        x: (N, 3) test positions.
+        r: (N, M) measured wrapped phases.
+        cpo: (N,) CPOs to add to the mean. ``None`` (default) compresses each snapshot's
+            CPO by eq. (15) with the model's variance, as the estimators do: a model learned
+            with unknown CPOs (the GP) is only defined up to a constant phase.
+    """
+    model = as_phase_model(model)
+    check_positions("x", x, batched=True)
+    check_phases("r", r, model.num_aps, batched=True)
+    x = jnp.asarray(x)
+    mean, var = jax.vmap(model.mean)(x), jax.vmap(model.variance)(x)
+    if cpo is None:
+        e = compressed_residuals(r, mean, var)
+    else:
+        e = wrap(jnp.asarray(r) - mean - jnp.asarray(cpo)[:, None])
+    rmse = jnp.sqrt(jnp.mean(e**2))
+    nlpd = 0.5 * jnp.mean(e**2 / var + jnp.log(2 * jnp.pi * var))
+    return ModelingScore(rmse, nlpd)
+
+
+def ecdf(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Empirical CDF: sorted values and their probabilities (i + 1) / n."""
+    v = np.sort(np.asarray(values).ravel())
+    return v, np.arange(1, v.size + 1) / v.size
