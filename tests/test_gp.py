@@ -228,3 +228,24 @@ def test_modeling_score_matches_the_formulas():
     assert np.mean(e**2 / np.asarray(var)) == pytest.approx(1.0, abs=0.15)
     # compressing the CPO can only lower the residuals
     assert float(modeling_score(TRUTH, x, r).rmse) <= float(known.rmse) + 1e-12
+
+
+def test_nuts_posterior_runs_and_brackets_the_point_estimate():
+    x, r, nv, _ = _data(21, 4)
+    fit = gp.fit(x, r, nv, SCENE)
+    post = gp.fit_nuts(
+        x, r, nv, SCENE, key=jax.random.key(0), init=fit, num_warmup=30, num_samples=30
+    )
+    assert post.cpo.shape == (30, 4) and all(v.shape == (30,) for v in post.params)
+    assert all(bool(jnp.all(jnp.isfinite(v))) for v in post.params)
+    mix = gp.GPMixtureModel.from_posterior(post, x, r, nv, SCENE, num_draws=5)
+    x0 = jnp.array([6.5, 5.0, 2.0])
+    m = gp.GPPhaseModel.from_fit(fit, x, r, nv, SCENE)
+    assert mix.mean(x0).shape == (17,) and bool(jnp.all(mix.variance(x0) > 0))
+    # the mixture's variance includes the spread of the draws' means: never below the draws' average
+    each = jax.vmap(lambda mm: mm.variance(x0))(mix.stacked)
+    assert bool(jnp.all(mix.variance(x0) >= jnp.mean(each, axis=0) - 1e-15))
+    # the draws sit around the point estimate (in log space, within the prior scale)
+    for v, p in zip(post.params, fit.params, strict=True):
+        assert abs(float(jnp.median(v)) - float(p)) < 2.0
+    assert float(jnp.max(jnp.abs(mix.mean(x0) - m.mean(x0)))) < 0.5
