@@ -27,7 +27,7 @@ from dmimo_jax.metrics import modeling_score  # noqa: E402
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-train", type=int, default=10)
-    ap.add_argument("--samples", type=int, default=300, help="NUTS warm-up and kept draws each")
+    ap.add_argument("--samples", type=int, default=50, help="NUTS warm-up and kept draws each")
     ap.add_argument("--power-dbm", type=float, default=-10.0)
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
@@ -44,7 +44,7 @@ def main(argv=None):
         init=point,
         num_warmup=args.samples,
         num_samples=args.samples,
-        progress=True,
+        progress=False,
     )
     mixture = gp.GPMixtureModel.from_posterior(post, x, r, nv, scene)
     rows = []
