@@ -21,6 +21,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from _modeling import fit_and_score  # noqa: E402
+from _output import pyplot  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import gp  # noqa: E402
@@ -89,13 +90,8 @@ def main(argv=None):
         f"test modeling RMSE GP {out['gp_rmse_deg']:.4f} deg, theory {out['theory_rmse_deg']:.4f} deg"
     )
     print(f"wrote {args.out.with_suffix('.json')}")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: pip install -e '.[plots]' for the PNG")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     sc = axes[0].scatter(f_cloud[:, 0], jnp.degrees(f_cloud[:, 1]), c=g_cloud, s=2, cmap="coolwarm")

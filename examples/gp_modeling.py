@@ -19,19 +19,15 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from _modeling import fit_and_score  # noqa: E402
+from _output import pyplot  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 
 
 def plot(rows, path):
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: pip install -e '.[plots]' for the PNG")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, key, label in ((axes[0], "rmse_deg", "RMSE [deg]"), (axes[1], "nlpd", "NLPD")):

@@ -10,7 +10,6 @@ posterior mixture (20 thinned draws, moment matched).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import jax
@@ -18,6 +17,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from _modeling import measurements  # noqa: E402
+from _output import write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import gp  # noqa: E402
@@ -68,10 +68,7 @@ def main(argv=None):
             f"{name:>15}: RMSE {score.rmse_deg:.4f} deg, NLPD {float(score.nlpd):.3f}, {seconds:.1f} s"
         )
     print(f"NUTS divergences: {int(post.diverging.sum())} of {post.cpo.shape[0]}")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1))
-        print(f"wrote {args.json}")
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

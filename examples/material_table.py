@@ -11,7 +11,6 @@ permittivity convention (f in Hz in ITU-R P.2040) and the correct ITU-R values.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import jax
@@ -19,6 +18,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from _modeling import fit_and_score  # noqa: E402
+from _output import write_json  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
@@ -83,10 +83,7 @@ def main(argv=None):
             print(
                 f"{material:>13} {t['rmse_deg']:11.4f}d {t['nlpd']:12.3f} {g['rmse_deg']:9.4f}d {g['nlpd']:10.3f}"
             )
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1))
-        print(f"wrote {args.json}")
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from _output import pyplot  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
@@ -52,13 +53,8 @@ def run_point(scene_true, believed, table, n: int, seed: int) -> dict:
 
 
 def plot(rows: list[dict], path: pathlib.Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: pip install -e '.[plots]' for the PNG")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for beta in sorted({row["beta"] for row in rows}):

@@ -10,6 +10,7 @@ import pytest
 
 def _run(path, argv, monkeypatch):
     monkeypatch.setattr(sys, "argv", [path, *argv])
+    monkeypatch.syspath_prepend("examples")
     monkeypatch.syspath_prepend("benchmarks")
     runpy.run_path(path, run_name="__main__")
 
