@@ -39,7 +39,7 @@ from tinygp import kernels, transforms
 
 from dmimo_jax._checks import check_finite, check_positions
 from dmimo_jax.phase import angle_diff, circular_mean, wrap
-from dmimo_jax.physics import _safe_norm, geometry
+from dmimo_jax.physics import _safe_norm, geometry, noise_var_from_amplitude
 from dmimo_jax.scene import Scene
 
 __all__ = [
@@ -107,8 +107,7 @@ def los_noise_var(x: ArrayLike, scene: Scene) -> Array:
     What a model that does not know :math:`\varepsilon_r` can say about the noise at a new
     position (the reflection changes the true amplitude by a factor :math:`|1+\rho|`).
     """
-    alpha = scene.wavelength / (4 * jnp.pi * geometry(x, scene).d1)
-    return scene.noise_power / (2.0 * scene.tx_power * alpha**2)
+    return noise_var_from_amplitude(scene.wavelength / (4 * jnp.pi * geometry(x, scene).d1), scene)
 
 
 def build_kernel(params: GPParams, wavelength: ArrayLike) -> kernels.Kernel:
@@ -185,14 +184,14 @@ def initial_params(x: ArrayLike, r: ArrayLike, scene: Scene) -> GPParams:
     r"""Hyperparameter start values from the data.
 
     :math:`\sigma_f^2` = variance of the LoS residuals after the CPO start values (floor
-    1e-4 rad^2); :math:`\ell_1^2 = 1` (a sine-shaped period); :math:`\ell_2` = half the
-    spread of :math:`\Delta d` (floor 0.5 m); :math:`\ell_3` = half the spread of
-    :math:`\gamma` (floor 0.1 rad).
+    1e-4 rad^2); :math:`\ell_1^2 = 1` (a sine-shaped period);
+    :math:`\ell_2`, :math:`\ell_3` = the standard deviations of
+    :math:`\Delta d` and :math:`\gamma` over the training inputs (floors 0.5 m, 0.1 rad).
     """
     e = residuals(x, r, initial_cpos(x, r, scene), scene)
     f = _flat_features(jnp.asarray(x), scene)
-    ell2 = jnp.maximum(0.5 * jnp.std(f[:, 0]) * 2, 0.5)
-    ell3 = jnp.maximum(0.5 * jnp.std(f[:, 1]) * 2, 0.1)
+    ell2 = jnp.maximum(jnp.std(f[:, 0]), 0.5)
+    ell3 = jnp.maximum(jnp.std(f[:, 1]), 0.1)
     return GPParams.from_natural(jnp.maximum(jnp.var(e), 1e-4), 1.0, ell2**2, ell3**2)
 
 
@@ -377,8 +376,11 @@ class GPPhaseModel:
     def perturbation(self, x: ArrayLike) -> tuple[Array, Array]:
         r"""Predictive mean and variance of :math:`g` at (x, every AP): eqs. (25a-b), (M,), (M,)."""
         f = features(x, self.scene)
-        var = jax.vmap(self.cond_kernel.evaluate_diag)(f)
-        return self._mean_g(f), jnp.maximum(var, 0.0)
+        return self._mean_g(f), self._var_g(f)
+
+    def _var_g(self, f: Array) -> Array:
+        """Eq. (25b) at features f (M, 2), via tinygp's conditioned kernel."""
+        return jnp.maximum(jax.vmap(self.cond_kernel.evaluate_diag)(f), 0.0)
 
     def _mean_g(self, f: Array) -> Array:
         """Eq. (25a) at features f (M, 2): k_p^T K_r^{-1} upsilon (tinygp's conditioned mean)."""
@@ -392,7 +394,7 @@ class GPPhaseModel:
 
     def variance(self, x: ArrayLike) -> Array:
         """Eq. (27) (M,), rad^2."""
-        return los_noise_var(x, self.scene) + self.perturbation(x)[1]
+        return los_noise_var(x, self.scene) + self._var_g(features(x, self.scene))
 
     def tree_flatten_with_keys(self):
         keys = ("scene", "params", "alpha", "cond_kernel")

@@ -262,8 +262,12 @@ def effective_phase(x: ArrayLike, scene: Scene) -> Array:
 
 def phase_noise_var(x: ArrayLike, scene: Scene) -> Array:
     r"""Phase-noise variance :math:`\sigma_m^2 = \sigma_w^2 / (2 P \alpha_m^2)`, eq. (9), rad^2, (M,)."""
-    alpha = effective_amplitude(x, scene)
-    return scene.noise_power / (2.0 * scene.tx_power * alpha**2)
+    return noise_var_from_amplitude(effective_amplitude(x, scene), scene)
+
+
+def noise_var_from_amplitude(alpha: ArrayLike, scene: Scene) -> Array:
+    r"""Eq. (9) for a given path amplitude: :math:`\sigma_w^2 / (2 P \alpha^2)`, rad^2."""
+    return scene.noise_power / (2.0 * scene.tx_power * jnp.asarray(alpha) ** 2)
 
 
 @jax.tree_util.register_pytree_with_keys_class

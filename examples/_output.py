@@ -19,6 +19,17 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: pathlib.Path) -> None:
+    """Grid and legend on every axis, tight layout, save as PNG."""
+    for ax in fig.axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    print(f"wrote {path}")
+
+
 def write_json(path: pathlib.Path | None, rows) -> None:
     if path is None:
         return

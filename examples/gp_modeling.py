@@ -19,7 +19,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 from _modeling import fit_and_score  # noqa: E402
-from _output import pyplot  # noqa: E402
+from _output import pyplot, save_figure  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
@@ -46,11 +46,7 @@ def plot(rows, path):
         if key == "rmse_deg":
             ax.set_yscale("log")
         ax.set(xlabel="transmit power P [dBm]", ylabel=label)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    print(f"wrote {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None):

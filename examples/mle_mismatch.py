@@ -25,7 +25,7 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _output import pyplot  # noqa: E402
+from _output import pyplot, save_figure  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
@@ -68,11 +68,7 @@ def plot(rows: list[dict], path: pathlib.Path) -> None:
     sel = sorted((row for row in rows if row["beta"] == 1.0), key=lambda row: row["power_dbm"])
     ax.semilogy([s["power_dbm"] for s in sel], [s["peb_m"] for s in sel], "k--", label="PEB")
     ax.set(xlabel="transmit power P [dBm]", ylabel="RMSE [m]", title="MLE under eps_r mismatch")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=150)
-    print(f"wrote {path}")
+    save_figure(fig, path)
 
 
 def main(argv=None):

@@ -346,7 +346,7 @@ def egs(
         if bad.size:  # still uncertified: the exact table-free scan (screened stays False)
             devices = None if grid.mesh is None else grid.mesh.devices.ravel()
             exact = egs(r[bad], model, grid.grid, devices=devices)
-            res = _scatter(res, bad, exact._replace(screened=~exact.screened))
+            res = _scatter(res, bad, exact._replace(screened=jnp.zeros(bad.size, bool)))
         return res
     if chunk_size is None:
         chunk_size = int(np.clip(2**23 // (r.shape[0] * model.num_aps), 64, 8192))
