@@ -59,6 +59,7 @@ __all__ = [
     "GPPosterior",
     "fit_nuts",
     "GPMixtureModel",
+    "TabulatedGPModel",
 ]
 
 
@@ -403,6 +404,108 @@ class GPPhaseModel:
     @classmethod
     def tree_unflatten(cls, aux, children):
         return cls(*children)
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class TabulatedGPModel:
+    r"""The GP mean of eq. (26) read from a table over the GP inputs (Delta d, gamma).
+
+    The GP is shared by all APs and sees a position only through the two features of
+    eqs. (19-20), so :math:`\mathbb E[g]` is a function on a 2D box. Tabulated once on a
+    regular grid (bilinear interpolation, clamped at the edges), a mean costs the geometry
+    plus four look-ups per AP instead of L M kernel evaluations: cheap enough to screen a
+    window of thousands of candidate positions per snapshot (the online safeguard of
+    :mod:`dmimo_jax.pipeline`). The default spacing :math:`\lambda/256` in Delta d keeps
+    the interpolation error below :math:`\sigma_f (2\pi/256)^2/8\approx 10^{-4}` rad.
+
+    ``variance`` is the LoS phase-noise variance only (no :math:`\mathbb V[g]`): this
+    model screens and pre-refines, the exact :class:`GPPhaseModel` does the final fit.
+
+    Build with :meth:`from_model`.
+    """
+
+    def __init__(self, scene: Scene, values: Array, lower: Array, step: Array):
+        self.scene = scene
+        self.values = values  # (n_dd, n_gamma) E[g] on the grid
+        self.lower = lower  # (2,) first node (Delta d, gamma)
+        self.step = step  # (2,) node spacing
+
+    @classmethod
+    def from_model(
+        cls,
+        model: GPPhaseModel,
+        *,
+        max_path_difference: float | None = None,
+        dd_step: float | None = None,
+        num_gamma: int = 128,
+        chunk: int = 4096,
+    ) -> TabulatedGPModel:
+        """Tabulate ``model``'s mean perturbation.
+
+        Args:
+            model: the fitted GP PhaseModel.
+            max_path_difference: largest Delta d, m (default 2 z_max + 0.5 m with z_max the
+                top of the scene's UE region: Delta d <= 2 z for a ceiling AP).
+            dd_step: Delta d spacing, m (default lambda / 256).
+            num_gamma: nodes over gamma in [0, pi/2].
+            chunk: nodes per evaluation batch (bounds memory at chunk x L M).
+        """
+        if not isinstance(model, GPPhaseModel):
+            raise ValueError(f"model must be a GPPhaseModel, got {type(model).__name__}")
+        scene = model.scene
+        dd_max = (
+            2 * float(scene.ue_high[2]) + 0.5
+            if max_path_difference is None
+            else max_path_difference
+        )
+        h = float(scene.wavelength) / 256 if dd_step is None else dd_step
+        if not (dd_max > 0 and h > 0 and isinstance(num_gamma, int) and num_gamma >= 2):
+            raise ValueError("max_path_difference, dd_step must be > 0 and num_gamma an int >= 2")
+        dd = jnp.arange(int(np.ceil(dd_max / h)) + 1) * h
+        gamma = jnp.linspace(0.0, jnp.pi / 2, num_gamma)
+        f = jnp.stack(jnp.meshgrid(dd, gamma, indexing="ij"), axis=-1).reshape(-1, 2)
+        values = _tabulate(model, f, chunk)
+        lower = jnp.zeros(2, dd.dtype)
+        step = jnp.array([h, float(gamma[1] - gamma[0])])
+        return cls(scene, values.reshape(dd.shape[0], num_gamma), lower, step)
+
+    @property
+    def num_aps(self) -> int:
+        return self.scene.num_aps
+
+    def _interp(self, f: Array) -> Array:
+        n = jnp.array(self.values.shape)
+        u = jnp.clip((f - self.lower) / self.step, 0.0, n - 1.0)
+        i0 = jnp.minimum(jnp.floor(u).astype(jnp.int32), n - 2)
+        w = u - i0
+        v = self.values
+        a, b = i0[..., 0], i0[..., 1]
+        top = v[a, b] * (1 - w[..., 1]) + v[a, b + 1] * w[..., 1]
+        bottom = v[a + 1, b] * (1 - w[..., 1]) + v[a + 1, b + 1] * w[..., 1]
+        return top * (1 - w[..., 0]) + bottom * w[..., 0]
+
+    def mean(self, x: ArrayLike) -> Array:
+        """Eq. (26) without the CPO, with the tabulated E[g] (M,)."""
+        return los_phase(x, self.scene) + self._interp(features(x, self.scene))
+
+    def variance(self, x: ArrayLike) -> Array:
+        """LoS phase-noise variance (M,) (see the class notes)."""
+        return los_noise_var(x, self.scene)
+
+    def tree_flatten_with_keys(self):
+        keys = ("scene", "values", "lower", "step")
+        return tuple((jax.tree_util.GetAttrKey(k), getattr(self, k)) for k in keys), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+@partial(jax.jit, static_argnames=("chunk",))
+def _tabulate(model: GPPhaseModel, f: Array, chunk: int) -> Array:
+    k = model.cond_kernel.kernel
+    row = lambda fi: jax.vmap(k.evaluate, in_axes=(None, 0))(fi, model.cond_kernel.X) @ model.alpha
+    return jax.lax.map(row, f, batch_size=chunk)
 
 
 # ----------------------------------------------------------------------------- Bayesian option

@@ -1,0 +1,111 @@
+"""Pieces shared by the learned estimators: target standardization, inputs, pure apply.
+
+Every network here is a Flax NNX module (the API the Flax docs recommend for new code)
+in float32. Each turns wrapped phases (..., M) into its output and owns three things the
+training loop relies on:
+
+* ``__call__(r, *, key=None)``: the estimate; ``key`` switches dropout on (training).
+* ``loss(r, x, key)``: the training loss on a minibatch (float32 scalar).
+* ``error(r, x)``: a per-sample validation error (m for position regressors).
+
+:func:`functional` turns any of them into a pure ``apply(state, r) -> out`` for
+jit/vmap/grad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+__all__ = [
+    "Stat",
+    "Standardizer",
+    "check_snapshots",
+    "differential_inputs",
+    "functional",
+    "phase_tokens",
+]
+
+
+class Stat(nnx.Variable):
+    """A fixed (not trained) array stored with the model: target mean and scale."""
+
+
+class Standardizer(nnx.Module):
+    """Positions to zero-mean, unit-scale coordinates and back (targets of the regressors).
+
+    Args:
+        low, high: the UE region box (3,), m: mean (low + high)/2, scale = the std of a
+            uniform distribution on the box, (high - low)/sqrt(12).
+    """
+
+    def __init__(self, low: Any, high: Any):
+        low, high = jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32)
+        self.mean = Stat(0.5 * (low + high))
+        self.scale = Stat((high - low) / jnp.sqrt(12.0).astype(jnp.float32))
+
+    def forward(self, x: jax.Array) -> jax.Array:
+        return (x - self.mean[...]) / self.scale[...]
+
+    def inverse(self, z: jax.Array) -> jax.Array:
+        return z * self.scale[...] + self.mean[...]
+
+
+def check_snapshots(r: Any, num_aps: int) -> jax.Array:
+    """Phases (..., M) as float32, or a ``ValueError`` for the wrong M or non-finite values."""
+    r = jnp.asarray(r)
+    if r.ndim < 1 or r.shape[-1] != num_aps:
+        raise ValueError(
+            f"r must have shape (..., {num_aps}) (one phase per AP of the trained model), "
+            f"got {r.shape}"
+        )
+    if not isinstance(r, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(r))):
+        raise ValueError("r contains non-finite phases (NaN or inf)")
+    return r.astype(jnp.float32)
+
+
+def phase_tokens(r: jax.Array) -> jax.Array:
+    r"""POPT tokens :math:`\mathbf t_m = [\sin r_m, \cos r_m]` (Sec. IV-A-1): (..., M, 2)."""
+    return jnp.stack([jnp.sin(r), jnp.cos(r)], axis=-1)
+
+
+def differential_inputs(r: jax.Array, reference: int = 0) -> jax.Array:
+    r"""CPO-free inputs of the benchmarks: sin/cos of :math:`r_m - r_{\mathrm{ref}}`, m != ref.
+
+    The common phase offset cancels in the difference, so the network does not have to
+    learn the invariance. Output (..., 2 (M - 1)).
+    """
+    others = [m for m in range(r.shape[-1]) if m != reference]
+    d = r[..., others] - r[..., reference : reference + 1]
+    return jnp.concatenate([jnp.sin(d), jnp.cos(d)], axis=-1)
+
+
+def functional(model: nnx.Module) -> tuple[Callable[..., Any], nnx.State]:
+    """A pure ``apply(state, r, *, key=None)`` and the model's state (all variables).
+
+    >>> from flax import nnx
+    >>> from dmimo_jax.learning.popt import POPT, POPTConfig
+    >>> net = POPT(17, POPTConfig.tiny(), low=[0, 0, 0], high=[1, 1, 1], rngs=nnx.Rngs(0))
+    >>> apply, state = functional(net)
+    >>> apply(state, jnp.zeros((5, 17))).shape
+    (5, 3)
+    """
+    graphdef, state = nnx.split(model)
+
+    def apply(state: nnx.State, r: Any, *, key: jax.Array | None = None) -> Any:
+        return nnx.merge(graphdef, state)(r, key=key)
+
+    return apply, state
+
+
+def dropout_keys(key: jax.Array | None, num: int) -> list[jax.Array | None]:
+    """``num`` independent dropout keys, or ``None`` each (deterministic) when key is None."""
+    return [None] * num if key is None else list(jax.random.split(key, num))
+
+
+def dropout(layer: nnx.Dropout, h: jax.Array, key: jax.Array | None) -> jax.Array:
+    return h if key is None else layer(h, deterministic=False, rngs=key)

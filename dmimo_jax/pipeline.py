@@ -1,0 +1,322 @@
+r"""The offline/online positioning framework of Fig. 1, one function per stage.
+
+Offline (Steps 1-4):
+
+1. :func:`fit_phase_model`: L labeled snapshots -> the shared GP PhaseModel (Sec. III).
+2. :func:`make_training_set`: the GP PhaseModel -> a synthetic set on disk (Sec. III-C).
+3. :func:`train_estimator`: the synthetic set -> POPT (or the MLP / HI benchmarks) (Sec. IV).
+4. :func:`search_radius`: the trained estimator's validation errors -> the safeguard radius.
+
+Online (for every snapshot, batched):
+
+1. :func:`coarse_estimate`: the learned estimator's position (float32 network, returned
+   as float64).
+2. :func:`window_search` (the safeguard): the LS cost of eq. (17) on a :math:`\lambda/4`
+   grid in a cube of half-width ``radius`` around the coarse estimate, with the tabulated
+   GP mean (:class:`~dmimo_jax.gp.TabulatedGPModel`); the ``num_starts`` best points start
+   Levenberg-Marquardt refinements under the same cheap model; the best wins. Refinement
+   alone converges to the nearest local minimum of a cost that repeats every ~lambda/2;
+   the window keeps the estimate in the right basin whenever the coarse error is below
+   the radius.
+3. :func:`~dmimo_jax.estimators.refine_batch` with the exact GP PhaseModel (eq. 27 in
+   place of the analytic model): the fine estimate.
+
+:func:`locate` runs the three online steps.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax import gp
+from dmimo_jax._checks import check_phases
+from dmimo_jax.estimators import hyperbola
+from dmimo_jax.estimators.grid import PhasorTable, coarse_to_fine
+from dmimo_jax.estimators.mle import _refine_batch, compressed_residuals
+from dmimo_jax.learning.data import load_dataset, write_dataset
+from dmimo_jax.learning.mlp import AmbiguityClassifier, MLPConfig, MLPRegressor
+from dmimo_jax.learning.popt import POPT, POPTConfig
+from dmimo_jax.learning.train import PRESETS, TrainConfig, train
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "HIEstimator",
+    "OnlineResult",
+    "coarse_estimate",
+    "fit_phase_model",
+    "locate",
+    "make_training_set",
+    "search_radius",
+    "train_estimator",
+    "window_search",
+]
+
+
+# ----------------------------------------------------------------------------- offline
+
+
+def fit_phase_model(
+    x: ArrayLike, r: ArrayLike, noise_var: ArrayLike, scene: Scene, **fit_kwargs: Any
+) -> gp.GPPhaseModel:
+    """Step 1: fit the shared GP on L labeled snapshots (eqs. 23-24) and condition it (eq. 25).
+
+    ``scene`` supplies the geometry and wavelength only; its permittivity is not used.
+    """
+    result = gp.fit(x, r, noise_var, scene, **fit_kwargs)
+    return gp.GPPhaseModel.from_fit(result, x, r, noise_var, scene)
+
+
+def make_training_set(
+    path: str | pathlib.Path,
+    key: Array,
+    model: Any,
+    num: int,
+    *,
+    chunk_size: int = 8192,
+    progress: bool = True,
+):
+    """Step 2: write ``num`` synthetic snapshots of ``model`` to ``path`` (resumable) and
+    return them as memory-mapped arrays (``.x``, ``.r``, ``.cpo``)."""
+    write_dataset(path, key, model, num, chunk_size=chunk_size, progress=progress)
+    return load_dataset(path)
+
+
+def train_estimator(
+    kind: str,
+    data: Any,
+    scene: Scene,
+    *,
+    preset: str = "cpu",
+    config: TrainConfig | None = None,
+    network: POPTConfig | MLPConfig | None = None,
+    checkpoint_dir: str | pathlib.Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+):
+    """Step 3: build and train ``kind`` in ``{"popt", "mlp", "hi"}`` on ``data``.
+
+    ``preset`` picks POPT's network and the loop settings (:data:`~dmimo_jax.learning.train.PRESETS`);
+    ``config`` / ``network`` override them. Returns the :class:`~dmimo_jax.learning.train.TrainResult`.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    p = PRESETS[preset]
+    config = config or p.train
+    rngs = nnx.Rngs(seed)
+    low, high = scene.ue_low, scene.ue_high
+    if kind == "popt":
+        net = POPT(scene.num_aps, network or p.popt, low=low, high=high, rngs=rngs)
+    elif kind == "mlp":
+        net = MLPRegressor(scene.num_aps, network or MLPConfig(), low=low, high=high, rngs=rngs)
+    elif kind == "hi":
+        cfg = network or MLPConfig()
+        n_max = hyperbola.max_ambiguity(scene.ap_positions, float(scene.wavelength), cfg.reference)
+        net = AmbiguityClassifier(
+            scene.num_aps,
+            cfg,
+            ap_positions=scene.ap_positions,
+            wavelength=float(scene.wavelength),
+            n_max=n_max,
+            rngs=rngs,
+        )
+    else:
+        raise ValueError(f"kind must be 'popt', 'mlp' or 'hi', got {kind!r}")
+    return train(net, data, config, checkpoint_dir=checkpoint_dir, progress=progress)
+
+
+class HIEstimator:
+    """The HI benchmark's coarse stage: ambiguity classifier + hyperboloid intersection.
+
+    Args:
+        classifier: a trained :class:`~dmimo_jax.learning.mlp.AmbiguityClassifier`.
+        scene: gives the UE region (the solver's starts).
+    """
+
+    def __init__(self, classifier: AmbiguityClassifier, scene: Scene):
+        self.classifier = classifier
+        self.num_aps = classifier.num_aps
+        self.starts = hyperbola.default_starts(scene.ue_low, scene.ue_high)
+
+    def __call__(self, r: ArrayLike) -> Array:
+        r = jnp.asarray(r)
+        n = self.classifier.predict(r)
+        ap = jnp.asarray(self.classifier.ap_positions[...], self.starts.dtype)
+        return hyperbola.estimate(
+            r,
+            n,
+            ap,
+            self.classifier.wavelength,
+            self.starts,
+            reference=self.classifier.config.reference,
+        )
+
+
+def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
+    """Online step 1: (B, 3) float64 positions from a trained estimator (POPT, MLP or HI)."""
+    r = jnp.asarray(r)
+    r = r[None, :] if r.ndim == 1 else r
+    num_aps = getattr(estimator, "num_aps", None)
+    if num_aps is not None:
+        check_phases("r", r, num_aps, batched=True)
+    return jnp.asarray(estimator(r), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+
+
+def search_radius(
+    estimator: Any,
+    r: ArrayLike,
+    x: ArrayLike,
+    *,
+    quantile: float = 1.0,
+    factor: float = 1.5,
+    minimum: float = 0.1,
+) -> float:
+    """Step 4: the safeguard radius from held-out errors: ``factor`` x their ``quantile``.
+
+    With the default (1.5 x the largest validation error, at least 10 cm) the window
+    covers every coarse error seen in validation with margin.
+    """
+    err = np.linalg.norm(np.asarray(coarse_estimate(estimator, r)) - np.asarray(x), axis=-1)
+    return float(max(minimum, factor * np.quantile(err, quantile)))
+
+
+# ----------------------------------------------------------------------------- online
+
+
+class OnlineResult(NamedTuple):
+    coarse: Array  # (B, 3) learned estimate
+    screened: Array  # (B, 3) best point of the safeguard window (after its cheap refinement)
+    fine: Array  # (B, 3) refined with the exact phase model
+    cost: Array  # (B,) ML cost (eq. 17) at the fine estimate
+    cpo: Array  # (B,) CPO estimate at the fine estimate
+
+
+def _window_offsets(radius: float, spacing: float) -> np.ndarray:
+    n = int(np.ceil(radius / spacing))
+    axis = np.arange(-n, n + 1) * spacing
+    return np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)
+
+
+def window_search(
+    r: ArrayLike,
+    model: Any,
+    x_coarse: ArrayLike,
+    *,
+    radius: float,
+    spacing: float | None = None,
+    num_starts: int = 8,
+    num_steps: int = 15,
+    region: tuple[ArrayLike, ArrayLike] | None = None,
+    table: PhasorTable | None = None,
+) -> Array:
+    """Online step 2, the safeguard: best LS point near each coarse estimate (B, 3).
+
+    When a ``table`` of ``model`` is given and the window would hold at least as many
+    points as the table, the window is the whole table: the search becomes the
+    hierarchical search :func:`~dmimo_jax.estimators.coarse_to_fine` (coherence screen of
+    the table, then the same multi-start refinement), which costs a few ms per snapshot
+    whatever the radius. A coarse estimator that is no better than the region's size then
+    adds nothing, and the result says so through the radius it was given.
+
+    Args:
+        r: (B, M) wrapped phases.
+        model: a cheap PhaseModel (e.g. :class:`~dmimo_jax.gp.TabulatedGPModel`).
+        x_coarse: (B, 3) coarse estimates.
+        radius: half-width of the window cube, m.
+        spacing: window grid spacing (default lambda / 4 of the model's scene).
+        num_starts: window points that start a Levenberg-Marquardt refinement.
+        num_steps: LM steps per start.
+        region: (low, high) box the window is clipped to (default the scene's UE region
+            widened by 0.25 m).
+        table: optional :class:`~dmimo_jax.estimators.PhasorTable` of ``model`` (see above).
+    """
+    scene = model.scene
+    r = jnp.asarray(r)
+    r = r[None, :] if r.ndim == 1 else r
+    check_phases("r", r, model.num_aps, batched=True)
+    x_coarse = jnp.asarray(x_coarse, r.dtype).reshape(-1, 3)
+    if not bool(jnp.all(jnp.isfinite(x_coarse))):
+        raise ValueError("x_coarse contains non-finite positions")
+    if x_coarse.shape[0] != r.shape[0]:
+        raise ValueError(
+            f"x_coarse must have {r.shape[0]} rows to match r, got {x_coarse.shape[0]}"
+        )
+    spacing = float(scene.wavelength) / 4 if spacing is None else float(spacing)
+    if not (radius > 0 and spacing > 0):
+        raise ValueError(f"radius and spacing must be > 0, got {radius}, {spacing}")
+    offsets = jnp.asarray(_window_offsets(float(radius), spacing), r.dtype)
+    if not (isinstance(num_starts, int) and 1 <= num_starts <= offsets.shape[0]):
+        raise ValueError(
+            f"num_starts must be an int in [1, {offsets.shape[0]}], got {num_starts!r}"
+        )
+    if table is not None and offsets.shape[0] >= table.grid.size:
+        return coarse_to_fine(r, model, table, num_starts=num_starts, num_steps=num_steps).x
+    if region is None:
+        low, high = jnp.asarray(scene.ue_low) - 0.25, jnp.asarray(scene.ue_high) + 0.25
+    else:
+        low, high = (jnp.asarray(v, r.dtype) for v in region)
+    return _window_search(r, model, x_coarse, offsets, low, high, num_starts, num_steps)
+
+
+@partial(jax.jit, static_argnums=(6, 7))
+def _window_search(r, model, x_coarse, offsets, low, high, k, num_steps):
+    def one(args):
+        ri, xi = args
+        pts = jnp.clip(jnp.clip(xi, low, high) + offsets, low, high)  # coarse may lie outside
+        cost = jax.vmap(lambda p: jnp.sum(compressed_residuals(ri, model.mean(p)) ** 2))(pts)
+        _, idx = jax.lax.top_k(-cost, k)
+        fine = _refine_batch(
+            pts[idx], jnp.broadcast_to(ri, (k, ri.shape[0])), model, num_steps, 1e-3
+        )
+        c = jnp.where(jnp.isfinite(fine.cost), fine.cost, jnp.inf)
+        return fine.x[jnp.argmin(c)]
+
+    return jax.lax.map(one, (r, x_coarse))
+
+
+def locate(
+    r: ArrayLike,
+    estimator: Any,
+    model: Any,
+    *,
+    screen: Any | None = None,
+    radius: float = 0.5,
+    spacing: float | None = None,
+    num_starts: int = 8,
+    refine_steps: int = 15,
+    table: PhasorTable | None = None,
+) -> OnlineResult:
+    """The online stage: coarse estimate -> safeguard window -> refinement with ``model``.
+
+    Args:
+        r: (M,) or (B, M) wrapped phases.
+        estimator: trained POPT / MLP / :class:`HIEstimator` (anything r -> positions).
+        model: the exact PhaseModel for the fine estimate (the GP model; or the analytic
+            model for a matched-model study).
+        screen: the cheap model of the window search (default: the tabulated ``model`` when
+            it is a :class:`~dmimo_jax.gp.GPPhaseModel`, else ``model`` itself).
+        radius, spacing, num_starts: the window (:func:`window_search`).
+        refine_steps: LM steps of the final refinement.
+        table: a :class:`~dmimo_jax.estimators.PhasorTable` of ``screen`` for wide windows.
+    """
+    r = jnp.asarray(r)
+    r = r[None, :] if r.ndim == 1 else r
+    if screen is None:
+        screen = (
+            gp.TabulatedGPModel.from_model(model) if isinstance(model, gp.GPPhaseModel) else model
+        )
+    x0 = coarse_estimate(estimator, r)
+    r = r.astype(x0.dtype)
+    xs = window_search(
+        r, screen, x0, radius=radius, spacing=spacing, num_starts=num_starts, table=table
+    )
+    fine = _refine_batch(xs, r, model, refine_steps, 1e-3)
+    return OnlineResult(x0, xs, fine.x, fine.cost, fine.cpo)
