@@ -15,7 +15,16 @@ import jax.numpy as jnp
 from dmimo_jax.estimators import grid as _grid
 from dmimo_jax.physics import as_phase_model
 
-__all__ = ["EGS_FLOPS_PER_POINT_AP", "egs_flops_paper", "egs_flops_xla"]
+__all__ = [
+    "EGS_FLOPS_PER_POINT_AP",
+    "MLP_FLOPS_PAPER",
+    "egs_flops_paper",
+    "egs_flops_xla",
+    "hi_flops_paper",
+    "mlp_flops",
+    "network_flops_xla",
+    "popt_flops",
+]
 
 EGS_FLOPS_PER_POINT_AP = 57  # the paper's B: predict the phase, estimate the CPO, the cost
 
@@ -49,6 +58,41 @@ def egs_flops_xla(
         raise ValueError(f"method must be 'table' or 'plain', got {method!r}")
     cost = lowered.compile().cost_analysis()
     if isinstance(cost, list):  # older jax: one dict per computation
+        cost = cost[0] if cost else None
+    flops = None if not cost else cost.get("flops")
+    return None if flops is None or flops <= 0 else float(flops) / batch
+
+
+MLP_FLOPS_PAPER = 1.38e6  # the paper's benchmark MLP (Sec. V-C)
+
+
+def popt_flops(num_aps: int, config: Any) -> float:
+    r"""Eq. (29): :math:`2 N_{\mathrm{enc}} D_{\mathrm{emb}}(2M^2 + 4 M D_{\mathrm{emb}} + 2 M D_{\mathrm{ff}})`.
+
+    The encoder only (the paper neglects preprocessing and the head): 81.1 M at M = 17
+    and the paper's configuration.
+    """
+    m, d = num_aps, config.d_emb
+    return 2.0 * config.n_enc * d * (2 * m**2 + 4 * m * d + 2 * m * config.d_ff)
+
+
+def mlp_flops(widths: Any) -> float:
+    """Dense layers ``widths[0] -> widths[1] -> ...``: 2 a b per layer (biases, activations
+    neglected, as in Sec. V)."""
+    w = list(widths)
+    return float(sum(2 * a * b for a, b in zip(w[:-1], w[1:], strict=False)))
+
+
+def hi_flops_paper(num_aps: int, num_classes: int) -> float:
+    r""":math:`\mathcal F_{\mathrm{HI}} \approx 7.5\cdot10^4 M + 256 Q + 1.92\cdot10^5` (Sec. V-C)."""
+    return 7.5e4 * num_aps + 256 * num_classes + 1.92e5
+
+
+def network_flops_xla(apply: Any, state: Any, num_aps: int, *, batch: int = 1) -> float | None:
+    """XLA's FLOP count per snapshot of ``apply(state, r)`` for a (batch, M) float32 input."""
+    r = jax.ShapeDtypeStruct((batch, num_aps), jnp.float32)
+    cost = jax.jit(apply).lower(state, r).compile().cost_analysis()
+    if isinstance(cost, list):
         cost = cost[0] if cost else None
     flops = None if not cost else cost.get("flops")
     return None if flops is None or flops <= 0 else float(flops) / batch

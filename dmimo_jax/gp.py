@@ -474,8 +474,9 @@ class TabulatedGPModel:
         return self.scene.num_aps
 
     def _interp(self, f: Array) -> Array:
-        n = jnp.array(self.values.shape)
-        u = jnp.clip((f - self.lower) / self.step, 0.0, n - 1.0)
+        n = jnp.broadcast_to(jnp.array(self.values.shape), f.shape)
+        u = (f - jnp.broadcast_to(self.lower, f.shape)) / jnp.broadcast_to(self.step, f.shape)
+        u = jnp.clip(u, 0.0, n - 1.0)
         i0 = jnp.minimum(jnp.floor(u).astype(jnp.int32), n - 2)
         w = u - i0
         v = self.values

@@ -270,7 +270,8 @@ def window_search(
 def _window_search(r, model, x_coarse, offsets, low, high, k, num_steps):
     def one(args):
         ri, xi = args
-        pts = jnp.clip(jnp.clip(xi, low, high) + offsets, low, high)  # coarse may lie outside
+        centre = jnp.clip(xi, low, high)  # a coarse estimate may lie outside the region
+        pts = jnp.clip(centre[None, :] + offsets, low[None, :], high[None, :])
         cost = jax.vmap(lambda p: jnp.sum(compressed_residuals(ri, model.mean(p)) ** 2))(pts)
         _, idx = jax.lax.top_k(-cost, k)
         fine = _refine_batch(

@@ -46,7 +46,8 @@ def _differential_phase(r: Array, reference: int) -> Array:
 
 
 def _distance_differences(x: Array, ap_positions: Array, reference: int) -> Array:
-    d = jnp.linalg.norm(x[..., None, :] - ap_positions, axis=-1)
+    diff = x[..., None, :] - jnp.broadcast_to(ap_positions, (*x.shape[:-1], *ap_positions.shape))
+    d = jnp.linalg.norm(diff, axis=-1)
     dm, dref = _split(d, reference)
     return dm - dref
 
@@ -64,7 +65,7 @@ def max_ambiguity(ap_positions: ArrayLike, wavelength: float, reference: int = 0
     r"""A bound on :math:`|n_m|`: :math:`|d_m - d_{\mathrm{ref}}| \le \|\mathbf a_m -
     \mathbf a_{\mathrm{ref}}\|` (triangle inequality), plus one for the rounding."""
     a = jnp.asarray(ap_positions)
-    baseline = jnp.linalg.norm(a - a[reference], axis=-1)
+    baseline = jnp.linalg.norm(a - a[reference : reference + 1], axis=-1)
     return int(jnp.ceil(jnp.max(baseline) / wavelength)) + 1
 
 
@@ -128,7 +129,7 @@ def default_starts(low: ArrayLike, high: ArrayLike) -> Array:
         [[i, j, k] for i in (0.25, 0.75) for j in (0.25, 0.75) for k in (0.25, 0.75)]
     )
     u = jnp.concatenate([jnp.full((1, 3), 0.5), corners])
-    return low + u * (high - low)
+    return low[None, :] + u * (high - low)[None, :]
 
 
 def estimate(

@@ -49,10 +49,14 @@ class Standardizer(nnx.Module):
         self.scale = Stat((high - low) / jnp.sqrt(12.0).astype(jnp.float32))
 
     def forward(self, x: jax.Array) -> jax.Array:
-        return (x - self.mean[...]) / self.scale[...]
+        return (x - jnp.broadcast_to(self.mean[...], x.shape)) / jnp.broadcast_to(
+            self.scale[...], x.shape
+        )
 
     def inverse(self, z: jax.Array) -> jax.Array:
-        return z * self.scale[...] + self.mean[...]
+        return z * jnp.broadcast_to(self.scale[...], z.shape) + jnp.broadcast_to(
+            self.mean[...], z.shape
+        )
 
 
 def check_snapshots(r: Any, num_aps: int) -> jax.Array:

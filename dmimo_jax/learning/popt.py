@@ -108,7 +108,9 @@ class POPT(nnx.Module):
         self.config = config
         d = config.d_emb
         self.project = nnx.Linear(2, d, use_bias=False, rngs=rngs)  # E_T
-        self.ap_embedding = nnx.Param(0.02 * jax.random.normal(rngs.params(), (num_aps, d)))  # E_AP
+        self.ap_embedding = nnx.Param(
+            0.02 * jax.random.normal(rngs.params(), (num_aps, d), jnp.float32)
+        )  # E_AP
         self.drop = nnx.Dropout(config.dropout)
         self.blocks = nnx.List([EncoderBlock(config, rngs=rngs) for _ in range(config.n_enc)])
         self.ln_out = nnx.LayerNorm(d, rngs=rngs)
@@ -121,7 +123,8 @@ class POPT(nnx.Module):
         """The network output before un-standardizing (..., 3)."""
         r = check_snapshots(r, self.num_aps)
         keys = dropout_keys(key, 1 + len(self.blocks))
-        h = self.project(phase_tokens(r)) + self.ap_embedding[...]  # H^(0)
+        h = self.project(phase_tokens(r))
+        h = h + jnp.broadcast_to(self.ap_embedding[...], h.shape)  # H^(0) = T E_T + E_AP
         h = dropout(self.drop, h, keys[0])
         for block, k in zip(self.blocks, keys[1:], strict=True):
             h = block(h, k)
