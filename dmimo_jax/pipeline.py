@@ -27,6 +27,7 @@ Online (for every snapshot, batched):
 from __future__ import annotations
 
 import pathlib
+import weakref
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -44,6 +45,7 @@ from dmimo_jax.estimators.grid import PhasorTable, coarse_to_fine
 from dmimo_jax.estimators.mle import _refine_batch, compressed_residuals
 from dmimo_jax.learning.data import load_dataset, write_dataset
 from dmimo_jax.learning.mlp import AmbiguityClassifier, MLPConfig, MLPRegressor
+from dmimo_jax.learning.nets import inference_fn
 from dmimo_jax.learning.popt import POPT, POPTConfig
 from dmimo_jax.learning.train import PRESETS, TrainConfig, train
 from dmimo_jax.scene import Scene
@@ -160,14 +162,27 @@ class HIEstimator:
         )
 
 
+_JITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
-    """Online step 1: (B, 3) float64 positions from a trained estimator (POPT, MLP or HI)."""
+    """Online step 1: (B, 3) float64 positions from a trained estimator (POPT, MLP or HI).
+
+    A Flax network is run through :func:`~dmimo_jax.learning.nets.inference_fn` (jitted
+    once per network object, weights as constants).
+    """
     r = jnp.asarray(r)
     r = r[None, :] if r.ndim == 1 else r
     num_aps = getattr(estimator, "num_aps", None)
     if num_aps is not None:
         check_phases("r", r, num_aps, batched=True)
-    return jnp.asarray(estimator(r), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+    fn = estimator
+    if isinstance(estimator, nnx.Module):
+        fn = _JITTED.get(estimator)
+        if fn is None:
+            fn = _JITTED[estimator] = inference_fn(estimator)
+        r = r.astype(jnp.float32)
+    return jnp.asarray(fn(r), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
 
 
 def search_radius(

@@ -40,6 +40,10 @@ class POPTConfig:
     d_ff: int = 1024
     d_h: int = 128
     dropout: float = 0.01
+    # None: tokens of the raw phases (the paper). An AP index m0: tokens of
+    # wrap(r_m - r_m0), which removes the CPO before the network sees it (beyond the paper;
+    # the token format is unchanged, token m0 becomes constant)
+    reference: int | None = None
 
     def __post_init__(self):
         for name in ("d_emb", "n_enc", "n_head", "d_ff", "d_h"):
@@ -50,6 +54,10 @@ class POPTConfig:
             raise ValueError(f"d_emb ({self.d_emb}) must be a multiple of n_head ({self.n_head})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.reference is not None and not (
+            isinstance(self.reference, int) and self.reference >= 0
+        ):
+            raise ValueError(f"reference must be None or an AP index, got {self.reference!r}")
 
     @classmethod
     def paper(cls) -> POPTConfig:
@@ -59,7 +67,7 @@ class POPTConfig:
     @classmethod
     def cpu(cls) -> POPTConfig:
         """The ``cpu`` training preset's network: small enough to train on 2 cores in minutes."""
-        return cls(d_emb=64, n_enc=2, n_head=4, d_ff=256, d_h=64, dropout=0.0)
+        return cls(d_emb=64, n_enc=2, n_head=4, d_ff=256, d_h=64, dropout=0.0, reference=0)
 
     @classmethod
     def tiny(cls) -> POPTConfig:
@@ -104,13 +112,18 @@ class POPT(nnx.Module):
     def __init__(self, num_aps: int, config: POPTConfig, *, low: Any, high: Any, rngs: nnx.Rngs):
         if not (isinstance(num_aps, int) and num_aps >= 2):
             raise ValueError(f"num_aps must be an int >= 2, got {num_aps!r}")
+        if config.reference is not None and config.reference >= num_aps:
+            raise ValueError(
+                f"config.reference must index one of the {num_aps} APs, got {config.reference}"
+            )
         self.num_aps = num_aps
         self.config = config
         d = config.d_emb
         self.project = nnx.Linear(2, d, use_bias=False, rngs=rngs)  # E_T
-        self.ap_embedding = nnx.Param(
-            0.02 * jax.random.normal(rngs.params(), (num_aps, d), jnp.float32)
-        )  # E_AP
+        # E_AP, N(0, 1) like nnx.Embed: with ViT's 0.02 the embeddings are tiny next to the
+        # unit-scale phase tokens, the encoder starts out permutation invariant (it cannot
+        # tell the APs apart) and training sat on the mean-position plateau (measured)
+        self.ap_embedding = nnx.Param(jax.random.normal(rngs.params(), (num_aps, d), jnp.float32))
         self.drop = nnx.Dropout(config.dropout)
         self.blocks = nnx.List([EncoderBlock(config, rngs=rngs) for _ in range(config.n_enc)])
         self.ln_out = nnx.LayerNorm(d, rngs=rngs)
@@ -122,6 +135,9 @@ class POPT(nnx.Module):
     def standardized(self, r: Any, *, key: jax.Array | None = None) -> jax.Array:
         """The network output before un-standardizing (..., 3)."""
         r = check_snapshots(r, self.num_aps)
+        if self.config.reference is not None:
+            m0 = self.config.reference
+            r = r - jnp.broadcast_to(r[..., m0 : m0 + 1], r.shape)  # sin/cos make the wrap moot
         keys = dropout_keys(key, 1 + len(self.blocks))
         h = self.project(phase_tokens(r))
         h = h + jnp.broadcast_to(self.ap_embedding[...], h.shape)  # H^(0) = T E_T + E_AP
