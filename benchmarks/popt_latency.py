@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import sys
 import time
 
 import jax
@@ -264,4 +263,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    main()

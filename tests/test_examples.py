@@ -63,3 +63,51 @@ def test_gp_examples_quick(tmp_path, monkeypatch):
     assert all(keys <= set(r) for r in rows)
     theory = {r["material"]: r["rmse_deg"] for r in rows if r["model"] == "theory"}
     assert all(v < 0.1 for v in theory.values())  # the true model sees only the noise
+
+
+def test_quickstart_tiny(tmp_path, monkeypatch):
+    """The README's main job end to end at toy sizes: offline stage, cache, online stage."""
+    out = tmp_path / "q.json"
+    argv = ["--num-train", "20", "--num-test", "8", "--num-samples", "1200"]
+    argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "o"), "--json", str(out)]
+    _run("examples/quickstart.py", argv, monkeypatch)
+    rows = {r["method"].split()[0]: r for r in json.loads(out.read_text())}
+    keys = {
+        "coarse_rmse_m",
+        "fine_rmse_m",
+        "p99_m",
+        "max_m",
+        "ms_per_snapshot",
+        "mean_peb_m",
+        "wall_s",
+    }
+    assert all(keys <= set(r) for r in rows.values())
+    assert rows["MLE"]["fine_rmse_m"] < 3 * rows["MLE"]["mean_peb_m"]
+    # a 1200-sample POPT is no coarse estimator; the safeguard still finds the basin
+    assert rows["POPT"]["max_m"] < 1e-3
+    assert len(list((tmp_path / "cache").glob("*/popt/model/spec.json"))) == 1
+
+
+def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
+    out = tmp_path / "lat.json"
+    _run(
+        "benchmarks/popt_latency.py",
+        ["--repeats", "5", "--batch", "8", "--json", str(out)],
+        monkeypatch,
+    )
+    rows = json.loads(out.read_text())
+    keys = {
+        "method",
+        "framework",
+        "batch",
+        "ms_median",
+        "ms_std",
+        "flops_formula",
+        "flops_xla",
+        "device",
+    }
+    assert all(keys <= set(r) for r in rows)
+    assert {"POPT", "MLP", "HI"} <= {r["method"] for r in rows}
+    popt = [r for r in rows if r["method"] == "POPT" and r["framework"] == "jax"]
+    assert popt[0]["flops_formula"] == pytest.approx(81.1e6, rel=2e-3)
+    assert 0.8 < popt[0]["flops_xla"] / popt[0]["flops_formula"] < 1.3

@@ -90,7 +90,7 @@ PRESETS: dict[str, Preset] = {
     # the paper: N_AI = 1.125e6 (1e6 train + 0.125e6 validation), 120 epochs; for a GPU
     "paper": Preset("paper", POPTConfig.paper(), TrainConfig(epochs=120), 1_125_000),
     # this 2-core CPU: see docs/learning.md for the accuracy it reaches and the time it takes
-    "cpu": Preset("cpu", POPTConfig.cpu(), TrainConfig(epochs=30), 100_000),
+    "cpu": Preset("cpu", POPTConfig.cpu(), TrainConfig(epochs=15, batch_size=100), 60_000),
 }
 
 
