@@ -152,12 +152,16 @@ class HIEstimator:
         self.classifier = classifier
         self.num_aps = classifier.num_aps
         self.starts = hyperbola.default_starts(scene.ue_low, scene.ue_high)
+        self.low, self.high = jnp.asarray(scene.ue_low), jnp.asarray(scene.ue_high)
 
     def __call__(self, r: ArrayLike) -> Array:
+        """Positions (B, 3), projected onto the UE region: with wrong integers the
+        hyperboloids need not meet, and the unconstrained least-squares point can lie
+        kilometres away (measured: a coarse RMSE of 1.6e7 m over 1280 UEs unprojected)."""
         r = jnp.asarray(r)
         n = self.classifier.predict(r)
         ap = jnp.asarray(self.classifier.ap_positions[...], self.starts.dtype)
-        return hyperbola.estimate(
+        x = hyperbola.estimate(
             r,
             n,
             ap,
@@ -165,6 +169,7 @@ class HIEstimator:
             self.starts,
             reference=self.classifier.config.reference,
         )
+        return jnp.clip(x, self.low[None, :], self.high[None, :])
 
 
 _JITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -380,19 +385,25 @@ def window_search(
     spacing = float(scene.wavelength) / 4 if spacing is None else float(spacing)
     if not (radius > 0 and spacing > 0):
         raise ValueError(f"radius and spacing must be > 0, got {radius}, {spacing}")
-    offsets = jnp.asarray(_window_offsets(float(radius), spacing), r.dtype)
-    if not (isinstance(num_starts, int) and 1 <= num_starts <= offsets.shape[0]):
-        raise ValueError(
-            f"num_starts must be an int in [1, {offsets.shape[0]}], got {num_starts!r}"
-        )
-    # the table's coherence screen costs ~1/30 of a direct model evaluation per point
-    # (measured): past 1/16 of the table's size, screening all of it is the cheaper window
-    if table is not None and 16 * offsets.shape[0] >= table.grid.size:
-        return coarse_to_fine(r, model, table, num_starts=num_starts, num_steps=num_steps).x
     if region is None:
         low, high = jnp.asarray(scene.ue_low) - 0.25, jnp.asarray(scene.ue_high) + 0.25
     else:
         low, high = (jnp.asarray(v, r.dtype) for v in region)
+    # a window wider than the region adds nothing: cap the radius at the region's extent
+    radius = min(float(radius), float(jnp.max(high - low)))
+    count = (2 * int(np.ceil(radius / spacing)) + 1) ** 3
+    if not (isinstance(num_starts, int) and 1 <= num_starts <= count):
+        raise ValueError(f"num_starts must be an int in [1, {count}], got {num_starts!r}")
+    # the table's coherence screen costs ~1/30 of a direct model evaluation per point
+    # (measured): past 1/16 of the table's size, screening all of it is the cheaper window
+    if table is not None and 16 * count >= table.grid.size:
+        return coarse_to_fine(r, model, table, num_starts=num_starts, num_steps=num_steps).x
+    if count > 2_000_000:
+        raise ValueError(
+            f"radius={radius:.3g} m at spacing {spacing:.3g} m is a {count}-point window per "
+            "snapshot; pass table= (a PhasorTable of the model) for wide windows"
+        )
+    offsets = jnp.asarray(_window_offsets(radius, spacing), r.dtype)
     return _window_search(r, model, x_coarse, offsets, low, high, num_starts, num_steps)
 
 
