@@ -111,3 +111,33 @@ def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
     popt = [r for r in rows if r["method"] == "POPT" and r["framework"] == "jax"]
     assert popt[0]["flops_formula"] == pytest.approx(81.1e6, rel=2e-3)
     assert 0.8 < popt[0]["flops_xla"] / popt[0]["flops_formula"] < 1.3
+
+
+def test_train_throughput_benchmark_quick(tmp_path, monkeypatch):
+    out = tmp_path / "tt.json"
+    argv = ["--steps", "2", "--epochs", "2", "--only", "POPT cpu-preset", "MLP", "--json", str(out)]
+    _run("benchmarks/train_throughput.py", argv, monkeypatch)
+    rows = json.loads(out.read_text())
+    assert [r["method"] for r in rows] == ["POPT cpu-preset", "MLP"]
+    for r in rows:
+        assert r["samples_per_second"] > 0 and r["batch"] == 100
+        # the preset's training time is its sample count over the measured throughput
+        assert r["preset_hours"] == pytest.approx(
+            r["preset_samples"] / r["samples_per_second"] / 3600
+        )
+    # the cpu preset trains 15 epochs on 8/9 of 60 000 samples
+    assert rows[0]["preset_samples"] == pytest.approx(15 * 60_000 * 8 / 9)
+
+
+def test_popt_region_scaling_tiny_and_resumable(tmp_path, monkeypatch):
+    argv = ["--half-widths", "0.25", "--num-samples", "300", "--epochs", "1", "--num-test", "32"]
+    argv += ["--out", str(tmp_path)]
+    _run("examples/popt_region_scaling.py", argv, monkeypatch)
+    (first,) = json.loads((tmp_path / "results.json").read_text())
+    assert first["half_width_m"] == 0.25 and 0 <= first["within_10cm"] <= 1
+    # the "predict the centre" baseline of a uniform cube: sqrt(3 x h^2 / 3) = h
+    assert first["centre_rmse_m"] == pytest.approx(0.25, rel=0.2)
+    _run("examples/popt_region_scaling.py", argv, monkeypatch)  # finished h: not retrained
+    assert json.loads((tmp_path / "results.json").read_text()) == [first]
+    with pytest.raises(ValueError, match="half-widths"):
+        _run("examples/popt_region_scaling.py", ["--half-widths", "2"], monkeypatch)

@@ -127,4 +127,6 @@ def test_bad_input_is_a_clear_error(screen):
 
 def test_a_window_too_wide_without_a_table_is_a_clear_error(screen):
     with pytest.raises(ValueError, match="table="):
-        pipeline.window_search(jnp.zeros((1, 17)), screen, jnp.ones((1, 3)), radius=75.0, spacing=0.01)
+        pipeline.window_search(
+            jnp.zeros((1, 17)), screen, jnp.ones((1, 3)), radius=75.0, spacing=0.01
+        )

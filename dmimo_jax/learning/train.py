@@ -96,7 +96,7 @@ PRESETS: dict[str, Preset] = {
 
 class TrainResult(NamedTuple):
     model: nnx.Module  # trained (updated in place and returned)
-    history: list[dict]  # one row per epoch: loss, val_error, lr, seconds
+    history: list[dict]  # one row per epoch: loss, val_loss, val_error, lr, seconds, samples/s
     seconds: float  # wall time of this call (without what a resumed run had done before)
     samples_per_second: float  # training samples processed per second in this call
 
@@ -255,6 +255,8 @@ def train(
                 bar.update(1)
                 if i % 50 == 0:
                     bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.4f}")
+            jax.block_until_ready(params)
+            t_steps = time.perf_counter() - t_epoch  # the optimizer steps alone
             val_error, val_loss = validation(params)
             row = dict(
                 epoch=epoch + 1,
@@ -263,6 +265,9 @@ def train(
                 val_error=val_error,
                 lr=float(lr((epoch + 1) * steps_per_epoch - 1)),
                 seconds=time.perf_counter() - t_epoch,
+                # training samples per second of the steps (no validation; epoch 1 of a
+                # run includes compilation)
+                samples_per_second=steps_per_epoch * config.batch_size / t_steps,
             )
             history.append(row)
             bar.set_postfix(epoch=epoch + 1, loss=f"{row['loss']:.4f}", val=f"{val_error:.4g}")
