@@ -3,7 +3,9 @@
 Single-snapshot (batch 1) and batched inference, all in one run so the ratios are side
 by side. Latency does not depend on the trained weights, so freshly initialized
 networks of the paper's sizes are timed. POPT's FLOPs: eq. (29) and XLA's count of the
-compiled network; MLP and HI: the dense-layer count and the paper's formulas.
+compiled network; MLP and HI: the dense-layer count and the paper's formulas. The
+"matmul floor" rows time the encoder's dense products alone (no softmax, LayerNorm,
+GELU or head): no float32 implementation of the network is faster on the device.
 
 If PyTorch is installed, an equivalent PyTorch POPT (same architecture, the JAX
 weights copied in, outputs checked to agree) is timed in the same run: the paper's
@@ -137,6 +139,32 @@ def torch_popt(net: POPT):
     return TorchPOPT().eval()
 
 
+def matmul_floor(net: POPT):
+    """The dense products of POPT's encoder alone (fused QKV, output, D_ff MLP), jitted.
+
+    No attention softmax, LayerNorm, GELU or head: a lower bound on the time of any
+    float32 implementation of the network on this device at the same batch.
+    """
+    cfg, m = net.config, net.num_aps
+    d = cfg.d_emb
+    keys = jax.random.split(jax.random.key(0), 4)
+    shapes = ((d, 3 * d), (d, d), (d, cfg.d_ff), (cfg.d_ff, d))
+    wqkv, wo, w1, w2 = (
+        jax.random.normal(k, s, jnp.float32) / d for k, s in zip(keys, shapes, strict=True)
+    )
+
+    @jax.jit
+    def floor(r):
+        h = jnp.broadcast_to(r[..., None], (*r.shape, d))
+        for _ in range(cfg.n_enc):
+            h = h + (h @ wqkv)[..., :d] @ wo
+            h = h + (h @ w1) @ w2
+        return h[..., 0, :3]
+
+    flops = 2 * m * cfg.n_enc * (3 * d * d + d * d + 2 * d * cfg.d_ff)
+    return floor, flops
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=1280, help="timed single-snapshot runs")
@@ -169,6 +197,10 @@ def main(argv=None):
             times = _time(lambda r=r, f=f: f(r).block_until_ready(), reps)
             jax_rows.append(_row(name, "jax", r.shape[0], times, f_formula, f_xla))
         rows += jax_rows
+        floor, floor_flops = matmul_floor(net)
+        for r, reps in ((r1, args.repeats), (rb, batch_repeats)):
+            times = _time(lambda r=r, f=floor: f(r).block_until_ready(), reps)
+            rows.append(_row(f"{name} matmul floor", "jax", r.shape[0], times, floor_flops, None))
         tnet = torch_popt(net)
         if tnet is None:
             print("PyTorch is not installed: skipping the PyTorch POPT comparison")
