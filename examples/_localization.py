@@ -123,10 +123,17 @@ def print_rows(rows):
 
 
 def plot_cdfs(plt, rows, path, title):
+    """Fine-error ECDFs; a curve identical to an earlier one is dashed and says so."""
     fig, ax = plt.subplots(figsize=(6, 4))
+    drawn = []
     for r in rows:
-        e, p = ecdf(np.asarray(r["errors_m"]))
-        ax.step(e, p, where="post", label=r["method"])
+        errors = np.asarray(r["errors_m"])
+        same = next((name for name, e in drawn if np.array_equal(e, errors)), None)
+        label = r["method"] if same is None else f"{r['method']} (= {same})"
+        e, p = ecdf(errors)
+        style = dict(ls="-") if same is None else dict(ls=(0, (4, 3)), lw=2.5)
+        ax.step(e, p, where="post", label=label, **style)
+        drawn.append((r["method"], errors))
     ax.axvline(rows[0]["mean_peb_m"], color="k", ls=":", label="mean PEB")
     ax.set_xscale("log")
     ax.set_xlabel("fine position error [m]")
