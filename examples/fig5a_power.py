@@ -89,6 +89,8 @@ def main(argv=None) -> list[dict]:
             )
             _, rt = test_snapshots(scene, n, args.seed, x=x_true, cpo=jnp.pi / 2)
             for kind in kinds:
+                if (names[kind], power, n) in done:
+                    continue  # finished in an earlier run (e.g. before --benchmarks grew)
                 out = pipeline.locate(
                     rt,
                     off.estimators[kind],
