@@ -137,11 +137,17 @@ def main(argv=None) -> list[dict]:
                 ms=3,
                 label=f"MLE, beta = {beta:.2f}",
             )
-        for name in sorted({r["method"] for r in rows}):
+        drawn = []  # a curve identical to an earlier one is dashed and says so
+        for name in sorted(
+            {r["method"] for r in rows}, key=lambda k: (not k.startswith("POPT"), k)
+        ):
             sel = sorted((r for r in rows if r["method"] == name), key=lambda r: r["power_dbm"])
-            ax.plot(
-                [r["power_dbm"] for r in sel], [r["rmse_m"] for r in sel], "-s", ms=4, label=name
-            )
+            xs, ys = [r["power_dbm"] for r in sel], [r["rmse_m"] for r in sel]
+            same = next((n for n, (a, b) in drawn if (a, b) == (xs, ys)), None)
+            style = dict(ls="-") if same is None else dict(ls=(0, (4, 3)), lw=2.5)
+            label = name if same is None else f"{name} (= {same})"
+            ax.plot(xs, ys, marker="s", ms=4, label=label, **style)
+            drawn.append((name, (xs, ys)))
         ax.set_yscale("log")
         ax.set_xlabel("transmit power P [dBm]")
         ax.set_ylabel("fine RMSE / PEB [m]")
