@@ -7,6 +7,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _output import repeat_style
 
 import dmimo_jax as dj
 from dmimo_jax import pipeline
@@ -127,13 +128,9 @@ def plot_cdfs(plt, rows, path, title):
     fig, ax = plt.subplots(figsize=(6, 4))
     drawn = []
     for r in rows:
-        errors = np.asarray(r["errors_m"])
-        same = next((name for name, e in drawn if np.array_equal(e, errors)), None)
-        label = r["method"] if same is None else f"{r['method']} (= {same})"
-        e, p = ecdf(errors)
-        style = dict(ls="-") if same is None else dict(ls=(0, (4, 3)), lw=2.5)
+        label, style = repeat_style(drawn, r["method"], r["errors_m"])
+        e, p = ecdf(np.asarray(r["errors_m"]))
         ax.step(e, p, where="post", label=label, **style)
-        drawn.append((r["method"], errors))
     ax.axvline(rows[0]["mean_peb_m"], color="k", ls=":", label="mean PEB")
     ax.set_xscale("log")
     ax.set_xlabel("fine position error [m]")

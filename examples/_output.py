@@ -30,6 +30,16 @@ def save_figure(fig, path: pathlib.Path) -> None:
     print(f"wrote {path}")
 
 
+def repeat_style(drawn: list, name: str, values) -> tuple[str, dict]:
+    """Label and line style of a curve: one identical to an earlier curve in ``drawn``
+    (a list of (name, values), appended to here) is dashed and labelled "(= earlier)"."""
+    same = next((n for n, v in drawn if v == values), None)
+    drawn.append((name, values))
+    if same is None:
+        return name, dict(ls="-")
+    return f"{name} (= {same})", dict(ls=(0, (4, 3)), lw=2.5)
+
+
 def write_json(path: pathlib.Path | None, rows) -> None:
     if path is None:
         return

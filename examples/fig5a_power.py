@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import mle_mismatch  # noqa: E402
 from _localization import labeled_snapshots, test_snapshots  # noqa: E402
-from _output import pyplot, save_figure, write_json  # noqa: E402
+from _output import pyplot, repeat_style, save_figure, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402
@@ -143,11 +143,8 @@ def main(argv=None) -> list[dict]:
         ):
             sel = sorted((r for r in rows if r["method"] == name), key=lambda r: r["power_dbm"])
             xs, ys = [r["power_dbm"] for r in sel], [r["rmse_m"] for r in sel]
-            same = next((n for n, (a, b) in drawn if (a, b) == (xs, ys)), None)
-            style = dict(ls="-") if same is None else dict(ls=(0, (4, 3)), lw=2.5)
-            label = name if same is None else f"{name} (= {same})"
+            label, style = repeat_style(drawn, name, (xs, ys))
             ax.plot(xs, ys, marker="s", ms=4, label=label, **style)
-            drawn.append((name, (xs, ys)))
         ax.set_yscale("log")
         ax.set_xlabel("transmit power P [dBm]")
         ax.set_ylabel("fine RMSE / PEB [m]")
