@@ -32,9 +32,10 @@ from _common import device_name, print_table, write_json  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from dmimo_jax import complexity, pipeline  # noqa: E402
+from dmimo_jax import complexity  # noqa: E402
 from dmimo_jax.estimators import hyperbola  # noqa: E402
-from dmimo_jax.learning.mlp import AmbiguityClassifier, MLPConfig, MLPRegressor  # noqa: E402
+from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator  # noqa: E402
+from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor  # noqa: E402
 from dmimo_jax.learning.nets import functional, inference_fn  # noqa: E402
 from dmimo_jax.learning.popt import POPT, POPTConfig  # noqa: E402
 
@@ -256,7 +257,7 @@ def main(argv=None):
     clf = AmbiguityClassifier(
         m, mcfg, ap_positions=scene.ap_positions, wavelength=lam, n_max=n_max, rngs=nnx.Rngs(0)
     )
-    hi = pipeline.HIEstimator(clf, scene)
+    hi = HIEstimator(clf, scene)
     q = (m - 1) * clf.num_classes
     widths_hi = [2 * (m - 1), *mcfg.hidden, q]
     apply_c, state_c = functional(clf)

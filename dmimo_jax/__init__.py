@@ -2,9 +2,16 @@
 
 Physics, bounds and estimation expect float64: enable it in your entry point with
 ``jax.config.update("jax_enable_x64", True)``; importing dmimo_jax never changes it.
+
+Each layer's main entry points are here (``dj.egs``, ``dj.refine``, ``dj.coarse_to_fine``,
+``dj.peb``, ...), and its module too (``dj.gp``, ``dj.estimators``). ``dj.learning`` and
+``dj.pipeline`` (Flax, orbax) are imported on first access.
 """
 
-from dmimo_jax import bounds, materials, measure, phase, physics, scene
+import importlib
+from typing import Any
+
+from dmimo_jax import bounds, estimators, gp, materials, measure, metrics, phase, physics, scene
 from dmimo_jax.bounds import (
     channel_fim,
     efim,
@@ -15,6 +22,19 @@ from dmimo_jax.bounds import (
     peb_map,
     phase_jacobian,
     position_fim,
+)
+from dmimo_jax.estimators import (
+    coarse_to_fine,
+    egs,
+    ls_cost,
+    make_grid,
+    ml_cost,
+    phasor_table,
+    refine,
+    refine_batch,
+    refine_multistart,
+    search_grid,
+    window_search,
 )
 from dmimo_jax.materials import ITU_MATERIALS, relative_permittivity
 from dmimo_jax.measure import (
@@ -52,6 +72,15 @@ from dmimo_jax.scene import (
 
 __version__ = "0.1.0"
 
+_LAZY = ("learning", "pipeline", "complexity")  # heavier imports, loaded on first access
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return importlib.import_module(f"dmimo_jax.{name}")
+    raise AttributeError(f"module 'dmimo_jax' has no attribute {name!r}")
+
+
 __all__ = [
     "ITU_MATERIALS",
     "PhaseModel",
@@ -61,6 +90,23 @@ __all__ = [
     "as_phase_model",
     "bounds",
     "channel_fim",
+    "coarse_to_fine",
+    "complexity",
+    "egs",
+    "estimators",
+    "gp",
+    "learning",
+    "ls_cost",
+    "make_grid",
+    "ml_cost",
+    "metrics",
+    "phasor_table",
+    "pipeline",
+    "refine",
+    "refine_batch",
+    "refine_multistart",
+    "search_grid",
+    "window_search",
     "circular_mean",
     "dbm_to_watt",
     "effective_amplitude",

@@ -7,6 +7,7 @@ tracers and the (branch-free, NaN-safe) internals take over. Every failure is a
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -52,22 +53,111 @@ def check_positions(name: str, x: Any, *, batched: bool | None = None) -> None:
         )
 
 
-def check_phases(name: str, r: Any, num_aps: int, *, batched: bool | None = None) -> None:
+def check_phases(name: str, r: Any, num_aps: int, *, batched: bool | None | str = None) -> None:
     """Check wrapped phase snapshot(s): shape (M,) or (B, M) with M = ``num_aps``, finite.
+
+    The one snapshot validator of the package (estimators, pipeline and networks).
 
     Args:
         name: argument name used in the error message.
         r: phases in radians.
         num_aps: M.
-        batched: ``False`` requires (M,), ``True`` requires (B, M), ``None`` accepts both.
+        batched: ``False`` requires (M,), ``True`` requires (B, M), ``None`` accepts both,
+            ``"any"`` accepts any leading axes (..., M) (the networks).
     """
     shape = tuple(np.shape(r))
     single, batch = shape == (num_aps,), len(shape) == 2 and shape[1] == num_aps
+    if batched == "any":
+        single = len(shape) >= 1 and shape[-1] == num_aps
     if not ((single and batched is not True) or (batch and batched is not False)):
         want = {
             False: f"({num_aps},)",
             True: f"(B, {num_aps})",
             None: f"({num_aps},) or (B, {num_aps})",
+            "any": f"(..., {num_aps})",
         }
         raise ValueError(f"{name} must have shape {want[batched]} (one phase per AP), got {shape}")
     check_finite(name, r)
+
+
+def check_away_from_aps(name: str, x: Any, ap_positions: Any, *, min_distance: float = 1e-6):
+    """``ValueError`` when a concrete position (3,) or (N, 3) lies within ``min_distance``
+    metres of an AP: the LoS amplitude lambda / (4 pi d) is infinite there."""
+    if not is_concrete(x, ap_positions):
+        return
+    pts = np.asarray(x, float).reshape(-1, 3)
+    ap = np.asarray(ap_positions, float)
+    d = np.linalg.norm(pts[:, None, :] - ap[None, :, :], axis=-1)
+    i, m = np.unravel_index(np.argmin(d), d.shape)
+    if d[i, m] < min_distance:
+        where = "" if np.ndim(x) == 1 else f" (row {i})"
+        raise ValueError(
+            f"{name}{where} coincides with AP {m} at {ap[m].tolist()} (distance "
+            f"{d[i, m]:.3g} m < {min_distance:g} m): the channel is singular there"
+        )
+
+
+def check_num_aps(num_aps: int, *, minimum: int = 4) -> None:
+    """Position + CPO need ``minimum`` = 4 phases: 3 coordinates and one common offset."""
+    if num_aps < minimum:
+        raise ValueError(
+            f"the model has M = {num_aps} APs; estimating a 3D position and a CPO needs at "
+            f"least {minimum} APs"
+        )
+
+
+def check_scalar(name: str, value: Any, *, positive: bool = False) -> None:
+    """A finite real scalar (strictly positive with ``positive``)."""
+    if not is_concrete(value):
+        return
+    arr = np.asarray(value)
+    if arr.shape != ():
+        raise ValueError(f"{name} must be a scalar, got shape {arr.shape}")
+    if not np.isfinite(arr):
+        raise ValueError(f"{name} must be finite, got {arr.item()!r}")
+    if positive and not arr > 0:
+        raise ValueError(f"{name} must be > 0, got {arr.item()!r}")
+
+
+def check_int(name: str, value: Any, *, minimum: int = 0) -> None:
+    """A Python or NumPy integer >= ``minimum`` (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def warn_if_float32(where: str) -> None:
+    """A ``UserWarning`` when JAX computes in float32: phases of ~170 rad at micrometre
+    targets need float64 (Python shows it once per call site)."""
+    if not jax.config.jax_enable_x64:
+        warnings.warn(
+            f"{where}: jax_enable_x64 is off, so this computes in float32; carrier phases of "
+            "~170 rad at micrometre accuracy need float64: call "
+            'jax.config.update("jax_enable_x64", True) in your entry point',
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def check_permittivity(name: str, eps_r: Any) -> None:
+    r"""``ValueError`` unless a concrete :math:`\varepsilon_r = \varepsilon' - j\varepsilon''`
+    describes a passive medium where eq. (3) is continuous: finite, :math:`\varepsilon''
+    \ge 0` (imaginary part <= 0 in this sign convention), and either lossy
+    (:math:`\varepsilon'' > 0`) or :math:`\varepsilon' \ge 1`. A lossless
+    :math:`\varepsilon_r < 1` puts a branch point of :math:`\zeta` inside the incidence
+    range, where Gamma jumps (e.g. from 0 to -1 for :math:`\varepsilon_r = 0`). Metals
+    are perfect conductors (``perfect_conductor=True``), not a permittivity."""
+    if not is_concrete(eps_r):
+        return
+    e = np.asarray(eps_r, complex)
+    if not np.all(np.isfinite(e)):
+        raise ValueError(f"{name} must be finite, got {eps_r!r}")
+    if np.any(e.imag > 0.0):
+        raise ValueError(
+            f"{name} must have imaginary part <= 0 (eps' - j eps'', a passive medium), "
+            f"got {eps_r!r}"
+        )
+    if np.any((e.imag == 0.0) & (e.real < 1.0)):
+        raise ValueError(
+            f"{name} must be lossy or have real part >= 1 (a lossless eps_r < 1 makes eq. (3) "
+            f"discontinuous), got {eps_r!r}"
+        )

@@ -19,21 +19,29 @@ All position functions take one position (3,); :func:`peb_map` evaluates many.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_positions
+from dmimo_jax._checks import (
+    check_away_from_aps,
+    check_num_aps,
+    check_positions,
+    is_concrete,
+    warn_if_float32,
+)
 from dmimo_jax.physics import (
-    _zeta,
+    PhaseModel,
+    TwoRayModel,
     as_phase_model,
     effective_amplitude,
     geometry,
     reflection_coefficient,
     unwrapped_phase,
+    zeta_term,
 )
 from dmimo_jax.scene import Scene
 
@@ -47,6 +55,7 @@ __all__ = [
     "position_fim",
     "peb",
     "peb_map",
+    "peb_from_fim",
 ]
 
 
@@ -102,20 +111,37 @@ def efim_from_variance(variance: ArrayLike) -> Array:
     r"""Closed-form EFIM from the phase variances: :math:`\mathrm{diag}(\mathbf w) - \mathbf w\mathbf w^\top/\sum w`.
 
     With :math:`w_m = 1/\sigma_m^2 = 2P\alpha_m^2/\sigma_w^2` this is eq. (13b). (M, M).
+
+    Raises:
+        ValueError: a concrete variance that is not positive and finite.
     """
+    if is_concrete(variance):
+        v = np.asarray(variance)
+        if not np.all(np.isfinite(v) & (v > 0)):
+            raise ValueError(f"variance must be positive and finite (rad^2), got min {v.min()!r}")
     w = 1.0 / jnp.asarray(variance)
     return jnp.diag(w) - jnp.outer(w, w) / jnp.sum(w)
 
 
-def efim(x: ArrayLike, scene: Scene) -> Array:
-    r"""Closed-form EFIM, eq. (13b): :math:`\frac{2P}{\sigma_w^2}(\boldsymbol\Lambda - \boldsymbol\alpha_{sq}\boldsymbol\alpha_{sq}^\top/\sum_m\alpha_m^2)`. (M, M)."""
+def efim(x: ArrayLike, scene: Scene | PhaseModel) -> Array:
+    r"""Closed-form EFIM, eq. (13b): :math:`\frac{2P}{\sigma_w^2}(\boldsymbol\Lambda - \boldsymbol\alpha_{sq}\boldsymbol\alpha_{sq}^\top/\sum_m\alpha_m^2)`. (M, M).
+
+    ``scene``: a Scene or a :class:`~dmimo_jax.physics.TwoRayModel` (the two-ray
+    amplitudes); any other PhaseModel gives :func:`efim_from_variance` of its variance.
+    """
+    if isinstance(scene, TwoRayModel):
+        scene = scene.scene
+    elif not isinstance(scene, Scene):
+        model = as_phase_model(scene)
+        check_positions("x", x, batched=False)
+        return efim_from_variance(model.variance(jnp.asarray(x)))
     check_positions("x", x, batched=False)
     a_sq = effective_amplitude(x, scene) ** 2
     scale = 2.0 * scene.tx_power / scene.noise_power
     return scale * (jnp.diag(a_sq) - jnp.outer(a_sq, a_sq) / jnp.sum(a_sq))
 
 
-def phase_jacobian(x: ArrayLike, model: Any) -> Array:
+def phase_jacobian(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     r""":math:`\mathbf{H} = \partial\boldsymbol\theta/\partial\mathbf{x}` by ``jax.jacfwd`` of the mean phase, (M, 3)."""
     model = as_phase_model(model)
     check_positions("x", x, batched=False)
@@ -173,7 +199,7 @@ def jacobian_analytic(x: ArrayLike, scene: Scene, *, paper_sign: bool = False) -
     dcos = ((x[2] + ap[:, 2])[:, None] * delta_t + d2**2 * e3) / d2**3
     cc = c.astype(gamma.dtype)
     eps = scene.eps_r
-    zeta = _zeta(cc, eps)
+    zeta = zeta_term(cc, eps)
     if scene.perfect_conductor:
         dgamma_dcos = jnp.zeros_like(gamma)
     elif scene.polarization == "TE":
@@ -207,7 +233,7 @@ def jacobian_analytic(x: ArrayLike, scene: Scene, *, paper_sign: bool = False) -
     return h if paper_sign else -h
 
 
-def position_fim(x: ArrayLike, model: Any) -> Array:
+def position_fim(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     r"""Position FIM :math:`\mathbf{J}(\mathbf{x}) = \mathbf{H}^\top\mathbf{J}(\boldsymbol\theta)\mathbf{H}`, eq. (14), (3, 3), 1/m^2.
 
     Args:
@@ -216,13 +242,14 @@ def position_fim(x: ArrayLike, model: Any) -> Array:
     """
     model = as_phase_model(model)
     check_positions("x", x, batched=False)
+    check_away_from_aps("x", x, model.scene.ap_positions)
     x = jnp.asarray(x)
     h = jax.jacfwd(model.mean)(x)
     j_theta = efim_from_variance(model.variance(x))
     return h.T @ j_theta @ h
 
 
-def peb(x: ArrayLike, model: Any) -> Array:
+def peb(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     r"""Position error bound :math:`\sqrt{\mathrm{tr}(\mathbf{J}(\mathbf{x})^{-1})}` in metres.
 
     Args:
@@ -230,7 +257,11 @@ def peb(x: ArrayLike, model: Any) -> Array:
         model: a Scene or any PhaseModel.
 
     Returns:
-        Scalar PEB in metres (inf/NaN when the position FIM is singular, e.g. M < 4).
+        Scalar PEB in metres; ``inf`` where the position FIM is singular (a direction the
+        phases cannot see, e.g. a UE in the vertical plane of collinear APs).
+
+    Raises:
+        ValueError: fewer than 4 APs (3 coordinates and a CPO), or a bad position.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -239,11 +270,33 @@ def peb(x: ArrayLike, model: Any) -> Array:
         >>> bool(1e-6 < float(p) < 1e-4)  # tens of micrometres
         True
     """
-    j = position_fim(x, model)
-    return jnp.sqrt(jnp.trace(jnp.linalg.inv(j)))
+    model = as_phase_model(model)
+    check_num_aps(model.num_aps)
+    warn_if_float32("peb")
+    return peb_from_fim(position_fim(x, model))
 
 
-def peb_map(xs: ArrayLike, model: Any, *, batch_size: int = 4096) -> Array:
+def peb_from_fim(fim: ArrayLike) -> Array:
+    r""":math:`\sqrt{\mathrm{tr}\,\mathbf J^{-1}}` of a (3, 3) position FIM, ``inf`` when it is
+    singular to working precision.
+
+    Via the Cholesky factor :math:`\mathbf J = \mathbf L\mathbf L^\top`:
+    :math:`\mathrm{tr}\,\mathbf J^{-1} = \|\mathbf L^{-1}\|_F^2`. A pivot
+    :math:`L_{ii}^2` below :math:`10^3\epsilon\max_i J_{ii}` (or a failed factorization)
+    means a direction without information: the bound is infinite, not a rounding artefact.
+    """
+    fim = jnp.asarray(fim)
+    chol = jnp.linalg.cholesky(fim)
+    pivots = jnp.diagonal(chol) ** 2
+    tol = 1e3 * jnp.finfo(fim.dtype).eps * jnp.max(jnp.diagonal(fim))
+    singular = ~jnp.all(jnp.isfinite(chol)) | (jnp.min(pivots) <= tol)
+    eye = jnp.eye(3, dtype=fim.dtype)
+    safe = jnp.where(singular, eye, chol)
+    inv_l = jax.scipy.linalg.solve_triangular(safe, eye, lower=True)
+    return jnp.where(singular, jnp.inf, jnp.sqrt(jnp.sum(inv_l**2)))
+
+
+def peb_map(xs: ArrayLike, model: PhaseModel | Scene, *, batch_size: int = 4096) -> Array:
     """PEB at many positions, (N,), evaluated in jitted chunks of ``batch_size``.
 
     Args:
@@ -253,11 +306,14 @@ def peb_map(xs: ArrayLike, model: Any, *, batch_size: int = 4096) -> Array:
     """
     model = as_phase_model(model)
     check_positions("xs", xs, batched=True)
+    check_away_from_aps("xs", xs, model.scene.ap_positions)
+    check_num_aps(model.num_aps)
+    warn_if_float32("peb_map")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     return _peb_map(jnp.asarray(xs), model, batch_size)
 
 
 @partial(jax.jit, static_argnames=("batch_size",))
-def _peb_map(xs: Array, model: Any, batch_size: int) -> Array:
+def _peb_map(xs: Array, model: PhaseModel | Scene, batch_size: int) -> Array:
     return jax.lax.map(lambda x: peb(x, model), xs, batch_size=min(batch_size, xs.shape[0]))

@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from dmimo_jax.estimators import grid as _grid
-from dmimo_jax.physics import as_phase_model
+from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.scene import Scene
 
 __all__ = [
     "EGS_FLOPS_PER_POINT_AP",
@@ -35,7 +36,12 @@ def egs_flops_paper(num_aps: int, volume: float, spacing: float) -> float:
 
 
 def egs_flops_xla(
-    model: Any, grid: _grid.Grid, *, batch: int = 1, method: str = "table", num_candidates: int = 64
+    model: PhaseModel | Scene,
+    grid: _grid.Grid,
+    *,
+    batch: int = 1,
+    method: str = "table",
+    num_candidates: int = 64,
 ) -> float | None:
     """XLA's FLOP count per snapshot for one :func:`~dmimo_jax.estimators.egs` over ``grid``.
 
@@ -49,11 +55,11 @@ def egs_flops_xla(
     model = as_phase_model(model)
     r = jax.ShapeDtypeStruct((batch, model.num_aps), grid.low.dtype)
     if method == "plain":
-        lowered = _grid._egs_free.lower(r, model, grid, grid.size, None)
+        lowered = _grid.egs_scan.lower(r, model, grid, grid.size, None)
     elif method == "table":
         data = jax.ShapeDtypeStruct((grid.size, 2 * model.num_aps), jnp.float32)
         table = _grid.PhasorTable(data, grid, grid.size, 1, None)
-        lowered = _grid._egs_table.lower(r, model, table, min(num_candidates, grid.size))
+        lowered = _grid.egs_table_search.lower(r, model, table, min(num_candidates, grid.size))
     else:
         raise ValueError(f"method must be 'table' or 'plain', got {method!r}")
     cost = lowered.compile().cost_analysis()

@@ -30,7 +30,11 @@ as the strongest reflector.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal, NamedTuple
+
+import numpy as np
 
 __all__ = [
     "ItuMaterial",
@@ -55,23 +59,25 @@ class ItuMaterial(NamedTuple):
 
 
 # ITU-R P.2040, Table 3 (the 1-100 GHz rows where a material has several).
-ITU_MATERIALS: dict[str, ItuMaterial] = {
-    "vacuum": ItuMaterial(1.0, 0.0, 0.0, 0.0, (0.001, 100.0)),
-    "concrete": ItuMaterial(5.24, 0.0, 0.0462, 0.7822, (1.0, 100.0)),
-    "brick": ItuMaterial(3.91, 0.0, 0.0238, 0.16, (1.0, 40.0)),
-    "plasterboard": ItuMaterial(2.73, 0.0, 0.0085, 0.9395, (1.0, 100.0)),
-    "wood": ItuMaterial(1.99, 0.0, 0.0047, 1.0718, (0.001, 100.0)),
-    "glass": ItuMaterial(6.31, 0.0, 0.0036, 1.3394, (0.1, 100.0)),
-    "ceiling_board": ItuMaterial(1.48, 0.0, 0.0011, 1.0750, (1.0, 100.0)),
-    "chipboard": ItuMaterial(2.58, 0.0, 0.0217, 0.7800, (1.0, 100.0)),
-    "plywood": ItuMaterial(2.71, 0.0, 0.33, 0.0, (1.0, 40.0)),
-    "marble": ItuMaterial(7.074, 0.0, 0.0055, 0.9262, (1.0, 60.0)),
-    "floorboard": ItuMaterial(3.66, 0.0, 0.0044, 1.3515, (50.0, 100.0)),
-    "metal": ItuMaterial(1.0, 0.0, 1e7, 0.0, (1.0, 100.0), perfect_conductor=True),
-    "very_dry_ground": ItuMaterial(3.0, 0.0, 0.00015, 2.52, (1.0, 10.0)),
-    "medium_dry_ground": ItuMaterial(15.0, -0.1, 0.035, 1.63, (1.0, 10.0)),
-    "wet_ground": ItuMaterial(30.0, -0.4, 0.15, 1.30, (1.0, 10.0)),
-}
+ITU_MATERIALS: Mapping[str, ItuMaterial] = MappingProxyType(
+    {
+        "vacuum": ItuMaterial(1.0, 0.0, 0.0, 0.0, (0.001, 100.0)),
+        "concrete": ItuMaterial(5.24, 0.0, 0.0462, 0.7822, (1.0, 100.0)),
+        "brick": ItuMaterial(3.91, 0.0, 0.0238, 0.16, (1.0, 40.0)),
+        "plasterboard": ItuMaterial(2.73, 0.0, 0.0085, 0.9395, (1.0, 100.0)),
+        "wood": ItuMaterial(1.99, 0.0, 0.0047, 1.0718, (0.001, 100.0)),
+        "glass": ItuMaterial(6.31, 0.0, 0.0036, 1.3394, (0.1, 100.0)),
+        "ceiling_board": ItuMaterial(1.48, 0.0, 0.0011, 1.0750, (1.0, 100.0)),
+        "chipboard": ItuMaterial(2.58, 0.0, 0.0217, 0.7800, (1.0, 100.0)),
+        "plywood": ItuMaterial(2.71, 0.0, 0.33, 0.0, (1.0, 40.0)),
+        "marble": ItuMaterial(7.074, 0.0, 0.0055, 0.9262, (1.0, 60.0)),
+        "floorboard": ItuMaterial(3.66, 0.0, 0.0044, 1.3515, (50.0, 100.0)),
+        "metal": ItuMaterial(1.0, 0.0, 1e7, 0.0, (1.0, 100.0), perfect_conductor=True),
+        "very_dry_ground": ItuMaterial(3.0, 0.0, 0.00015, 2.52, (1.0, 10.0)),
+        "medium_dry_ground": ItuMaterial(15.0, -0.1, 0.035, 1.63, (1.0, 10.0)),
+        "wet_ground": ItuMaterial(30.0, -0.4, 0.15, 1.30, (1.0, 10.0)),
+    }
+)
 
 
 def material_names() -> tuple[str, ...]:
@@ -116,8 +122,11 @@ def relative_permittivity(
         (5.24-0.0095...j)
     """
     row = _lookup(material)
-    if not (isinstance(frequency_hz, (int, float)) and frequency_hz > 0):
-        raise ValueError(f"frequency_hz must be a positive number, got {frequency_hz!r}")
+    if isinstance(frequency_hz, bool) or not isinstance(frequency_hz, (int, float, np.number)):
+        raise ValueError(f"frequency_hz must be a real number (Hz), got {frequency_hz!r}")
+    frequency_hz = float(frequency_hz)
+    if not (np.isfinite(frequency_hz) and frequency_hz > 0):
+        raise ValueError(f"frequency_hz must be a positive finite number, got {frequency_hz!r}")
     if convention == "itu":
         f = frequency_hz / 1e9
     elif convention == "paper":

@@ -15,9 +15,21 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_finite, check_positions
+from dmimo_jax._checks import (
+    check_away_from_aps,
+    check_finite,
+    check_int,
+    check_positions,
+    check_scalar,
+)
 from dmimo_jax.phase import wrap
-from dmimo_jax.physics import as_phase_model, effective_amplitude, unwrapped_phase
+from dmimo_jax.physics import (
+    PhaseModel,
+    TwoRayModel,
+    as_phase_model,
+    effective_amplitude,
+    unwrapped_phase,
+)
 from dmimo_jax.scene import Scene
 
 __all__ = [
@@ -33,11 +45,12 @@ __all__ = [
 
 def random_cpos(key: Array, num: int, dtype: Any = None) -> Array:
     r"""``num`` common phase offsets uniform on :math:`[-\pi, \pi)`."""
+    check_int("num", num)
     dtype = jnp.result_type(float) if dtype is None else dtype
     return jax.random.uniform(key, (num,), dtype, minval=-jnp.pi, maxval=jnp.pi)
 
 
-def simulate_phases(key: Array, model: Any, x: ArrayLike, cpo: ArrayLike) -> Array:
+def simulate_phases(key: Array, model: PhaseModel | Scene, x: ArrayLike, cpo: ArrayLike) -> Array:
     r"""One snapshot :math:`r_m = \mathrm{wrap}(\mu_m(\mathbf{x}) + \phi + n_m)`, eq. (8).
 
     :math:`n_m \sim \mathcal{N}(0, \sigma_m^2)` with :math:`\sigma_m^2` = ``model.variance(x)``.
@@ -53,13 +66,16 @@ def simulate_phases(key: Array, model: Any, x: ArrayLike, cpo: ArrayLike) -> Arr
     """
     model = as_phase_model(model)
     check_positions("x", x, batched=False)
+    check_away_from_aps("x", x, model.scene.ap_positions)
+    check_scalar("cpo", cpo)
     mean, var = model.mean(x), model.variance(x)
     noise = jnp.sqrt(var) * jax.random.normal(key, mean.shape, mean.dtype)
     return wrap(mean + cpo + noise)
 
 
-def _batch(fn, key: Array, model: Any, xs: ArrayLike, cpos: ArrayLike) -> Array:
+def _batch(fn, key: Array, model: PhaseModel | Scene, xs: ArrayLike, cpos: ArrayLike) -> Array:
     check_positions("xs", xs, batched=True)
+    check_away_from_aps("xs", xs, getattr(model, "scene", model).ap_positions)
     xs = jnp.asarray(xs)
     cpos = jnp.asarray(cpos, xs.dtype)
     if cpos.shape != xs.shape[:1]:
@@ -69,7 +85,9 @@ def _batch(fn, key: Array, model: Any, xs: ArrayLike, cpos: ArrayLike) -> Array:
     return jax.vmap(fn, in_axes=(0, None, 0, 0))(keys, model, xs, cpos)
 
 
-def simulate_phases_batch(key: Array, model: Any, xs: ArrayLike, cpos: ArrayLike) -> Array:
+def simulate_phases_batch(
+    key: Array, model: PhaseModel | Scene, xs: ArrayLike, cpos: ArrayLike
+) -> Array:
     """Snapshots for (N, 3) positions and (N,) CPOs, shape (N, M); see :func:`simulate_phases`."""
     return _batch(simulate_phases, key, as_phase_model(model), xs, cpos)
 
@@ -77,9 +95,12 @@ def simulate_phases_batch(key: Array, model: Any, xs: ArrayLike, cpos: ArrayLike
 def received_signal(key: Array, scene: Scene, x: ArrayLike, cpo: ArrayLike) -> Array:
     r"""Received pilot :math:`y_m = \sqrt{P}\alpha_m e^{-j(\theta_m+\phi)} + w_m`, eq. (6) with s = 1.
 
-    :math:`w_m \sim \mathcal{CN}(0, \sigma_w^2)`. Complex (M,).
+    :math:`w_m \sim \mathcal{CN}(0, \sigma_w^2)`. Complex (M,). ``scene`` may be a Scene or
+    its :class:`~dmimo_jax.physics.TwoRayModel` (the amplitude is the two-ray one).
     """
+    scene = _two_ray_scene(scene, "received_signal")
     check_positions("x", x, batched=False)
+    check_scalar("cpo", cpo)
     alpha = effective_amplitude(x, scene)
     theta = unwrapped_phase(x, scene)
     mean = jnp.sqrt(scene.tx_power) * alpha * jnp.exp(-1j * (theta + cpo))
@@ -94,10 +115,24 @@ def phases_from_signal(y: ArrayLike) -> Array:
 
 
 def simulate_phases_exact(key: Array, scene: Scene, x: ArrayLike, cpo: ArrayLike) -> Array:
-    """Snapshot through the complex signal (no Gaussian phase approximation), (M,)."""
+    """Snapshot through the complex signal (no Gaussian phase approximation), (M,).
+
+    ``scene``: a Scene or its :class:`~dmimo_jax.physics.TwoRayModel`."""
     return phases_from_signal(received_signal(key, scene, x, cpo))
 
 
 def simulate_phases_exact_batch(key: Array, scene: Scene, xs: ArrayLike, cpos: ArrayLike) -> Array:
     """Batched :func:`simulate_phases_exact`, (N, M)."""
-    return _batch(simulate_phases_exact, key, scene, xs, cpos)
+    return _batch(simulate_phases_exact, key, _two_ray_scene(scene, "simulate"), xs, cpos)
+
+
+def _two_ray_scene(scene: Scene | TwoRayModel, where: str) -> Scene:
+    """The Scene of a Scene or a TwoRayModel; other PhaseModels have no two-ray amplitude."""
+    if isinstance(scene, TwoRayModel):
+        return scene.scene
+    if not isinstance(scene, Scene):
+        raise ValueError(
+            f"{where}: scene must be a Scene or a TwoRayModel (the exact route needs the "
+            f"two-ray amplitude), got {type(scene).__name__}"
+        )
+    return scene

@@ -2,7 +2,7 @@ r"""Evaluation metrics of Sec. VI-B: localization RMSE, modeling RMSE, NLPD, ECD
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +13,8 @@ from jax.typing import ArrayLike
 from dmimo_jax._checks import check_phases, check_positions
 from dmimo_jax.estimators.mle import compressed_residuals
 from dmimo_jax.phase import wrap
-from dmimo_jax.physics import as_phase_model
+from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.scene import Scene
 
 __all__ = ["localization_rmse", "ModelingScore", "modeling_score", "ecdf"]
 
@@ -40,7 +41,7 @@ class ModelingScore(NamedTuple):
 
 
 def modeling_score(
-    model: Any, x: ArrayLike, r: ArrayLike, cpo: ArrayLike | None = None
+    model: PhaseModel | Scene, x: ArrayLike, r: ArrayLike, cpo: ArrayLike | None = None
 ) -> ModelingScore:
     r"""Modeling RMSE and NLPD of a PhaseModel on test snapshots (Sec. VI-B).
 

@@ -11,13 +11,10 @@ Online (for every snapshot, batched):
 
 1. :func:`coarse_estimate`: the learned estimator's position (float32 network, returned
    as float64).
-2. :func:`window_search` (the safeguard): the LS cost of eq. (17) on a :math:`\lambda/4`
-   grid in a cube of half-width ``radius`` around the coarse estimate, with the tabulated
-   GP mean (:class:`~dmimo_jax.gp.TabulatedGPModel`); the ``num_starts`` best points start
-   Levenberg-Marquardt refinements under the same cheap model; the best wins. Refinement
-   alone converges to the nearest local minimum of a cost that repeats every ~lambda/2;
-   the window keeps the estimate in the right basin whenever the coarse error is below
-   the radius.
+2. :func:`~dmimo_jax.estimators.window_search` (the safeguard): the LS cost of eq. (17)
+   on a :math:`\lambda/4` grid in a cube of half-width ``radius`` around the coarse
+   estimate, with the tabulated GP mean (:class:`~dmimo_jax.gp.TabulatedGPModel`),
+   then a multi-start refinement under the same cheap model.
 3. :func:`~dmimo_jax.estimators.refine_batch` with the exact GP PhaseModel (eq. 27 in
    place of the analytic model): the fine estimate.
 
@@ -30,7 +27,6 @@ import dataclasses
 import hashlib
 import json
 import pathlib
-import weakref
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -43,18 +39,34 @@ from jax.typing import ArrayLike
 
 from dmimo_jax import gp
 from dmimo_jax._checks import check_phases
-from dmimo_jax.estimators import hyperbola
-from dmimo_jax.estimators.grid import PhasorTable, coarse_to_fine, phasor_table, search_grid
-from dmimo_jax.estimators.mle import _refine_batch, compressed_residuals
+from dmimo_jax.estimators import (
+    CellTable,
+    PhasorTable,
+    candidate_search,
+    cell_grid,
+    cell_table,
+    coarse_to_fine,
+    phasor_table,
+    refine_batch,
+    search_grid,
+    window_search,
+)
+from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.learning.data import load_dataset, write_dataset
-from dmimo_jax.learning.mlp import AmbiguityClassifier, MLPConfig, MLPRegressor
-from dmimo_jax.learning.nets import inference_fn
+from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator
+from dmimo_jax.learning.io import load_model, save_model
+from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
 from dmimo_jax.learning.popt import POPT, POPTConfig
-from dmimo_jax.learning.train import PRESETS, TrainConfig, load_model, save_model, train
+from dmimo_jax.learning.presets import CellsPreset, get_preset
+from dmimo_jax.learning.train import TrainConfig, train
+from dmimo_jax.physics import PhaseModel
 from dmimo_jax.scene import Scene
 
 __all__ = [
+    "CandidateOnlineResult",
     "HIEstimator",
+    "cell_probabilities",
+    "locate_candidates",
     "Offline",
     "run_offline",
     "OnlineResult",
@@ -64,11 +76,14 @@ __all__ = [
     "make_training_set",
     "search_radius",
     "train_estimator",
-    "window_search",
+    "window_search",  # re-exported from dmimo_jax.estimators (its home)
 ]
 
 
 # ----------------------------------------------------------------------------- offline
+
+#: the coarse estimators run_offline trains
+KINDS = ("popt", "mlp", "hi", "cells")
 
 
 def fit_phase_model(
@@ -85,7 +100,7 @@ def fit_phase_model(
 def make_training_set(
     path: str | pathlib.Path,
     key: Array,
-    model: Any,
+    model: PhaseModel,
     num: int,
     *,
     chunk_size: int = 8192,
@@ -108,15 +123,14 @@ def train_estimator(
     checkpoint_dir: str | pathlib.Path | None = None,
     seed: int = 0,
     progress: bool = True,
+    on_epoch_end: Any = None,
 ):
-    """Step 3: build and train ``kind`` in ``{"popt", "mlp", "hi"}`` on ``data``.
+    """Step 3: build and train ``kind`` in ``{"popt", "mlp", "hi", "cells"}`` on ``data``.
 
-    ``preset`` picks POPT's network and the loop settings (:data:`~dmimo_jax.learning.train.PRESETS`);
+    ``preset`` picks POPT's network and the loop settings (:data:`~dmimo_jax.learning.presets.PRESETS`);
     ``config`` / ``network`` override them. Returns the :class:`~dmimo_jax.learning.train.TrainResult`.
     """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
-    p = PRESETS[preset]
+    p = get_preset(preset)
     config = config or p.train
     rngs = nnx.Rngs(seed)
     low, high = scene.ue_low, scene.ue_high
@@ -125,74 +139,47 @@ def train_estimator(
     elif kind == "mlp":
         net = MLPRegressor(scene.num_aps, network or MLPConfig(), low=low, high=high, rngs=rngs)
     elif kind == "hi":
-        cfg = network or MLPConfig()
-        n_max = hyperbola.max_ambiguity(scene.ap_positions, float(scene.wavelength), cfg.reference)
-        net = AmbiguityClassifier(
-            scene.num_aps,
-            cfg,
-            ap_positions=scene.ap_positions,
-            wavelength=float(scene.wavelength),
-            n_max=n_max,
-            rngs=rngs,
-        )
+        net = AmbiguityClassifier.for_scene(scene, network or MLPConfig(), rngs=rngs)
+    elif kind == "cells":
+        c = p.cells
+        cells = cell_grid(scene, c.cell_size)
+        net = CellClassifier(scene.num_aps, network or c.network, cells=cells, rngs=rngs)
+        config = config if config is not None and config is not p.train else c.train
     else:
-        raise ValueError(f"kind must be 'popt', 'mlp' or 'hi', got {kind!r}")
-    return train(net, data, config, checkpoint_dir=checkpoint_dir, progress=progress)
-
-
-class HIEstimator:
-    """The HI benchmark's coarse stage: ambiguity classifier + hyperboloid intersection.
-
-    Args:
-        classifier: a trained :class:`~dmimo_jax.learning.mlp.AmbiguityClassifier`.
-        scene: gives the UE region (the solver's starts).
-    """
-
-    def __init__(self, classifier: AmbiguityClassifier, scene: Scene):
-        self.classifier = classifier
-        self.num_aps = classifier.num_aps
-        self.starts = hyperbola.default_starts(scene.ue_low, scene.ue_high)
-        self.low, self.high = jnp.asarray(scene.ue_low), jnp.asarray(scene.ue_high)
-
-    def __call__(self, r: ArrayLike) -> Array:
-        """Positions (B, 3), projected onto the UE region: with wrong integers the
-        hyperboloids need not meet, and the unconstrained least-squares point can lie
-        kilometres away (measured: a coarse RMSE of 1.6e7 m over 1280 UEs unprojected)."""
-        r = jnp.asarray(r)
-        n = self.classifier.predict(r)
-        ap = jnp.asarray(self.classifier.ap_positions[...], self.starts.dtype)
-        x = hyperbola.estimate(
-            r,
-            n,
-            ap,
-            self.classifier.wavelength,
-            self.starts,
-            reference=self.classifier.config.reference,
-        )
-        return jnp.clip(x, self.low[None, :], self.high[None, :])
-
-
-_JITTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        raise ValueError(f"kind must be 'popt', 'mlp', 'hi' or 'cells', got {kind!r}")
+    return train(
+        net,
+        data,
+        config,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        on_epoch_end=on_epoch_end,
+    )
 
 
 def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
     """Online step 1: (B, 3) float64 positions from a trained estimator (POPT, MLP or HI).
 
-    A Flax network is run through :func:`~dmimo_jax.learning.nets.inference_fn` (jitted
-    once per network object, weights as constants).
+    A Flax network runs as a pure jitted function of its current state (split on every
+    call, so further training of the network is always seen; nothing is cached here
+    beyond JAX's own compilation cache, keyed by the network's structure).
     """
     r = jnp.asarray(r)
     r = r[None, :] if r.ndim == 1 else r
     num_aps = getattr(estimator, "num_aps", None)
     if num_aps is not None:
         check_phases("r", r, num_aps, batched=True)
-    fn = estimator
     if isinstance(estimator, nnx.Module):
-        fn = _JITTED.get(estimator)
-        if fn is None:
-            fn = _JITTED[estimator] = inference_fn(estimator)
-        r = r.astype(jnp.float32)
-    return jnp.asarray(fn(r), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+        graphdef, state = nnx.split(estimator)
+        out = _apply_network(graphdef, state, r.astype(jnp.float32))
+    else:
+        out = estimator(r)
+    return jnp.asarray(out, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
+
+
+@partial(jax.jit, static_argnums=(0,))
+def _apply_network(graphdef: Any, state: Any, r: Array) -> Array:
+    return nnx.merge(graphdef, state)(r)
 
 
 def search_radius(
@@ -221,8 +208,9 @@ class Offline(NamedTuple):
     table: PhasorTable  # lambda/4 phasor table of ``screen`` over the UE region (wide windows)
     estimators: dict  # kind -> coarse estimator (POPT / MLP network, HIEstimator)
     radii: dict  # kind -> safeguard radius, m
-    info: dict  # kind -> training record (history, seconds, samples/s, validation RMSE)
+    info: dict  # kind -> training record (history, validation RMSE and max, radius)
     cache: pathlib.Path  # the folder of this configuration
+    cells: CellTable | None = None  # the cell table of the "cells" estimator's screen
 
 
 def _config_key(scene: Scene, x: Array, r: Array, config: dict) -> str:
@@ -245,6 +233,8 @@ def run_offline(
     cache_dir: str | pathlib.Path = "cache",
     seed: int = 0,
     progress: bool = True,
+    on_epoch_end: Any = None,
+    cells: CellsPreset | None = None,
 ) -> Offline:
     """Steps 1-4 for the estimators ``kinds``, cached by a key of their configuration.
 
@@ -257,18 +247,19 @@ def run_offline(
         x, r, noise_var: the L labeled snapshots (positions, wrapped phases, noise variances).
         scene: geometry and wavelength (its permittivity is not used).
         kinds: estimators to train, from ``{"popt", "mlp", "hi"}``.
-        preset: ``"cpu"`` or ``"paper"`` (:data:`~dmimo_jax.learning.train.PRESETS`).
+        preset: ``"cpu"`` or ``"paper"`` (:data:`~dmimo_jax.learning.presets.PRESETS`).
         num_samples: synthetic set size (default: the preset's).
         cache_dir: root of the cache.
         seed: seeds the synthetic set and the initializations.
         progress: tqdm bars.
+        on_epoch_end: passed to :func:`~dmimo_jax.learning.train` (e.g. to stop at an
+            epoch boundary when a time budget is spent; the next call resumes).
+        cells: the cell classifier's settings (default: the preset's ``cells``).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    p = get_preset(preset)
     for kind in kinds:
-        if kind not in ("popt", "mlp", "hi"):
-            raise ValueError(f"kinds must be from ('popt', 'mlp', 'hi'), got {kind!r}")
-    p = PRESETS[preset]
+        if kind not in KINDS:
+            raise ValueError(f"kinds must be from {KINDS}, got {kind!r}")
     num = p.num_samples if num_samples is None else int(num_samples)
     x, r = jnp.asarray(x), jnp.asarray(r)
     model = fit_phase_model(x, r, noise_var, scene)
@@ -284,11 +275,20 @@ def run_offline(
     folder = pathlib.Path(cache_dir) / _config_key(scene, x, r, config)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
+    estimators, radii, info = {}, {}, {}
+    cells = None
+    if "cells" in kinds:
+        settings = get_preset(preset).cells if cells is None else cells
+        net, meta, cells = _offline_cells(
+            folder, screen, scene, settings, seed, progress, on_epoch_end
+        )
+        estimators["cells"], radii["cells"], info["cells"] = net, float(meta["radius"]), meta
+    if not [k for k in kinds if k != "cells"]:
+        return Offline(model, screen, table, estimators, radii, info, folder, cells)
     data = make_training_set(folder / "data", jax.random.key(seed), model, num, progress=progress)
     n_val = max(1, int(round(p.train.val_fraction * num)))
     val = slice(num - min(n_val, 4096), num)
-    estimators, radii, info = {}, {}, {}
-    for kind in kinds:
+    for kind in (k for k in kinds if k != "cells"):
         out = folder / kind / "model"
         if (out / "spec.json").is_file():
             net, meta = load_model(out)
@@ -301,11 +301,10 @@ def run_offline(
                 checkpoint_dir=folder / kind / "ckpt",
                 seed=seed,
                 progress=progress,
+                on_epoch_end=on_epoch_end,
             )
             net = res.model
-            meta = dict(
-                history=res.history, seconds=res.seconds, samples_per_second=res.samples_per_second
-            )
+            meta = dict(history=res.history)
             est = HIEstimator(net, scene) if kind == "hi" else net
             xv, rv = np.asarray(data.x[val]), np.asarray(data.r[val])
             err = np.linalg.norm(np.asarray(coarse_estimate(est, rv)) - xv, axis=-1)
@@ -318,7 +317,51 @@ def run_offline(
         estimators[kind] = HIEstimator(net, scene) if kind == "hi" else net
         radii[kind] = float(meta["radius"])
         info[kind] = meta
-    return Offline(model, screen, table, estimators, radii, info, folder)
+    return Offline(model, screen, table, estimators, radii, info, folder, cells)
+
+
+def _offline_cells(folder, screen, scene, c, seed, progress, on_epoch_end):
+    """The cell classifier of settings ``c`` (its own synthetic set from the tabulated GP
+    mean, cached under ``folder/cells-<hash of its settings>``) and the cell table."""
+    settings = dataclasses.asdict(c)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    sub = folder / f"cells-{digest}"
+    sub.mkdir(parents=True, exist_ok=True)
+    (sub / "config.json").write_text(json.dumps(settings, indent=1))
+    out = sub / "model"
+    if (out / "spec.json").is_file():
+        net, meta = load_model(out)
+    else:
+        # the tabulated GP mean synthesizes ~100x faster than the exact GP (same mean to
+        # ~1e-4 rad): the classifier needs about a million samples
+        data = make_training_set(
+            sub / "data",
+            jax.random.key(seed + 1),
+            screen,
+            c.num_samples,
+            chunk_size=65536,
+            progress=progress,
+        )
+        net = CellClassifier(
+            scene.num_aps, c.network, cells=cell_grid(scene, c.cell_size), rngs=nnx.Rngs(seed)
+        )
+        res = train(
+            net,
+            data,
+            c.train,
+            checkpoint_dir=sub / "ckpt",
+            progress=progress,
+            on_epoch_end=on_epoch_end,
+        )
+        net = res.model
+        n_val = max(1, int(round(c.train.val_fraction * c.num_samples)))
+        xv = np.asarray(data.x[c.num_samples - n_val :])
+        rv = np.asarray(data.r[c.num_samples - n_val :])
+        miss = np.asarray(net.error(rv, xv))
+        meta = dict(history=res.history, val_top_k_miss=float(miss.mean()), radius=c.cell_size)
+        save_model(out, net, meta=meta)
+    table = cell_table(screen, cell_grid(scene, c.cell_size))  # float64 corners
+    return net, meta, table
 
 
 # ----------------------------------------------------------------------------- online
@@ -332,104 +375,12 @@ class OnlineResult(NamedTuple):
     cpo: Array  # (B,) CPO estimate at the fine estimate
 
 
-def _window_offsets(radius: float, spacing: float) -> np.ndarray:
-    n = int(np.ceil(radius / spacing))
-    axis = np.arange(-n, n + 1) * spacing
-    return np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)
-
-
-def window_search(
-    r: ArrayLike,
-    model: Any,
-    x_coarse: ArrayLike,
-    *,
-    radius: float,
-    spacing: float | None = None,
-    num_starts: int = 8,
-    num_steps: int = 15,
-    region: tuple[ArrayLike, ArrayLike] | None = None,
-    table: PhasorTable | None = None,
-) -> Array:
-    """Online step 2, the safeguard: best LS point near each coarse estimate (B, 3).
-
-    When a ``table`` of ``model`` is given and the window would hold more than 1/16 of
-    the table's points, the window is the whole table: the search becomes the
-    hierarchical search :func:`~dmimo_jax.estimators.coarse_to_fine` (coherence screen of
-    the table, then the same multi-start refinement), which costs a few ms per snapshot
-    whatever the radius. A coarse estimator that is no better than the region's size then
-    adds nothing, and the result says so through the radius it was given.
-
-    Args:
-        r: (B, M) wrapped phases.
-        model: a cheap PhaseModel (e.g. :class:`~dmimo_jax.gp.TabulatedGPModel`).
-        x_coarse: (B, 3) coarse estimates.
-        radius: half-width of the window cube, m.
-        spacing: window grid spacing (default lambda / 4 of the model's scene).
-        num_starts: window points that start a Levenberg-Marquardt refinement.
-        num_steps: LM steps per start.
-        region: (low, high) box the window is clipped to (default the scene's UE region
-            widened by 0.25 m).
-        table: optional :class:`~dmimo_jax.estimators.PhasorTable` of ``model`` (see above).
-    """
-    scene = model.scene
-    r = jnp.asarray(r)
-    r = r[None, :] if r.ndim == 1 else r
-    check_phases("r", r, model.num_aps, batched=True)
-    x_coarse = jnp.asarray(x_coarse, r.dtype).reshape(-1, 3)
-    if not bool(jnp.all(jnp.isfinite(x_coarse))):
-        raise ValueError("x_coarse contains non-finite positions")
-    if x_coarse.shape[0] != r.shape[0]:
-        raise ValueError(
-            f"x_coarse must have {r.shape[0]} rows to match r, got {x_coarse.shape[0]}"
-        )
-    spacing = float(scene.wavelength) / 4 if spacing is None else float(spacing)
-    if not (radius > 0 and spacing > 0):
-        raise ValueError(f"radius and spacing must be > 0, got {radius}, {spacing}")
-    if region is None:
-        low, high = jnp.asarray(scene.ue_low) - 0.25, jnp.asarray(scene.ue_high) + 0.25
-    else:
-        low, high = (jnp.asarray(v, r.dtype) for v in region)
-    # a window wider than the region adds nothing: cap the radius at the region's extent
-    radius = min(float(radius), float(jnp.max(high - low)))
-    count = (2 * int(np.ceil(radius / spacing)) + 1) ** 3
-    if not (isinstance(num_starts, int) and 1 <= num_starts <= count):
-        raise ValueError(f"num_starts must be an int in [1, {count}], got {num_starts!r}")
-    # the table's coherence screen costs ~1/30 of a direct model evaluation per point
-    # (measured): past 1/16 of the table's size, screening all of it is the cheaper window
-    if table is not None and 16 * count >= table.grid.size:
-        return coarse_to_fine(r, model, table, num_starts=num_starts, num_steps=num_steps).x
-    if count > 2_000_000:
-        raise ValueError(
-            f"radius={radius:.3g} m at spacing {spacing:.3g} m is a {count}-point window per "
-            "snapshot; pass table= (a PhasorTable of the model) for wide windows"
-        )
-    offsets = jnp.asarray(_window_offsets(radius, spacing), r.dtype)
-    return _window_search(r, model, x_coarse, offsets, low, high, num_starts, num_steps)
-
-
-@partial(jax.jit, static_argnums=(6, 7))
-def _window_search(r, model, x_coarse, offsets, low, high, k, num_steps):
-    def one(args):
-        ri, xi = args
-        centre = jnp.clip(xi, low, high)  # a coarse estimate may lie outside the region
-        pts = jnp.clip(centre[None, :] + offsets, low[None, :], high[None, :])
-        cost = jax.vmap(lambda p: jnp.sum(compressed_residuals(ri, model.mean(p)) ** 2))(pts)
-        _, idx = jax.lax.top_k(-cost, k)
-        fine = _refine_batch(
-            pts[idx], jnp.broadcast_to(ri, (k, ri.shape[0])), model, num_steps, 1e-3
-        )
-        c = jnp.where(jnp.isfinite(fine.cost), fine.cost, jnp.inf)
-        return fine.x[jnp.argmin(c)]
-
-    return jax.lax.map(one, (r, x_coarse))
-
-
 def locate(
     r: ArrayLike,
     estimator: Any,
-    model: Any,
+    model: PhaseModel,
     *,
-    screen: Any | None = None,
+    screen: PhaseModel | None = None,
     radius: float = 0.5,
     spacing: float | None = None,
     num_starts: int = 8,
@@ -460,5 +411,103 @@ def locate(
     xs = window_search(
         r, screen, x0, radius=radius, spacing=spacing, num_starts=num_starts, table=table
     )
-    fine = _refine_batch(xs, r, model, refine_steps, 1e-3)
+    fine = refine_batch(xs, r, model, num_steps=refine_steps)
     return OnlineResult(x0, xs, fine.x, fine.cost, fine.cpo)
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+class CandidateOnlineResult(NamedTuple):
+    """Output of :func:`locate_candidates` (leading batch axis B)."""
+
+    cells: Array  # (B, K) candidate cells, most likely first
+    mass: Array  # (B,) their total probability (the confidence signal)
+    fallback: Array  # (B,) bool: screened over the whole region instead
+    screened: Array  # (B, 3) best point of the candidate screen (or the fallback)
+    fine: Array  # (B, 3) after the final exact refinement steps
+    cost: Array  # (B,) ML cost (eq. 17) of ``fine`` under the exact model
+    cpo: Array  # (B,) CPO estimate at ``fine``
+
+
+def cell_probabilities(classifier: nnx.Module, r: ArrayLike, k: int) -> tuple[Array, Array]:
+    """The ``k`` most likely cells (B, k) of a :class:`~dmimo_jax.learning.cells.CellClassifier`
+    and their total probability (B,), run as one jitted pure function of the current weights."""
+    r = jnp.asarray(r)
+    r = r[None, :] if r.ndim == 1 else r
+    check_phases("r", r, classifier.num_aps, batched=True)
+    graphdef, state = nnx.split(classifier)
+    return _top_cells(graphdef, state, r.astype(jnp.float32), k)
+
+
+@partial(jax.jit, static_argnums=(0, 3))
+def _top_cells(graphdef: Any, state: Any, r: Array, k: int) -> tuple[Array, Array]:
+    return nnx.merge(graphdef, state).top_cells(r, k)
+
+
+def locate_candidates(
+    r: ArrayLike,
+    classifier: nnx.Module,
+    model: PhaseModel,
+    *,
+    screen: PhaseModel,
+    table: CellTable,
+    fallback_table: PhasorTable | None = None,
+    num_cells: int = 8,
+    min_mass: float = 0.99,
+    num_starts: int = 4,
+    screen_steps: int = 8,
+    fine_steps: int = 2,
+) -> CandidateOnlineResult:
+    """The online stage with a cell classifier: candidates -> cell screen -> exact steps.
+
+    1. the classifier's ``num_cells`` most likely cells and their probability mass;
+    2. snapshots whose mass is at least ``min_mass`` are screened in those cells
+       (:func:`~dmimo_jax.estimators.candidate_search` under the cheap ``screen`` model,
+       ``num_starts`` refinements of ``screen_steps``); the others fall back to the
+       whole-region hierarchical screen (:func:`~dmimo_jax.estimators.coarse_to_fine` on
+       ``fallback_table``);
+    3. ``fine_steps`` Levenberg-Marquardt steps under the exact ``model`` finish (the
+       screen's refinement already sits in the right basin, within the tabulation error).
+
+    Raises:
+        ValueError: a fallback is needed and no ``fallback_table`` was given, or bad input.
+    """
+    r = jnp.asarray(r)
+    r = r[None, :] if r.ndim == 1 else r
+    check_phases("r", r, model.num_aps, batched=True)
+    if classifier.num_aps != model.num_aps:
+        raise ValueError(
+            f"classifier was trained for {classifier.num_aps} APs, the model has {model.num_aps}"
+        )
+    own, used = classifier.cells, table.cells
+    if own.shape != used.shape or not (
+        np.allclose(np.asarray(own.low), np.asarray(used.low), atol=1e-4)
+        and abs(own.cell_size - used.cell_size) < 1e-9
+    ):
+        raise ValueError(
+            "classifier was trained for another scene or partition: its cells "
+            f"{own.shape} of {own.cell_size} m from {np.asarray(own.low)}, the table's "
+            f"{used.shape} of {used.cell_size} m from {np.asarray(used.low)}"
+        )
+    cells, mass = cell_probabilities(classifier, r, num_cells)
+    fallback = np.asarray(mass) < min_mass
+    r64 = r.astype(jnp.result_type(float))
+    xs = jnp.zeros((r.shape[0], 3), r64.dtype)
+    ok = np.flatnonzero(~fallback)
+    if ok.size:
+        found = candidate_search(
+            r64[ok], screen, table, cells[ok], num_starts=num_starts, num_steps=screen_steps
+        )
+        xs = xs.at[ok].set(found.x)
+    bad = np.flatnonzero(fallback)
+    if bad.size:
+        if fallback_table is None:
+            raise ValueError(
+                f"{bad.size} snapshots fell below min_mass={min_mass}; pass fallback_table"
+            )
+        xs = xs.at[bad].set(coarse_to_fine(r64[bad], screen, fallback_table).x)
+    fine = refine_batch(xs, r64, model, num_steps=fine_steps)
+    return CandidateOnlineResult(
+        cells, mass, jnp.asarray(fallback), xs, fine.x, fine.cost, fine.cpo
+    )

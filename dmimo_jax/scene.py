@@ -7,7 +7,6 @@ transmit power P and complex noise power :math:`\sigma_w^2 = k_B T W \cdot NF`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from importlib import resources
 from typing import Any, Literal
@@ -18,8 +17,9 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_finite, is_concrete
+from dmimo_jax._checks import check_finite, check_int, check_permittivity, is_concrete
 from dmimo_jax.materials import Convention, is_perfect_conductor, relative_permittivity
+from dmimo_jax.pytree import pytree_dataclass, static_field
 
 __all__ = [
     "Scene",
@@ -49,8 +49,7 @@ def _complex_dtype(float_dtype: Any) -> Any:
     return jnp.complex128 if jnp.dtype(float_dtype) == jnp.float64 else jnp.complex64
 
 
-@jax.tree_util.register_pytree_with_keys_class
-@dataclasses.dataclass(frozen=True, init=False, repr=False, eq=False)
+@pytree_dataclass(init=False)
 class Scene:
     r"""A D-MIMO deployment over a reflecting ground plane (a JAX pytree).
 
@@ -79,8 +78,8 @@ class Scene:
     ue_low: Array
     ue_high: Array
     room_size: Array
-    polarization: Polarization
-    perfect_conductor: bool
+    polarization: Polarization = static_field()
+    perfect_conductor: bool = static_field()
 
     _LEAVES = (
         "ap_positions",
@@ -115,6 +114,9 @@ class Scene:
         ap = jnp.asarray(ap_positions, fdt)
         if ap.ndim != 2 or ap.shape[-1] != 3 or ap.shape[0] < 1:
             raise ValueError(f"ap_positions must have shape (M, 3) with M >= 1, got {ap.shape}")
+        for name, v in (("ue_low", ue_low), ("ue_high", ue_high), ("room_size", room_size)):
+            if v is not None and np.shape(v) != (3,):
+                raise ValueError(f"{name} must have shape (3,), got {np.shape(v)}")
         if room_size is None:
             room_size = jnp.maximum(jnp.asarray(ue_high, fdt), jnp.max(ap, axis=0))
         values = {
@@ -153,25 +155,15 @@ class Scene:
         for name in ("wavelength", "tx_power", "noise_power"):
             if float(getattr(self, name)) <= 0:
                 raise ValueError(f"{name} must be positive, got {float(getattr(self, name))!r}")
+        if not self.perfect_conductor:
+            check_permittivity("eps_r", self.eps_r)
+        if np.any(np.asarray(self.room_size) <= 0):
+            raise ValueError(f"room_size must be positive (m), got {np.asarray(self.room_size)}")
         low, high = np.asarray(self.ue_low), np.asarray(self.ue_high)
         if np.any(low > high):
             raise ValueError(f"ue_low must be <= ue_high elementwise, got {low} and {high}")
         if low[2] <= 0:
             raise ValueError(f"ue_low[2] must be > 0 (UEs above the ground), got {low[2]}")
-
-    # -- pytree protocol (unflatten bypasses __init__ so transforms can carry any leaf) --
-    def tree_flatten_with_keys(self):
-        children = tuple((jax.tree_util.GetAttrKey(k), getattr(self, k)) for k in self._LEAVES)
-        return children, (self.polarization, self.perfect_conductor)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        for k, v in zip(cls._LEAVES, children, strict=True):
-            object.__setattr__(obj, k, v)
-        object.__setattr__(obj, "polarization", aux[0])
-        object.__setattr__(obj, "perfect_conductor", aux[1])
-        return obj
 
     # -- conveniences --
     @property
@@ -236,8 +228,11 @@ def thermal_noise_power(
         1.4373
     """
     for name, v in (("bandwidth_hz", bandwidth_hz), ("temperature_k", temperature_k)):
-        if not v > 0:
-            raise ValueError(f"{name} must be positive, got {v!r}")
+        if not (np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be positive and finite, got {v!r}")
+    for name, v in (("noise_figure_db", noise_figure_db), ("boltzmann", boltzmann)):
+        if not np.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {v!r}")
     return boltzmann * temperature_k * bandwidth_hz * 10.0 ** (noise_figure_db / 10.0)
 
 
@@ -266,8 +261,13 @@ def sample_ap_positions(
     """
     if num_aps < 1:
         raise ValueError(f"num_aps must be >= 1, got {num_aps}")
-    if height <= 0:
-        raise ValueError(f"height must be > 0 m (APs above the ground), got {height}")
+    if not (np.isfinite(height) and height > 0):
+        raise ValueError(f"height must be finite and > 0 m (APs above the ground), got {height}")
+    if not (np.isfinite(min_separation) and min_separation >= 0 and np.isfinite(margin)):
+        raise ValueError(
+            f"min_separation and margin must be finite, min_separation >= 0, got "
+            f"{min_separation}, {margin}"
+        )
     lx, ly = room_size
     if not (lx > 2 * margin and ly > 2 * margin):
         raise ValueError(f"room_size {room_size} must exceed 2 * margin = {2 * margin}")
@@ -294,6 +294,7 @@ def sample_ap_positions(
 
 def sample_positions(key: Array, num: int, scene: Scene) -> Array:
     """``num`` UE positions uniform in the scene's box ``[ue_low, ue_high]``, shape (num, 3)."""
+    check_int("num", num)
     u = jax.random.uniform(key, (num, 3), dtype=scene.ue_low.dtype)
     return scene.ue_low[None, :] + u * (scene.ue_high - scene.ue_low)[None, :]
 

@@ -33,12 +33,13 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _output import pyplot, save_figure, write_json  # noqa: E402
+from _helpers import pyplot, save_figure, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax.learning import synthesize  # noqa: E402
 from dmimo_jax.learning.popt import POPT  # noqa: E402
-from dmimo_jax.learning.train import PRESETS, TrainConfig, train  # noqa: E402
+from dmimo_jax.learning.presets import PRESETS  # noqa: E402
+from dmimo_jax.learning.train import TrainConfig, train  # noqa: E402
 
 CENTRE = np.array([6.5, 5.0, 2.0])
 
@@ -79,7 +80,7 @@ def main(argv=None) -> list[dict]:
         test = synthesize(k_test, truth, args.num_test, region=(low, high))
         net = POPT(scene.num_aps, preset.popt, low=low, high=high, rngs=nnx.Rngs(args.seed))
         t0 = time.perf_counter()
-        res = train(net, data, config)
+        train(net, data, config)
         seconds = time.perf_counter() - t0
         err = np.asarray(net.error(jnp.asarray(test.r), jnp.asarray(test.x)), np.float64)
         centre_rmse = float(np.sqrt(np.mean(np.sum((np.asarray(test.x) - CENTRE) ** 2, -1))))
@@ -93,7 +94,10 @@ def main(argv=None) -> list[dict]:
                 within_10cm=float(np.mean(err < 0.1)),
                 centre_rmse_m=centre_rmse,
                 train_seconds=seconds,
-                samples_per_second=res.history[-1]["samples_per_second"],
+                samples_per_second=config.epochs
+                * len(data.x)
+                * (1 - config.val_fraction)
+                / seconds,
             )
         )
         store.write_text(json.dumps(rows, indent=1))

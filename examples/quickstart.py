@@ -1,10 +1,13 @@
 """dmimo_jax quickstart: the whole offline/online method on the paper's scene, in minutes.
 
 Offline: L labeled snapshots of the true two-ray channel -> the shared GP phase model
-(eqs. 23-25) -> a synthetic training set (eq. 26) -> POPT trained with the ``cpu`` preset
-(cached: a second run loads it). Online, on random test snapshots: POPT's coarse estimate
--> the safeguard window -> refinement with the GP PhaseModel, next to the matched MLE
-(lambda/8 EGS + refinement with the true analytic model) and the PEB.
+(eqs. 23-25) and its tabulated mean -> a synthetic training set (eq. 26) -> the learned
+coarse stage (a cell classifier over the 1 m cells of the UE region, beyond the paper;
+``quick`` preset, cached: a second run loads it). Online, on random test snapshots: the
+16 most likely cells -> a screen of those cells with the tabulated GP -> two exact GP
+refinement steps, next to the matched MLE (lambda/8 EGS + refinement with the true
+analytic model) and the PEB. The paper's POPT (MAE regression) is in
+``benchmarks/online_latency.py`` and ``examples/paper/``.
 
     python examples/quickstart.py
     python examples/quickstart.py --material wood --power-dbm -20 --num-train 100 --json out/q.json
@@ -13,6 +16,7 @@ Offline: L labeled snapshots of the true two-ray channel -> the shared GP phase 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 import time
@@ -24,19 +28,22 @@ jax.config.update("jax_enable_x64", True)  # physics and estimation in float64 (
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _localization import (  # noqa: E402
+from _helpers import (  # noqa: E402
     MLE,
-    Learned,
+    Candidates,
     labeled_snapshots,
     plot_cdfs,
     print_rows,
+    pyplot,
     row,
+    save_figure,
     test_snapshots,
+    write_json,
 )
-from _output import pyplot, save_figure, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402
+from dmimo_jax.learning import get_preset  # noqa: E402
 
 
 def main(argv=None) -> list[dict]:
@@ -46,7 +53,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--num-train", type=int, default=50, help="L, labeled GP snapshots")
     ap.add_argument("--num-test", type=int, default=256)
     ap.add_argument("--num-samples", type=int, default=None, help="synthetic set (default: preset)")
-    ap.add_argument("--preset", default="cpu", choices=["cpu", "paper"])
+    ap.add_argument("--preset", default="quick", choices=["quick", "cpu", "paper"])
+    ap.add_argument("--num-cells", type=int, default=16, help="candidate cells per snapshot")
+    ap.add_argument("--min-mass", type=float, default=0.5, help="fallback below this mass")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", type=pathlib.Path, default=pathlib.Path("cache"))
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/quickstart"))
@@ -56,23 +65,30 @@ def main(argv=None) -> list[dict]:
 
     scene = dj.paper_scene(args.power_dbm, args.material)
     print(f"dmimo_jax {dj.__version__} on {jax.devices()[0].platform}: {scene}")
-    print(f"[1/4] offline: L = {args.num_train} labeled snapshots -> GP -> synthetic set -> POPT")
+    print(f"[1/4] offline: L = {args.num_train} labeled snapshots -> GP -> synthetic set -> cells")
     x, r, nv = labeled_snapshots(scene, args.num_train, args.seed)
+    cells = get_preset(args.preset).cells
+    if args.num_samples is not None:  # a smaller synthetic set (and minibatch) for smoke runs
+        n = args.num_samples
+        train_cfg = dataclasses.replace(
+            cells.train, batch_size=min(cells.train.batch_size, n // 10)
+        )
+        cells = dataclasses.replace(cells, num_samples=n, train=train_cfg)
     off = pipeline.run_offline(
         x,
         r,
         nv,
         scene,
-        kinds=("popt",),
+        kinds=("cells",),
         preset=args.preset,
-        num_samples=args.num_samples,
+        cells=cells,
         cache_dir=args.cache,
         seed=args.seed,
     )
-    info = off.info["popt"]
+    info = off.info["cells"]
     print(
-        f"      cache {off.cache}; POPT validation RMSE {info['val_rmse_m']:.3f} m, "
-        f"safeguard radius {off.radii['popt']:.2f} m"
+        f"      cache {off.cache}; cell classifier validation top-"
+        f"{off.estimators['cells'].config.top_k} miss rate {info['val_top_k_miss']:.4f}"
     )
 
     print(f"[2/4] {args.num_test} random test snapshots, PEB")
@@ -84,17 +100,20 @@ def main(argv=None) -> list[dict]:
     mle = MLE(scene, float(scene.wavelength) / 8)
     rows = [row("MLE (l/8, matched)", xt, *mle(rt), pebs, time.perf_counter() - t0)]
 
-    print("[4/4] POPT -> safeguard -> refinement with the GP PhaseModel")
+    print(f"[4/4] top-{args.num_cells} cells -> cell screen -> 2 exact GP refinement steps")
     t0 = time.perf_counter()
+    learned = Candidates(off, num_cells=args.num_cells, min_mass=args.min_mass)
     rows.append(
         row(
-            f"POPT ({args.preset}) + GP",
+            f"cells ({args.preset}) + GP",
             xt,
-            *Learned(off, "popt")(rt),
+            *learned(rt, xt),
             pebs,
             time.perf_counter() - t0,
         )
     )
+    rows[-1].update(learned.stats)
+    mle_ms = rows[0]["ms_per_snapshot"]
     wall = time.perf_counter() - t_start
     for rw in rows:
         rw.update(
@@ -102,7 +121,15 @@ def main(argv=None) -> list[dict]:
         )
     print()
     print_rows(rows)
-    print(f"\nwall time {wall:.1f} s")
+    st = learned.stats
+    print(
+        f"\nlearned stage: cell recall {st['cell_recall']:.4f} (true cell among the "
+        f"{args.num_cells} candidates), fallback {st['fallback_fraction']:.4f}; ms per "
+        f"snapshot: coarse {st['ms_coarse']:.3f}, safeguard {st['ms_safeguard']:.3f}, "
+        f"fine {st['ms_fine']:.3f}; {mle_ms / rows[-1]['ms_per_snapshot']:.1f}x faster "
+        "than the MLE"
+    )
+    print(f"wall time {wall:.1f} s")
     plt = pyplot()
     if plt is not None:
         args.out.mkdir(parents=True, exist_ok=True)

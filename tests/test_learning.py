@@ -17,10 +17,12 @@ import dmimo_jax as dj
 from dmimo_jax import complexity
 from dmimo_jax.estimators import hyperbola
 from dmimo_jax.learning import synthesize
-from dmimo_jax.learning.mlp import AmbiguityClassifier, MLPConfig, MLPRegressor
+from dmimo_jax.learning.hi import AmbiguityClassifier
+from dmimo_jax.learning.io import load_model, save_model
+from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
 from dmimo_jax.learning.nets import differential_inputs, functional
 from dmimo_jax.learning.popt import POPT, POPTConfig
-from dmimo_jax.learning.train import TrainConfig, load_model, save_model, train
+from dmimo_jax.learning.train import TrainConfig, train
 
 SCENE = dj.paper_scene()
 LOW, HIGH = SCENE.ue_low, SCENE.ue_high

@@ -80,6 +80,7 @@ class HalfVarianceModel:
     """A user-defined PhaseModel: two-ray mean, quarter variance (duck typing)."""
 
     def __init__(self, scene):
+        self.scene = scene
         self.inner = dj.TwoRayModel(scene)
         self.num_aps = scene.num_aps
 

@@ -10,7 +10,8 @@ import dmimo_jax as dj
 from dmimo_jax import gp, pipeline
 from dmimo_jax.estimators import phasor_table, refine_batch, search_grid
 from dmimo_jax.learning import synthesize
-from dmimo_jax.learning.mlp import AmbiguityClassifier, MLPConfig
+from dmimo_jax.learning.hi import AmbiguityClassifier
+from dmimo_jax.learning.mlp import MLPConfig
 from dmimo_jax.learning.popt import POPT, POPTConfig
 
 SCENE = dj.paper_scene(-10.0, "concrete")

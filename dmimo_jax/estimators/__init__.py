@@ -1,5 +1,22 @@
-"""Position estimators: the model-based MLE (Sec. II-D) and its grid search."""
+"""Position estimators: the model-based MLE (Sec. II-D), its grid searches, the safeguard
+window, the one Levenberg-Marquardt solver and the HI geometry (Sec. IV-B).
 
+* :mod:`~dmimo_jax.estimators.mle`: CPO compression, ML/LS costs, refinement;
+* :mod:`~dmimo_jax.estimators.lm`: the Levenberg-Marquardt solver (MLE and HI);
+* :mod:`~dmimo_jax.estimators.grid`: grids, phasor table, EGS, ``coarse_to_fine``;
+* :mod:`~dmimo_jax.estimators.window`: the online safeguard ``window_search``;
+* :mod:`~dmimo_jax.estimators.hyperbola`: hyperboloid residuals and their intersection.
+"""
+
+from dmimo_jax.estimators import hyperbola
+from dmimo_jax.estimators.candidates import (
+    CandidateResult,
+    CellGrid,
+    CellTable,
+    candidate_search,
+    cell_grid,
+    cell_table,
+)
 from dmimo_jax.estimators.grid import (
     CoarseToFineResult,
     EgsResult,
@@ -12,7 +29,9 @@ from dmimo_jax.estimators.grid import (
     phasor_table,
     search_grid,
 )
+from dmimo_jax.estimators.lm import LMResult, levenberg_marquardt
 from dmimo_jax.estimators.mle import (
+    MultiStartResult,
     RefineResult,
     compressed_residuals,
     cpo_estimate,
@@ -20,26 +39,40 @@ from dmimo_jax.estimators.mle import (
     ml_cost,
     refine,
     refine_batch,
+    refine_multistart,
     wrap_corrected_residuals,
 )
+from dmimo_jax.estimators.window import window_search
 
 __all__ = [
+    "CandidateResult",
+    "CellGrid",
+    "CellTable",
+    "candidate_search",
+    "cell_grid",
+    "cell_table",
+    "CoarseToFineResult",
     "EgsResult",
     "Grid",
-    "egs",
-    "grid_points",
-    "make_grid",
-    "phasor_table",
+    "LMResult",
+    "MultiStartResult",
     "PhasorTable",
-    "search_grid",
-    "coarse_to_fine",
-    "CoarseToFineResult",
     "RefineResult",
+    "coarse_to_fine",
     "compressed_residuals",
     "cpo_estimate",
+    "egs",
+    "grid_points",
+    "hyperbola",
+    "levenberg_marquardt",
     "ls_cost",
+    "make_grid",
     "ml_cost",
+    "phasor_table",
     "refine",
     "refine_batch",
+    "refine_multistart",
+    "search_grid",
+    "window_search",
     "wrap_corrected_residuals",
 ]

@@ -31,7 +31,6 @@ and the final costs are float64.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from functools import partial
 from typing import Any, NamedTuple
@@ -44,12 +43,21 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_finite, check_phases
-from dmimo_jax.estimators.mle import RefineResult, _refine_batch, compressed_residuals
-from dmimo_jax.physics import as_phase_model
+from dmimo_jax._checks import (
+    check_finite,
+    check_num_aps,
+    check_phases,
+    is_concrete,
+    warn_if_float32,
+)
+from dmimo_jax.estimators.mle import check_lm_settings, compressed_residuals, refine_multistart
+from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.pytree import pytree_dataclass, static_field
+from dmimo_jax.scene import Scene
 
 __all__ = [
     "Grid",
+    "as_spacing",
     "make_grid",
     "search_grid",
     "grid_points",
@@ -59,13 +67,15 @@ __all__ = [
     "egs",
     "CoarseToFineResult",
     "coarse_to_fine",
+    "egs_scan",
+    "egs_table_search",
+    "screen",
 ]
 
 _AXIS = "grid"  # mesh axis the grid chunks are sharded over
 
 
-@partial(jax.tree_util.register_dataclass, data_fields=["low"], meta_fields=["spacing", "shape"])
-@dataclasses.dataclass(frozen=True)
+@pytree_dataclass
 class Grid:
     """A uniform grid of cell centres: ``low + (index + 1/2) * spacing`` (a pytree).
 
@@ -76,12 +86,26 @@ class Grid:
     """
 
     low: Array
-    spacing: float
-    shape: tuple[int, int, int]
+    spacing: float = static_field()
+    shape: tuple[int, int, int] = static_field()
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+
+def as_spacing(spacing: Any) -> float:
+    """A grid spacing as a Python float: any real scalar (Python, NumPy or a concrete JAX
+    array, e.g. ``scene.wavelength / 8``), finite and > 0, else ``ValueError``."""
+    if isinstance(spacing, bool) or np.ndim(spacing) != 0 or not is_concrete(spacing):
+        raise ValueError(f"spacing must be a concrete real scalar (metres), got {spacing!r}")
+    try:
+        value = float(spacing)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"spacing must be a real number of metres, got {spacing!r}") from err
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"spacing must be a positive finite number of metres, got {spacing!r}")
+    return value
 
 
 def make_grid(low: ArrayLike, high: ArrayLike, spacing: float) -> Grid:
@@ -90,8 +114,7 @@ def make_grid(low: ArrayLike, high: ArrayLike, spacing: float) -> Grid:
     Raises:
         ValueError: non-positive or non-finite spacing, or a box smaller than one cell.
     """
-    if not (isinstance(spacing, (int, float)) and math.isfinite(spacing) and spacing > 0):
-        raise ValueError(f"spacing must be a positive finite number of metres, got {spacing!r}")
+    spacing = as_spacing(spacing)
     low_np, high_np = np.asarray(low, float), np.asarray(high, float)
     if low_np.shape != (3,) or high_np.shape != (3,):
         raise ValueError(f"low and high must have shape (3,), got {low_np.shape}, {high_np.shape}")
@@ -198,12 +221,7 @@ def _scan_chunks(score_chunk, first, num_chunks, chunk_size, size, k, batch, dty
 # ----------------------------------------------------------------------------- table
 
 
-@partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["data", "grid"],
-    meta_fields=["chunk_size", "num_chunks", "mesh"],
-)
-@dataclasses.dataclass(frozen=True)
+@pytree_dataclass
 class PhasorTable:
     r"""The paper's lookup table: model phasors on a grid, ``[cos theta, sin theta]`` (a pytree).
 
@@ -218,9 +236,9 @@ class PhasorTable:
 
     data: Array
     grid: Grid
-    chunk_size: int
-    num_chunks: int
-    mesh: Mesh | None
+    chunk_size: int = static_field()
+    num_chunks: int = static_field()
+    mesh: Mesh | None = static_field()
 
     @property
     def num_aps(self) -> int:
@@ -228,7 +246,7 @@ class PhasorTable:
 
 
 def phasor_table(
-    model: Any,
+    model: PhaseModel | Scene,
     grid: Grid,
     *,
     chunk_size: int = 8192,
@@ -269,7 +287,7 @@ def phasor_table(
 
 
 @partial(jax.jit, static_argnames=("rows", "chunk_size"))
-def _phasor_rows(model: Any, grid: Grid, rows: int, chunk_size: int) -> Array:
+def _phasor_rows(model: PhaseModel | Scene, grid: Grid, rows: int, chunk_size: int) -> Array:
     def one(i: Array) -> Array:  # lax.map with batch_size vmaps this over a chunk
         theta = model.mean(grid_points(grid, jnp.minimum(i, grid.size - 1)))
         row = jnp.concatenate([jnp.cos(theta), jnp.sin(theta)])
@@ -293,7 +311,7 @@ class EgsResult(NamedTuple):
 
 def egs(
     r: ArrayLike,
-    model: Any,
+    model: PhaseModel | Scene,
     grid: Grid | PhasorTable | float,
     *,
     region: str = "room",
@@ -322,9 +340,11 @@ def egs(
         :class:`EgsResult`: the exact arg-min of eq. (18) over the grid.
     """
     model = as_phase_model(model)
+    check_num_aps(model.num_aps)
     check_phases("r", r, model.num_aps)
-    if isinstance(grid, (int, float)):
-        grid = search_grid(model, grid, region)
+    warn_if_float32("egs")
+    if not isinstance(grid, (Grid, PhasorTable)):
+        grid = search_grid(model, as_spacing(grid), region)
     if chunk_size is not None and not (isinstance(chunk_size, int) and chunk_size >= 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if not (isinstance(num_candidates, int) and num_candidates >= 1):
@@ -334,13 +354,20 @@ def egs(
     dtype = grid.grid.low.dtype if isinstance(grid, PhasorTable) else grid.low.dtype
     r = jnp.asarray(r, dtype)
     r = r[None, :] if r.ndim == 1 else r
+    if r.shape[0] == 0:  # an empty batch: empty results
+        empty = jnp.zeros((0,), dtype)
+        return EgsResult(
+            jnp.zeros((0, 3), dtype), empty, jnp.zeros((0,), jnp.int32), jnp.zeros((0,), bool)
+        )
     if isinstance(grid, PhasorTable):
         if grid.num_aps != model.num_aps:
             raise ValueError(f"table has {grid.num_aps} APs, the model {model.num_aps}")
-        res = _egs_table(r, model, grid, min(num_candidates, grid.grid.size))
+        res = egs_table_search(r, model, grid, min(num_candidates, grid.grid.size))
         bad = np.flatnonzero(~np.asarray(res.screened))
         if bad.size and widen > 1:  # certificate failed: a wider screen for those snapshots
-            wide = _egs_table(r[bad], model, grid, min(widen * num_candidates, grid.grid.size))
+            wide = egs_table_search(
+                r[bad], model, grid, min(widen * num_candidates, grid.grid.size)
+            )
             res = _scatter(res, bad, wide)
             bad = np.flatnonzero(~np.asarray(res.screened))
         if bad.size:  # still uncertified: the exact table-free scan (screened stays False)
@@ -351,7 +378,7 @@ def egs(
     if chunk_size is None:
         chunk_size = int(np.clip(2**23 // (r.shape[0] * model.num_aps), 64, 8192))
     chunk_size = min(chunk_size, grid.size)
-    return _egs_free(r, model, grid, chunk_size, _mesh(devices))
+    return egs_scan(r, model, grid, chunk_size, _mesh(devices))
 
 
 def _scatter(res: EgsResult, rows: np.ndarray, new: EgsResult) -> EgsResult:
@@ -360,7 +387,18 @@ def _scatter(res: EgsResult, rows: np.ndarray, new: EgsResult) -> EgsResult:
 
 
 @partial(jax.jit, static_argnames=("chunk_size", "mesh"))
-def _egs_free(r: Array, model: Any, grid: Grid, chunk_size: int, mesh: Mesh | None) -> EgsResult:
+def egs_scan(
+    r: Array, model: PhaseModel, grid: Grid, chunk_size: int, mesh: Mesh | None
+) -> EgsResult:
+    """The table-free path of :func:`egs`, jitted and unchecked: every grid point's LS cost.
+
+    Args:
+        r: (B, M) wrapped phases (float64).
+        model: a PhaseModel (not a Scene).
+        grid: the grid to scan.
+        chunk_size: points per scan step (static).
+        mesh: device mesh the chunks are sharded over, or None (static).
+    """
     num_chunks = _num_chunks(grid.size, chunk_size, mesh)
 
     def local(first, n, r, model, grid):
@@ -376,9 +414,13 @@ def _egs_free(r: Array, model: Any, grid: Grid, chunk_size: int, mesh: Mesh | No
 
 
 @partial(jax.jit, static_argnames=("k",))
-def _egs_table(r: Array, model: Any, table: PhasorTable, k: int) -> EgsResult:
+def egs_table_search(r: Array, model: PhaseModel, table: PhasorTable, k: int) -> EgsResult:
+    """The table path of :func:`egs`, jitted and unchecked: coherence screen of ``table``,
+    float64 re-rank of the ``k`` best points, and the certificate (``screened``); no
+    fallback for uncertified snapshots (:func:`egs` adds it).
+    """
     grid, m = table.grid, model.num_aps
-    score, cand = _screen(r, table, k)
+    score, cand = screen(r, table, k)
     # exact float64 re-rank of the candidates
     theta = jax.vmap(jax.vmap(model.mean))(grid_points(grid, cand))  # (B, k, M)
     costs = jnp.sum(compressed_residuals(r[:, None, :], theta) ** 2, axis=-1)
@@ -393,8 +435,10 @@ def _egs_table(r: Array, model: Any, table: PhasorTable, k: int) -> EgsResult:
     return EgsResult(grid_points(grid, index), cost, index, screened)
 
 
-def _screen(r: Array, table: PhasorTable, k: int) -> tuple[Array, Array]:
-    """Top-``k`` squared coherences |sum_m e^{j(r_m - theta_m)}|^2 (B, k) and grid indices."""
+def screen(r: Array, table: PhasorTable, k: int) -> tuple[Array, Array]:
+    """Top-``k`` squared coherences |sum_m e^{j(r_m - theta_m)}|^2 (B, k) and their flat
+    grid indices (B, k), best first: the matrix-product screen of the phasor table
+    (traceable, unchecked; ``k`` static under jit)."""
     batch, chunk = r.shape[0], table.chunk_size
     c, s = jnp.cos(r).astype(jnp.float32), jnp.sin(r).astype(jnp.float32)
     # Re and Im of sum_m e^{j r_m} e^{-j theta_m} = [cos th, sin th] @ [[c, s], [s, -c]]^T
@@ -434,7 +478,7 @@ class CoarseToFineResult(NamedTuple):
 
 def coarse_to_fine(
     r: ArrayLike,
-    model: Any,
+    model: PhaseModel | Scene,
     table: PhasorTable,
     *,
     num_starts: int = 8,
@@ -455,24 +499,32 @@ def coarse_to_fine(
         num_steps: LM steps per refinement.
     """
     model = as_phase_model(model)
+    check_num_aps(model.num_aps)
     check_phases("r", r, model.num_aps)
+    warn_if_float32("coarse_to_fine")
+    if not isinstance(table, PhasorTable):
+        raise ValueError(
+            f"table must be a PhasorTable (build one with phasor_table(model, grid)), got "
+            f"{type(table).__name__}"
+        )
+    check_lm_settings(num_steps, 1e-3)
     if not (isinstance(num_starts, int) and 1 <= num_starts <= table.grid.size):
         raise ValueError(f"num_starts must be an int in [1, {table.grid.size}], got {num_starts!r}")
     if table.num_aps != model.num_aps:
         raise ValueError(f"table has {table.num_aps} APs, the model {model.num_aps}")
     r = jnp.asarray(r, table.grid.low.dtype)
     r = r[None, :] if r.ndim == 1 else r
+    if r.shape[0] == 0:
+        z = jnp.zeros((0, 3), r.dtype)
+        return CoarseToFineResult(z, jnp.zeros((0,), r.dtype), z, jnp.zeros((0, 0), jnp.int32))
     return _coarse_to_fine(r, model, table, num_starts, num_steps)
 
 
 @partial(jax.jit, static_argnames=("k", "num_steps"))
 def _coarse_to_fine(r, model, table, k, num_steps) -> CoarseToFineResult:
     batch = r.shape[0]
-    _, cand = _screen(r, table, k)
-    x0 = grid_points(table.grid, cand).reshape(batch * k, 3)
-    rr = jnp.repeat(r, k, axis=0)
-    fine: RefineResult = _refine_batch(x0, rr, model, num_steps, 1e-3)
-    cost = fine.cost.reshape(batch, k)
-    j = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf), axis=1)
-    pick = lambda a: jnp.take_along_axis(a.reshape(batch, k, -1), j[:, None, None], axis=1)[:, 0]
-    return CoarseToFineResult(pick(fine.x), pick(cost)[:, 0], pick(x0), cand)
+    _, cand = screen(r, table, k)
+    x0 = grid_points(table.grid, cand)  # (B, k, 3)
+    fine = refine_multistart(x0, r, model, num_steps=num_steps)
+    start = jnp.take_along_axis(x0, fine.index[:, None, None], axis=1)[:, 0]
+    return CoarseToFineResult(fine.x, fine.cost, start, cand.reshape(batch, k))

@@ -7,8 +7,9 @@ With a reference AP, the wrapped differential phase :math:`\Delta r_m =
    \qquad n_m \in \mathbb Z,
 
 one hyperboloid per AP m != ref (the CPO cancels). A classifier
-(:class:`~dmimo_jax.learning.mlp.AmbiguityClassifier`) predicts the integers; a damped
-Gauss-Newton (Levenberg-Marquardt) solver then intersects the hyperboloids. The two-ray
+(:class:`~dmimo_jax.learning.hi.AmbiguityClassifier`) predicts the integers; the
+Levenberg-Marquardt solver of :mod:`~dmimo_jax.estimators.lm` then intersects the
+hyperboloids. The two-ray
 perturbation violates the LoS assumption (a bias of up to the perturbation's phase over
 :math:`2\pi` wavelengths), which is why the paper includes HI only for completeness.
 Everything here is float64.
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
+from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.phase import wrap
 
 __all__ = [
@@ -97,7 +99,7 @@ def intersect(
 ) -> Array:
     """Intersect the hyperboloids of one snapshot: the least-squares point (3,) in metres.
 
-    Levenberg-Marquardt from each of ``starts`` (S, 3); the solution with the smallest
+    :func:`~dmimo_jax.estimators.lm.levenberg_marquardt` from each of ``starts`` (S, 3); the solution with the smallest
     squared residual wins (hyperboloids can intersect more than once in 3D).
     Vectorize over snapshots with ``jax.vmap(intersect, (0, 0, None, None, None))``.
     """
@@ -107,16 +109,8 @@ def intersect(
         return hyperboloid_residuals(x, r, n, ap, wavelength, reference)
 
     def solve(x0):
-        def step(_, carry):
-            x, lam = carry
-            e, jac = res(x), jax.jacfwd(res)(x)
-            h = jac.T @ jac
-            dx = -jnp.linalg.solve(h + lam * jnp.diag(jnp.diag(h) + 1e-12), jac.T @ e)
-            better = jnp.sum(res(x + dx) ** 2) < jnp.sum(e**2)
-            return jnp.where(better, x + dx, x), jnp.where(better, lam * 0.3, lam * 10.0)
-
-        x, _ = jax.lax.fori_loop(0, num_steps, step, (x0, jnp.asarray(damping, x0.dtype)))
-        return x, jnp.sum(res(x) ** 2)
+        fit = levenberg_marquardt(lambda x, _: res(x), x0, num_steps=num_steps, damping=damping)
+        return fit.x, fit.cost
 
     xs, costs = jax.vmap(solve)(jnp.asarray(starts))
     return xs[jnp.argmin(costs)]

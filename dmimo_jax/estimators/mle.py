@@ -11,16 +11,26 @@ with ``jax.vmap`` (or :func:`refine_batch`).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_phases, check_positions
+from dmimo_jax._checks import (
+    check_away_from_aps,
+    check_int,
+    check_num_aps,
+    check_phases,
+    check_positions,
+    check_scalar,
+    warn_if_float32,
+)
+from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.phase import wrap
-from dmimo_jax.physics import as_phase_model
+from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.scene import Scene
 
 __all__ = [
     "wrap_corrected_residuals",
@@ -31,6 +41,9 @@ __all__ = [
     "RefineResult",
     "refine",
     "refine_batch",
+    "MultiStartResult",
+    "refine_multistart",
+    "check_lm_settings",
 ]
 
 
@@ -86,19 +99,21 @@ def compressed_residuals(r: ArrayLike, mean: ArrayLike, variance: ArrayLike | No
     return wrap(r - mean - phi[..., None])
 
 
-def ml_cost(x: ArrayLike, r: ArrayLike, model: Any) -> Array:
+def ml_cost(x: ArrayLike, r: ArrayLike, model: PhaseModel | Scene) -> Array:
     r"""ML cost :math:`C(\mathbf x) = \sum_m \sigma_m^{-2}\,\mathrm{wrap}(r_m - \mu_m(\mathbf x, \hat\phi))^2`, eq. (17).
 
     :math:`\sigma_m^2` is the model's variance at ``x``.
     """
     model = as_phase_model(model)
+    check_phases("r", r, model.num_aps, batched=False)
     mean, var = model.mean(jnp.asarray(x)), model.variance(jnp.asarray(x))
     return jnp.sum(compressed_residuals(r, mean, var) ** 2 / var)
 
 
-def ls_cost(x: ArrayLike, r: ArrayLike, model: Any) -> Array:
+def ls_cost(x: ArrayLike, r: ArrayLike, model: PhaseModel | Scene) -> Array:
     r"""LS cost :math:`\tilde C(\mathbf x) = \sum_m \mathrm{wrap}(r_m - \mu_m(\mathbf x, \hat\phi))^2`, eq. (18)."""
     model = as_phase_model(model)
+    check_phases("r", r, model.num_aps, batched=False)
     return jnp.sum(compressed_residuals(r, model.mean(jnp.asarray(x))) ** 2)
 
 
@@ -114,7 +129,7 @@ class RefineResult(NamedTuple):
 def refine(
     x0: ArrayLike,
     r: ArrayLike,
-    model: Any,
+    model: PhaseModel | Scene,
     *,
     num_steps: int = 25,
     damping: float = 1e-3,
@@ -133,8 +148,8 @@ def refine(
     re-evaluated at each iterate and held constant within a step (as the paper treats
     :math:`\sigma^2` as given by channel estimation).
 
-    A fixed number of steps keeps it jittable and vmappable; a rejected step leaves x
-    unchanged and raises the damping, so extra steps are harmless.
+    The solver is :func:`~dmimo_jax.estimators.lm.levenberg_marquardt` (a fixed number of
+    steps; a rejected step leaves x unchanged and raises the damping).
 
     Args:
         x0: (3,) initial position (e.g. an EGS or POPT estimate), m.
@@ -147,60 +162,131 @@ def refine(
         :class:`RefineResult`.
     """
     model = as_phase_model(model)
-    check_positions("x0", x0, batched=False)
+    _check_problem(model, "x0", x0, batched=False)
     check_phases("r", r, model.num_aps, batched=False)
+    warn_if_float32("refine")
+    check_lm_settings(num_steps, damping)
     return _refine(
         jnp.asarray(x0), jnp.asarray(r, jnp.asarray(x0).dtype), model, num_steps, damping
     )
 
 
 def refine_batch(
-    x0: ArrayLike, r: ArrayLike, model: Any, *, num_steps: int = 25, damping: float = 1e-3
+    x0: ArrayLike,
+    r: ArrayLike,
+    model: PhaseModel | Scene,
+    *,
+    num_steps: int = 25,
+    damping: float = 1e-3,
 ) -> RefineResult:
     """:func:`refine` for (N, 3) starts and (N, M) snapshots, jitted and vmapped."""
     model = as_phase_model(model)
-    check_positions("x0", x0, batched=True)
+    _check_problem(model, "x0", x0, batched=True)
     check_phases("r", r, model.num_aps, batched=True)
+    warn_if_float32("refine_batch")
     x0 = jnp.asarray(x0)
     r = jnp.asarray(r, x0.dtype)
     if r.shape[0] != x0.shape[0]:
         raise ValueError(f"r must have {x0.shape[0]} rows to match x0, got {r.shape[0]}")
+    check_lm_settings(num_steps, damping)
     return _refine_batch(x0, r, model, num_steps, damping)
 
 
 @partial(jax.jit, static_argnums=(3,))
-def _refine(x0: Array, r: Array, model: Any, num_steps: int, damping: float) -> RefineResult:
+def _refine(x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: float) -> RefineResult:
     def weighted_residual(x: Array, var: Array) -> Array:
         return compressed_residuals(r, model.mean(x), var) / jnp.sqrt(var)
 
-    def variance(x: Array) -> Array:  # weights held constant within a step
-        return jax.lax.stop_gradient(model.variance(x))
-
-    def step(_, carry):
-        x, lam, accepted = carry
-        var = variance(x)
-        e = weighted_residual(x, var)
-        jac = jax.jacfwd(weighted_residual)(x, var)
-        a = jac.T @ jac
-        g = jac.T @ e
-        dx = jnp.linalg.solve(a + lam * jnp.diag(jnp.diag(a)), -g)
-        x_new = x + dx
-        cost_old = jnp.sum(e**2)
-        cost_new = jnp.sum(weighted_residual(x_new, variance(x_new)) ** 2)
-        ok = jnp.isfinite(cost_new) & (cost_new < cost_old) & (x_new[2] > 0)
-        return (
-            jnp.where(ok, x_new, x),
-            jnp.where(ok, lam / 3.0, lam * 4.0),
-            accepted + ok.astype(jnp.int32),
-        )
-
-    init = (x0, jnp.asarray(damping, x0.dtype), jnp.zeros((), jnp.int32))
-    x, _, accepted = jax.lax.fori_loop(0, num_steps, step, init)
+    fit = levenberg_marquardt(
+        weighted_residual,
+        x0,
+        num_steps=num_steps,
+        damping=damping,
+        aux_fn=model.variance,  # weights held constant within a step
+        feasible=lambda x: x[2] > 0,
+    )
+    x = fit.x
     mean, var = model.mean(x), model.variance(x)
     cost = jnp.sum(compressed_residuals(r, mean, var) ** 2 / var)
-    return RefineResult(x=x, cpo=wrap(cpo_estimate(r, mean, var)), cost=cost, num_accepted=accepted)
+    return RefineResult(
+        x=x, cpo=wrap(cpo_estimate(r, mean, var)), cost=cost, num_accepted=fit.num_accepted
+    )
 
 
 @partial(jax.jit, static_argnums=(3,))
-def _refine_batch(x0: Array, r: Array, model: Any, num_steps: int, damping: float) -> RefineResult:
+def _refine_batch(
+    x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: float
+) -> RefineResult:
     return jax.vmap(_refine, in_axes=(0, 0, None, None, None))(x0, r, model, num_steps, damping)
+
+
+class MultiStartResult(NamedTuple):
+    """Output of :func:`refine_multistart` (leading batch axis B)."""
+
+    x: Array  # (B, 3) refined estimate of lowest ML cost
+    cost: Array  # (B,) its ML cost (eq. 17)
+    index: Array  # (B,) which start it came from
+
+
+def refine_multistart(
+    starts: ArrayLike,
+    r: ArrayLike,
+    model: PhaseModel | Scene,
+    *,
+    num_steps: int = 25,
+    damping: float = 1e-3,
+) -> MultiStartResult:
+    r"""Refine K starts per snapshot (:func:`refine`) and keep the one of lowest ML cost.
+
+    The common ending of the hierarchical search
+    (:func:`~dmimo_jax.estimators.coarse_to_fine`) and of the online safeguard
+    (:func:`~dmimo_jax.estimators.window_search`): refinement alone converges to the
+    nearest local minimum of a cost that repeats every ~lambda/2, so several starts from
+    a screen are refined and the best wins. Non-finite costs never win.
+
+    Args:
+        starts: (B, K, 3) start positions, m.
+        r: (B, M) wrapped phases.
+        model: PhaseModel or Scene.
+        num_steps, damping: as in :func:`refine`.
+
+    Returns:
+        :class:`MultiStartResult`.
+    """
+    model = as_phase_model(model)
+    starts = jnp.asarray(starts)
+    if starts.ndim != 3 or starts.shape[-1] != 3:
+        raise ValueError(f"starts must have shape (B, K, 3), got {starts.shape}")
+    _check_problem(model, "starts", starts.reshape(-1, 3), batched=True)
+    check_phases("r", r, model.num_aps, batched=True)
+    r = jnp.asarray(r, starts.dtype)
+    if r.shape[0] != starts.shape[0]:
+        raise ValueError(f"r must have {starts.shape[0]} rows to match starts, got {r.shape[0]}")
+    check_lm_settings(num_steps, damping)
+    return _refine_multistart(starts, r, model, num_steps, damping)
+
+
+@partial(jax.jit, static_argnums=(3,))
+def _refine_multistart(
+    starts: Array, r: Array, model: PhaseModel, num_steps: int, damping: float
+) -> MultiStartResult:
+    batch, k, _ = starts.shape
+    rr = jnp.repeat(r, k, axis=0)
+    fine = _refine_batch(starts.reshape(batch * k, 3), rr, model, num_steps, damping)
+    cost = fine.cost.reshape(batch, k)
+    j = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf), axis=1)
+    x = jnp.take_along_axis(fine.x.reshape(batch, k, 3), j[:, None, None], axis=1)[:, 0]
+    return MultiStartResult(x, jnp.take_along_axis(cost, j[:, None], axis=1)[:, 0], j)
+
+
+def check_lm_settings(num_steps: int, damping: float) -> None:
+    """``ValueError`` unless ``num_steps`` is an int >= 0 and ``damping`` a finite number > 0
+    (a NaN damping used to return the start unchanged, as if converged)."""
+    check_int("num_steps", num_steps)
+    check_scalar("damping", damping, positive=True)
+
+
+def _check_problem(model: PhaseModel, name: str, x0: ArrayLike, batched: bool) -> None:
+    check_num_aps(model.num_aps)
+    check_positions(name, x0, batched=batched)
+    check_away_from_aps(name, x0, model.scene.ap_positions)

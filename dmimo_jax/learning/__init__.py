@@ -1,5 +1,45 @@
-"""Learning-based positioning: synthetic datasets (Sec. III-C), POPT and its benchmarks (Sec. IV)."""
+"""Learning-based positioning (Sec. III-C, IV): synthetic datasets, POPT and its
+benchmarks, one training loop, presets and model files.
 
+* :mod:`~dmimo_jax.learning.data`: synthetic sets from any PhaseModel (resumable on disk);
+* :mod:`~dmimo_jax.learning.nets`: shared pieces (standardizer, inputs, pure apply);
+* :mod:`~dmimo_jax.learning.popt`: POPT; :mod:`~dmimo_jax.learning.mlp`: the MLP benchmark;
+* :mod:`~dmimo_jax.learning.hi`: the HI benchmark (classifier + estimator);
+* :mod:`~dmimo_jax.learning.train`: the loop; :mod:`~dmimo_jax.learning.presets`;
+  :mod:`~dmimo_jax.learning.io`: model files.
+"""
+
+from dmimo_jax.learning.cells import CellClassifier, CellConfig
 from dmimo_jax.learning.data import SyntheticBatch, load_dataset, synthesize, write_dataset
+from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator
+from dmimo_jax.learning.io import NETWORKS, build_model, load_model, model_spec, save_model
+from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
+from dmimo_jax.learning.popt import POPT, POPTConfig
+from dmimo_jax.learning.presets import PRESETS, Preset, get_preset
+from dmimo_jax.learning.train import TrainConfig, TrainResult, train
 
-__all__ = ["SyntheticBatch", "load_dataset", "synthesize", "write_dataset"]
+__all__ = [
+    "NETWORKS",
+    "POPT",
+    "PRESETS",
+    "AmbiguityClassifier",
+    "CellClassifier",
+    "CellConfig",
+    "HIEstimator",
+    "MLPConfig",
+    "MLPRegressor",
+    "POPTConfig",
+    "Preset",
+    "SyntheticBatch",
+    "TrainConfig",
+    "TrainResult",
+    "build_model",
+    "get_preset",
+    "load_dataset",
+    "load_model",
+    "model_spec",
+    "save_model",
+    "synthesize",
+    "train",
+    "write_dataset",
+]

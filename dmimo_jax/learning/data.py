@@ -13,9 +13,10 @@ in ``meta.json`` after every chunk and resumes from it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import pathlib
-import time
 from typing import Any, NamedTuple
 
 import jax
@@ -25,9 +26,18 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax.measure import simulate_phases
-from dmimo_jax.physics import as_phase_model
+from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.scene import Scene
 
-__all__ = ["SyntheticBatch", "synthesize", "write_dataset", "load_dataset"]
+__all__ = [
+    "SyntheticBatch",
+    "load_dataset",
+    "model_fingerprint",
+    "read_meta",
+    "synthesize",
+    "write_dataset",
+    "write_json_atomic",
+]
 
 
 class SyntheticBatch(NamedTuple):
@@ -36,7 +46,9 @@ class SyntheticBatch(NamedTuple):
     cpo: Any  # (N,) CPOs, rad
 
 
-def _region(model: Any, region: tuple[ArrayLike, ArrayLike] | None) -> tuple[Array, Array]:
+def _region(
+    model: PhaseModel | Scene, region: tuple[ArrayLike, ArrayLike] | None
+) -> tuple[Array, Array]:
     if region is None:
         scene = getattr(model, "scene", None)
         if scene is None:
@@ -52,7 +64,7 @@ def _region(model: Any, region: tuple[ArrayLike, ArrayLike] | None) -> tuple[Arr
 
 def synthesize(
     key: Array,
-    model: Any,
+    model: PhaseModel | Scene,
     num: int,
     *,
     start: int = 0,
@@ -96,10 +108,48 @@ def _synthesize(key, model, index, low, high) -> SyntheticBatch:
     return SyntheticBatch(*jax.vmap(one)(index))
 
 
+def model_fingerprint(model: PhaseModel) -> str:
+    """A hash of a PhaseModel's type, tree structure and every leaf's bytes: two models
+    with the same fingerprint give the same synthetic data."""
+    h = hashlib.sha256(type(model).__qualname__.encode())
+    leaves, treedef = jax.tree_util.tree_flatten(model)
+    h.update(str(treedef).encode())
+    for leaf in leaves:
+        arr = np.asarray(leaf)
+        h.update(str(arr.dtype).encode() + str(arr.shape).encode())
+        h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def write_json_atomic(path: pathlib.Path, obj: dict) -> None:
+    """Write ``obj`` as JSON to a temporary file and rename it over ``path``: a kill at any
+    moment leaves either the old or the new file, never a partial one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_meta(path: pathlib.Path) -> dict:
+    """The ``meta.json`` of a dataset folder, or a ``ValueError`` naming the folder."""
+    meta_path = pathlib.Path(path) / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+        int(meta["num"]), int(meta["done"]), int(meta["num_aps"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"{path}: meta.json is missing, empty or corrupt ({err}); remove the folder and "
+            "write the dataset again"
+        ) from err
+    return meta
+
+
 def write_dataset(
     path: str | pathlib.Path,
     key: Array,
-    model: Any,
+    model: PhaseModel | Scene,
     num: int,
     *,
     chunk_size: int = 8192,
@@ -108,11 +158,16 @@ def write_dataset(
 ) -> pathlib.Path:
     """Generate ``num`` samples into the directory ``path`` in chunks; resumable.
 
-    Interrupting and calling again with the same arguments continues after the last
-    finished chunk (``meta.json`` records it); a different key or size raises.
+    ``meta.json`` records the request (size, key, chunking, region and a fingerprint of
+    the model) and the finished count; it is replaced atomically after each chunk.
+    Calling again with the same request continues after the last finished chunk; any
+    other request on the same folder raises (it would mix two datasets).
 
     Returns:
         ``path``; read it with :func:`load_dataset`.
+
+    Raises:
+        ValueError: bad arguments; a folder holding a different dataset; a corrupt one.
     """
     from tqdm.auto import tqdm
 
@@ -121,49 +176,78 @@ def write_dataset(
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if not (isinstance(num, (int, np.integer)) and num >= 1):
         raise ValueError(f"num must be a positive int, got {num!r}")
+    low, high = _region(model, region)
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     meta_path = path / "meta.json"
-    key_data = np.asarray(jax.random.key_data(key)).tolist()
-    meta = dict(num=int(num), num_aps=model.num_aps, key=key_data, done=0, seconds=0.0)
+    request = dict(
+        num=int(num),
+        num_aps=model.num_aps,
+        key=np.asarray(jax.random.key_data(key)).tolist(),
+        chunk_size=chunk_size,
+        region=[np.asarray(low).tolist(), np.asarray(high).tolist()],
+        model=type(model).__name__,
+        model_fingerprint=model_fingerprint(model),
+    )
+    meta = dict(request, done=0)
     if meta_path.exists():
-        old = json.loads(meta_path.read_text())
-        if (old["num"], old["num_aps"], old["key"]) != (meta["num"], meta["num_aps"], key_data):
+        old = read_meta(path)
+        changed = [k for k in request if old.get(k) != request[k]]
+        if changed:
             raise ValueError(
-                f"{path} holds a different dataset (num={old['num']}, key={old['key']}); "
-                "use another path"
+                f"{path} holds a different dataset (it differs in {changed}); use another "
+                "path or remove this one"
             )
         meta = old
     mode = "r+" if meta["done"] > 0 else "w+"
     shapes = {"x": (num, 3), "r": (num, model.num_aps), "cpo": (num,)}
-    arrays = {
-        k: np.lib.format.open_memmap(path / f"{k}.npy", mode=mode, dtype=np.float64, shape=s)
-        for k, s in shapes.items()
-    }
+    try:
+        arrays = {
+            k: np.lib.format.open_memmap(path / f"{k}.npy", mode=mode, dtype=np.float64, shape=s)
+            for k, s in shapes.items()
+        }
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: cannot open its arrays to resume ({err})") from err
+    if mode == "r+" and any(arrays[k].shape != s for k, s in shapes.items()):
+        raise ValueError(f"{path}: its arrays do not have the recorded shapes")
+    if meta["done"] == 0:
+        write_json_atomic(meta_path, meta)
     with tqdm(
         total=num, initial=meta["done"], desc="synthesize", unit="sample", disable=not progress
     ) as bar:
         while meta["done"] < num:
-            t0 = time.perf_counter()
             n = min(chunk_size, num - meta["done"])
-            batch = synthesize(key, model, n, start=meta["done"], region=region)
+            batch = synthesize(key, model, n, start=meta["done"], region=(low, high))
             for k in shapes:
                 arrays[k][meta["done"] : meta["done"] + n] = np.asarray(getattr(batch, k))
                 arrays[k].flush()
-            meta["done"] += n
-            meta["seconds"] += time.perf_counter() - t0
-            meta_path.write_text(json.dumps(meta))
+            meta = dict(meta, done=meta["done"] + n)
+            write_json_atomic(meta_path, meta)
             bar.update(n)
     return path
 
 
 def load_dataset(path: str | pathlib.Path, *, mmap: bool = True) -> SyntheticBatch:
-    """Open a dataset written by :func:`write_dataset` (memory-mapped by default)."""
+    """Open a dataset written by :func:`write_dataset` (memory-mapped by default).
+
+    Raises:
+        ValueError: an incomplete, corrupt or truncated dataset (the message names ``path``).
+    """
     path = pathlib.Path(path)
-    meta = json.loads((path / "meta.json").read_text())
+    meta = read_meta(path)
     if meta["done"] < meta["num"]:
         raise ValueError(
             f"{path} is incomplete ({meta['done']}/{meta['num']}); resume write_dataset"
         )
     mode = "r" if mmap else None
-    return SyntheticBatch(*(np.load(path / f"{k}.npy", mmap_mode=mode) for k in ("x", "r", "cpo")))
+    shapes = {"x": (meta["num"], 3), "r": (meta["num"], meta["num_aps"]), "cpo": (meta["num"],)}
+    arrays = []
+    for k, shape in shapes.items():
+        try:
+            a = np.load(path / f"{k}.npy", mmap_mode=mode)
+        except (OSError, ValueError, EOFError) as err:
+            raise ValueError(f"{path}: {k}.npy is missing, truncated or corrupt ({err})") from err
+        if a.shape != shape:
+            raise ValueError(f"{path}: {k}.npy has shape {a.shape}, meta.json says {shape}")
+        arrays.append(a)
+    return SyntheticBatch(*arrays)

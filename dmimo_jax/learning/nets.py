@@ -19,12 +19,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
+
+from dmimo_jax._checks import check_phases
 
 __all__ = [
     "Stat",
     "Standardizer",
-    "check_snapshots",
+    "network_input",
     "differential_inputs",
     "functional",
     "inference_fn",
@@ -54,23 +57,25 @@ class Standardizer(nnx.Module):
             self.scale[...], x.shape
         )
 
+    def box(self) -> dict[str, list[float]]:
+        """The UE region it was built from: ``{"low": [...], "high": [...]}`` (m)."""
+        mean, scale = np.asarray(self.mean[...]), np.asarray(self.scale[...])
+        return dict(
+            low=(mean - np.sqrt(3) * scale).tolist(), high=(mean + np.sqrt(3) * scale).tolist()
+        )
+
     def inverse(self, z: jax.Array) -> jax.Array:
         return z * jnp.broadcast_to(self.scale[...], z.shape) + jnp.broadcast_to(
             self.mean[...], z.shape
         )
 
 
-def check_snapshots(r: Any, num_aps: int) -> jax.Array:
-    """Phases (..., M) as float32, or a ``ValueError`` for the wrong M or non-finite values."""
-    r = jnp.asarray(r)
-    if r.ndim < 1 or r.shape[-1] != num_aps:
-        raise ValueError(
-            f"r must have shape (..., {num_aps}) (one phase per AP of the trained model), "
-            f"got {r.shape}"
-        )
-    if not isinstance(r, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(r))):
-        raise ValueError("r contains non-finite phases (NaN or inf)")
-    return r.astype(jnp.float32)
+def network_input(r: Any, num_aps: int) -> jax.Array:
+    """Phases (..., M) as the float32 network input, validated by
+    :func:`dmimo_jax._checks.check_phases` (``ValueError`` for the wrong M or non-finite
+    values of concrete inputs)."""
+    check_phases("r", r, num_aps, batched="any")
+    return jnp.asarray(r).astype(jnp.float32)
 
 
 def phase_tokens(r: jax.Array) -> jax.Array:
@@ -92,12 +97,14 @@ def differential_inputs(r: jax.Array, reference: int = 0) -> jax.Array:
 def functional(model: nnx.Module) -> tuple[Callable[..., Any], nnx.State]:
     """A pure ``apply(state, r, *, key=None)`` and the model's state (all variables).
 
-    >>> from flax import nnx
-    >>> from dmimo_jax.learning.popt import POPT, POPTConfig
-    >>> net = POPT(17, POPTConfig.tiny(), low=[0, 0, 0], high=[1, 1, 1], rngs=nnx.Rngs(0))
-    >>> apply, state = functional(net)
-    >>> apply(state, jnp.zeros((5, 17))).shape
-    (5, 3)
+        >>> from flax import nnx
+
+    from dmimo_jax._checks import check_phases
+        >>> from dmimo_jax.learning.popt import POPT, POPTConfig
+        >>> net = POPT(17, POPTConfig.tiny(), low=[0, 0, 0], high=[1, 1, 1], rngs=nnx.Rngs(0))
+        >>> apply, state = functional(net)
+        >>> apply(state, jnp.zeros((5, 17))).shape
+        (5, 3)
     """
     graphdef, state = nnx.split(model)
 

@@ -21,9 +21,9 @@ from flax import nnx
 
 from dmimo_jax.learning.nets import (
     Standardizer,
-    check_snapshots,
     dropout,
     dropout_keys,
+    network_input,
     phase_tokens,
 )
 
@@ -134,7 +134,7 @@ class POPT(nnx.Module):
 
     def standardized(self, r: Any, *, key: jax.Array | None = None) -> jax.Array:
         """The network output before un-standardizing (..., 3)."""
-        r = check_snapshots(r, self.num_aps)
+        r = network_input(r, self.num_aps)
         if self.config.reference is not None:
             m0 = self.config.reference
             r = r - jnp.broadcast_to(r[..., m0 : m0 + 1], r.shape)  # sin/cos make the wrap moot
@@ -158,3 +158,17 @@ class POPT(nnx.Module):
     def error(self, r: Any, x: Any) -> jax.Array:
         """Euclidean position error per sample, m."""
         return jnp.linalg.norm(self(r) - jnp.asarray(x, jnp.float32), axis=-1)
+
+    kind = "popt"  # model-file kind (dmimo_jax.learning.io)
+
+    def spec(self) -> dict:
+        """JSON-able architecture: what :meth:`from_spec` rebuilds."""
+        return dict(
+            num_aps=self.num_aps, config=dataclasses.asdict(self.config), **self.standardizer.box()
+        )
+
+    @classmethod
+    def from_spec(cls, spec: dict, *, rngs: nnx.Rngs) -> POPT:
+        """A freshly initialized network of the architecture in ``spec``."""
+        cfg = POPTConfig(**spec["config"])
+        return cls(spec["num_aps"], cfg, low=spec["low"], high=spec["high"], rngs=rngs)

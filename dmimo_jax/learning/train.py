@@ -15,16 +15,16 @@ HI ambiguity classifier) on a synthetic dataset (in memory or streamed from disk
   uninterrupted run (the data order and dropout keys are functions of the seed, epoch
   and step only).
 
-:func:`save_model` / :func:`load_model` write and read the final model (orbax + a JSON
-spec of the architecture) for the online stage.
+The loop knows no network class: it needs ``loss`` and ``error`` only. Model files are
+:mod:`dmimo_jax.learning.io`; presets :mod:`dmimo_jax.learning.presets`. Wall-clock
+timings are the caller's (``on_epoch_end`` is called after every epoch).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import pathlib
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -37,20 +37,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-from dmimo_jax.learning.mlp import AmbiguityClassifier, MLPConfig, MLPRegressor
-from dmimo_jax.learning.popt import POPT, POPTConfig
-
-__all__ = [
-    "TrainConfig",
-    "TrainResult",
-    "Preset",
-    "PRESETS",
-    "train",
-    "save_model",
-    "load_model",
-    "model_spec",
-    "build_model",
-]
+__all__ = ["TrainConfig", "TrainResult", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,35 +57,19 @@ class TrainConfig:
             v = getattr(self, name)
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if not 0.0 < self.val_fraction < 1.0:
+        if not 0.0 < self.val_fraction < 1.0:  # False for NaN too
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction}")
-        if not self.peak_lr > 0:
-            raise ValueError(f"peak_lr must be > 0, got {self.peak_lr}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-    """A network, a loop configuration and a synthetic-set size that go together."""
-
-    name: str
-    popt: POPTConfig
-    train: TrainConfig
-    num_samples: int
-
-
-PRESETS: dict[str, Preset] = {
-    # the paper: N_AI = 1.125e6 (1e6 train + 0.125e6 validation), 120 epochs; for a GPU
-    "paper": Preset("paper", POPTConfig.paper(), TrainConfig(epochs=120), 1_125_000),
-    # this 2-core CPU: see docs/learning.md for the accuracy it reaches and the time it takes
-    "cpu": Preset("cpu", POPTConfig.cpu(), TrainConfig(epochs=15, batch_size=100), 60_000),
-}
+        if not (math.isfinite(self.peak_lr) and self.peak_lr > 0):
+            raise ValueError(f"peak_lr must be finite and > 0, got {self.peak_lr}")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"weight_decay must be finite and >= 0, got {self.weight_decay}")
+        if not 0.0 < self.pct_start < 1.0:
+            raise ValueError(f"pct_start must be in (0, 1), got {self.pct_start}")
 
 
 class TrainResult(NamedTuple):
     model: nnx.Module  # trained (updated in place and returned)
-    history: list[dict]  # one row per epoch: loss, val_loss, val_error, lr, seconds, samples/s
-    seconds: float  # wall time of this call (without what a resumed run had done before)
-    samples_per_second: float  # training samples processed per second in this call
+    history: list[dict]  # one row per epoch: epoch, loss, val_loss, val_error, lr
 
 
 def _as_arrays(data: Any) -> tuple[Any, Any]:
@@ -107,6 +78,13 @@ def _as_arrays(data: Any) -> tuple[Any, Any]:
         raise ValueError("data must have .x (N, 3) positions and .r (N, M) phases")
     if x.ndim != 2 or x.shape[1] != 3 or r.ndim != 2 or r.shape[0] != x.shape[0]:
         raise ValueError(f"data.x must be (N, 3) and data.r (N, M), got {x.shape}, {r.shape}")
+    # the jitted step cannot check its inputs: a NaN would silently turn every weight NaN
+    for name, a in (("data.x", x), ("data.r", r)):
+        for s in range(0, a.shape[0], 1 << 16):
+            block = np.asarray(a[s : s + (1 << 16)])
+            if not np.all(np.isfinite(block)):
+                row = s + int(np.argwhere(~np.isfinite(block))[0, 0])
+                raise ValueError(f"{name} has non-finite entries (first at row {row})")
     return x, r
 
 
@@ -141,7 +119,8 @@ def train(
         checkpoint_dir: where to keep per-epoch checkpoints and resume from.
         devices: devices for data parallelism (default ``jax.devices()``).
         progress: show a tqdm bar.
-        on_epoch_end: called as ``fn(epoch, row)`` after each epoch's checkpoint.
+        on_epoch_end: called as ``fn(epoch, row)`` after each epoch's checkpoint (a
+            benchmark times epochs with it).
 
     Raises:
         ValueError: malformed data, too few samples for one minibatch, a batch size that
@@ -236,11 +215,8 @@ def train(
         desc=f"train {type(model).__name__}",
         unit="step",
     )
-    t0 = time.perf_counter()
-    processed = 0
     try:
         for epoch in range(start_epoch, config.epochs):
-            t_epoch = time.perf_counter()
             perm = np.random.default_rng([config.seed, epoch]).permutation(n_tr)
             losses = []
             for i, idx in enumerate(_batches(perm, config.batch_size)):
@@ -251,12 +227,10 @@ def train(
                     params, opt_state, rb, xb, jax.random.fold_in(key, g)
                 )
                 losses.append(loss)
-                processed += config.batch_size
                 bar.update(1)
                 if i % 50 == 0:
                     bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.4f}")
             jax.block_until_ready(params)
-            t_steps = time.perf_counter() - t_epoch  # the optimizer steps alone
             val_error, val_loss = validation(params)
             row = dict(
                 epoch=epoch + 1,
@@ -264,10 +238,6 @@ def train(
                 val_loss=val_loss,
                 val_error=val_error,
                 lr=float(lr((epoch + 1) * steps_per_epoch - 1)),
-                seconds=time.perf_counter() - t_epoch,
-                # training samples per second of the steps (no validation; epoch 1 of a
-                # run includes compilation)
-                samples_per_second=steps_per_epoch * config.batch_size / t_steps,
             )
             history.append(row)
             bar.set_postfix(epoch=epoch + 1, loss=f"{row['loss']:.4f}", val=f"{val_error:.4g}")
@@ -289,104 +259,5 @@ def train(
         if manager is not None:
             manager.wait_until_finished()
             manager.close()
-    seconds = time.perf_counter() - t0
     nnx.update(model, jax.device_get(params))
-    return TrainResult(model, history, seconds, processed / max(seconds, 1e-9))
-
-
-# ----------------------------------------------------------------------------- model files
-
-
-def model_spec(model: nnx.Module) -> dict:
-    """A JSON-able description that :func:`build_model` turns back into the architecture."""
-    if isinstance(model, POPT):
-        kind, extra = "popt", {}
-    elif isinstance(model, MLPRegressor):
-        kind, extra = "mlp", {}
-    elif isinstance(model, AmbiguityClassifier):
-        kind = "hi_classifier"
-        extra = dict(
-            ap_positions=np.asarray(model.ap_positions[...]).tolist(),
-            wavelength=model.wavelength,
-            n_max=model.n_max,
-        )
-    else:
-        raise ValueError(
-            f"model must be POPT, MLPRegressor or AmbiguityClassifier, got {type(model)}"
-        )
-    spec = dict(kind=kind, num_aps=model.num_aps, config=dataclasses.asdict(model.config), **extra)
-    if hasattr(model, "standardizer"):
-        s = model.standardizer
-        mean, scale = np.asarray(s.mean[...]), np.asarray(s.scale[...])
-        spec.update(
-            low=(mean - np.sqrt(3) * scale).tolist(), high=(mean + np.sqrt(3) * scale).tolist()
-        )
-    return spec
-
-
-def build_model(spec: dict, *, seed: int = 0) -> nnx.Module:
-    """A freshly initialized network of the architecture in ``spec`` (see :func:`model_spec`)."""
-    rngs = nnx.Rngs(seed)
-    kind = spec.get("kind")
-    if kind == "popt":
-        cfg = POPTConfig(**spec["config"])
-        return POPT(spec["num_aps"], cfg, low=spec["low"], high=spec["high"], rngs=rngs)
-    if kind == "mlp":
-        cfg = MLPConfig(**spec["config"])
-        return MLPRegressor(spec["num_aps"], cfg, low=spec["low"], high=spec["high"], rngs=rngs)
-    if kind == "hi_classifier":
-        cfg = MLPConfig(**spec["config"])
-        return AmbiguityClassifier(
-            spec["num_aps"],
-            cfg,
-            ap_positions=spec["ap_positions"],
-            wavelength=spec["wavelength"],
-            n_max=spec["n_max"],
-            rngs=rngs,
-        )
-    raise ValueError(f"spec['kind'] must be 'popt', 'mlp' or 'hi_classifier', got {kind!r}")
-
-
-def save_model(path: str | pathlib.Path, model: nnx.Module, *, meta: dict | None = None) -> None:
-    """Write ``model`` to the folder ``path``: ``spec.json`` and an orbax checkpoint ``state``."""
-    import orbax.checkpoint as ocp
-
-    path = pathlib.Path(path).absolute()
-    path.mkdir(parents=True, exist_ok=True)
-    _, state = nnx.split(model)
-    with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(path / "state", nnx.to_pure_dict(state), force=True)
-    (path / "spec.json").write_text(
-        json.dumps(dict(spec=model_spec(model), meta=meta or {}), indent=1)
-    )
-
-
-def load_model(path: str | pathlib.Path) -> tuple[nnx.Module, dict]:
-    """The model written by :func:`save_model` and its ``meta`` dict.
-
-    Raises:
-        FileNotFoundError: no saved model at ``path``.
-        ValueError: the files are there but unreadable or do not match their spec.
-    """
-    import orbax.checkpoint as ocp
-
-    path = pathlib.Path(path).absolute()
-    spec_file = path / "spec.json"
-    if not spec_file.is_file() or not (path / "state").exists():
-        raise FileNotFoundError(f"path={str(path)!r} holds no saved model (spec.json + state)")
-    try:
-        saved = json.loads(spec_file.read_text())
-        model = build_model(saved["spec"])
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"path={str(path)!r}: spec.json is corrupted: {err}") from err
-    graphdef, state = nnx.split(model)
-    target = nnx.to_pure_dict(state)
-    try:
-        with ocp.StandardCheckpointer() as ckpt:
-            restored = ckpt.restore(path / "state", target)
-    except Exception as err:
-        raise ValueError(
-            f"path={str(path)!r}: the saved state is corrupted or does not match spec.json: {err}"
-        ) from err
-    nnx.replace_by_pure_dict(state, restored)
-    return nnx.merge(graphdef, state), saved.get("meta", {})
+    return TrainResult(model, history)

@@ -4,21 +4,22 @@ M = 17 APs, L = 100 training UEs, P = -10 dBm, 200 independent test UEs (CPO of 
 test snapshot compressed by eq. (15), see docs/equations.md). Two tables: the paper's
 permittivity convention (f in Hz in ITU-R P.2040) and the correct ITU-R values.
 
-    python examples/material_table.py --json out/material_table.json
-    python examples/material_table.py --quick        # L = 20, 50 test UEs, paper convention
+    python examples/paper/table1_materials.py --json out/material_table.json
+    python examples/paper/table1_materials.py --quick        # L = 20, 50 test UEs, paper convention
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from _modeling import fit_and_score  # noqa: E402
-from _output import write_json  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # examples/_helpers.py
+from _helpers import fit_and_score, write_json  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402

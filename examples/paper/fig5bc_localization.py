@@ -9,8 +9,8 @@ benchmarks (L = 50), all three refined online through the safeguard and the GP m
 Resumable: each method's result is stored in ``<out>/results.json`` as soon as it is done
 and skipped on the next run; trained models are shared through the cache.
 
-    python examples/fig5_localization.py --quick          # 256 test positions, L = 50 only
-    python examples/fig5_localization.py                  # 1280 positions, all methods
+    python examples/paper/fig5bc_localization.py --quick          # 256 test positions, L = 50 only
+    python examples/paper/fig5bc_localization.py                  # 1280 positions, all methods
 """
 
 from __future__ import annotations
@@ -27,17 +27,19 @@ jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _localization import (  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # examples/_helpers.py
+from _helpers import (  # noqa: E402
     MLE,
     Learned,
     labeled_snapshots,
     plot_cdfs,
     print_rows,
+    pyplot,
     row,
+    save_figure,
     test_snapshots,
+    write_json,
 )
-from _output import pyplot, save_figure, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402

@@ -3,10 +3,10 @@
 For each material the GP is fitted on L labeled snapshots of that ground (P = -10 dBm, the
 paper's permittivity convention) and its predictive perturbation E[g] +- 2 std is drawn
 against the true two-ray perturbation (eq. 7) along the gamma = 20 deg slice of AP 0
-(the constant the training CPOs absorb is removed, as in ``gp_example.py``).
+(the constant the training CPOs absorb is removed, as in ``fig2_gp_example.py``).
 
-    python examples/fig4a_perturbation.py --quick     # same (it is fast): L = 10 as in the paper
-    python examples/fig4a_perturbation.py --num-train 100
+    python examples/paper/fig4a_perturbation.py --quick     # same (it is fast): L = 10 as in the paper
+    python examples/paper/fig4a_perturbation.py --num-train 100
 """
 
 from __future__ import annotations
@@ -22,10 +22,8 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _modeling import fit_and_score  # noqa: E402
-from _output import pyplot, save_figure, write_json  # noqa: E402
-from gp_example import slice_positions  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # examples/_helpers.py
+from _helpers import fit_and_score, pyplot, save_figure, slice_positions, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import gp  # noqa: E402

@@ -22,22 +22,22 @@ gradients are finite straight below an AP.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple
 
-import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_positions
+from dmimo_jax._checks import check_away_from_aps, check_positions
 from dmimo_jax.phase import wrap
+from dmimo_jax.physics.fresnel import reflection_coefficient
+from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.scene import Scene
 
 __all__ = [
     "Geometry",
     "PathParameters",
     "geometry",
-    "reflection_coefficient",
     "path_parameters",
     "relative_reflection",
     "effective_phasor",
@@ -47,8 +47,8 @@ __all__ = [
     "phase_perturbation",
     "phase_noise_var",
     "TwoRayModel",
-    "PhaseModel",
-    "as_phase_model",
+    "noise_var_from_amplitude",
+    "safe_norm",
 ]
 
 
@@ -71,8 +71,8 @@ class PathParameters(NamedTuple):
     gamma: Array  # complex reflection coefficient
 
 
-def _safe_norm(v: Array, axis: int = -1) -> Array:
-    """Euclidean norm with a finite (zero) gradient at v = 0 (double-where trick)."""
+def safe_norm(v: Array, axis: int = -1) -> Array:
+    """Euclidean norm along ``axis`` with a finite (zero) gradient at v = 0 (double-where trick)."""
     sq = jnp.sum(v * v, axis=axis)
     nonzero = sq > 0
     return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
@@ -84,68 +84,12 @@ def geometry(x: ArrayLike, scene: Scene) -> Geometry:
     ap = scene.ap_positions
     delta = ap - x[None, :]
     mirror = ap * jnp.asarray([1.0, 1.0, -1.0], ap.dtype)[None, :]
-    d1 = _safe_norm(delta)
-    d2 = _safe_norm(mirror - x[None, :])
+    d1 = safe_norm(delta)
+    d2 = safe_norm(mirror - x[None, :])
     # d2^2 - d1^2 = (z + z_m)^2 - (z - z_m)^2 = 4 z z_m
     path_difference = 4.0 * x[2] * ap[:, 2] / (d1 + d2)
     cos_gamma = (x[2] + ap[:, 2]) / d2
     return Geometry(d1, d2, path_difference, cos_gamma)
-
-
-def reflection_coefficient(
-    cos_gamma: ArrayLike,
-    eps_r: ArrayLike,
-    polarization: str = "TE",
-    perfect_conductor: bool = False,
-) -> Array:
-    r"""Fresnel reflection coefficient of the ground, eq. (3).
-
-    .. math::
-
-        \Gamma_{TE} = \frac{\cos\gamma - \zeta}{\cos\gamma + \zeta},\qquad
-        \Gamma_{TM} = \frac{\varepsilon_r\cos\gamma - \zeta}{\varepsilon_r\cos\gamma + \zeta},
-        \qquad \zeta = \sqrt{\varepsilon_r - \sin^2\gamma},
-
-    with :math:`\varepsilon_r - \sin^2\gamma = (\varepsilon_r - 1) + \cos^2\gamma` (ITU-R P.2040 eqs. 31; the principal
-    square root has non-negative real part). A perfect conductor gives -1.
-
-    Args:
-        cos_gamma: cosine of the incidence angle (measured from the surface normal).
-        eps_r: complex relative permittivity.
-        polarization: ``"TE"`` or ``"TM"`` (static).
-        perfect_conductor: return -1 regardless of ``eps_r`` (static).
-
-    Returns:
-        Complex array broadcast from the inputs.
-
-    Examples:
-        >>> import jax.numpy as jnp
-        >>> complex(reflection_coefficient(1.0, 4.0 + 0j))  # (1 - 2) / (1 + 2)
-        (-0.333...+0j)
-    """
-    cos_gamma = jnp.asarray(cos_gamma)
-    cdt = jnp.result_type(cos_gamma.dtype, jnp.complex64)
-    eps = jnp.asarray(eps_r, cdt)
-    if perfect_conductor:
-        return jnp.full(jnp.broadcast_shapes(cos_gamma.shape, eps.shape), -1.0 + 0j, cdt)
-    c = cos_gamma.astype(cdt)
-    zeta = _zeta(c, eps)
-    if polarization == "TE":
-        num, den = c - zeta, c + zeta
-    elif polarization == "TM":
-        num, den = eps * c - zeta, eps * c + zeta
-    else:
-        raise ValueError(f"polarization must be 'TE' or 'TM', got {polarization!r}")
-    # den = 0 only for eps_r = 1 at exact grazing incidence (no interface): Gamma = 0 there,
-    # with the double-where so the gradient stays finite.
-    safe = den != 0
-    return jnp.where(safe, num / jnp.where(safe, den, 1.0), 0.0)
-
-
-def _zeta(cos_gamma: Array, eps_r: Array) -> Array:
-    r""":math:`\zeta = \sqrt{\varepsilon_r - \sin^2\gamma}`, written as
-    :math:`\sqrt{(\varepsilon_r - 1) + \cos^2\gamma}` to avoid cancellation near grazing."""
-    return jnp.sqrt((eps_r - 1.0) + cos_gamma * cos_gamma)
 
 
 def _gamma(geo: Geometry, scene: Scene) -> Array:
@@ -162,6 +106,7 @@ def path_parameters(x: ArrayLike, scene: Scene) -> PathParameters:
     :math:`\theta^{(2)} = 2\pi d^{(2)}/\lambda - \angle\Gamma`. Phases are unwrapped.
     """
     check_positions("x", x, batched=False)
+    check_away_from_aps("x", x, scene.ap_positions)
     geo = geometry(x, scene)
     lam = scene.wavelength
     gamma = _gamma(geo, scene)
@@ -195,6 +140,7 @@ def effective_phasor(x: ArrayLike, scene: Scene) -> Array:
     Complex, shape (M,).
     """
     check_positions("x", x, batched=False)
+    check_away_from_aps("x", x, scene.ap_positions)
     geo, rho = relative_reflection(x, scene)
     lam = scene.wavelength
     h1 = (lam / (4 * jnp.pi * geo.d1)) * jnp.exp(-1j * (2 * jnp.pi / lam * geo.d1))
@@ -208,6 +154,7 @@ def effective_amplitude(x: ArrayLike, scene: Scene) -> Array:
     :math:`\sqrt{\tilde\alpha_1^2+\tilde\alpha_2^2+2\tilde\alpha_1\tilde\alpha_2\cos(\tilde\theta_1-\tilde\theta_2)}`.
     """
     check_positions("x", x, batched=False)
+    check_away_from_aps("x", x, scene.ap_positions)
     geo, rho = relative_reflection(x, scene)
     return scene.wavelength / (4 * jnp.pi * geo.d1) * jnp.abs(1.0 + rho)
 
@@ -219,6 +166,7 @@ def phase_perturbation(x: ArrayLike, scene: Scene) -> Array:
     (eq. 20). Shape (M,), radians.
     """
     check_positions("x", x, batched=False)
+    check_away_from_aps("x", x, scene.ap_positions)
     _, rho = relative_reflection(x, scene)
     return _perturbation(rho)
 
@@ -236,6 +184,7 @@ def unwrapped_phase(x: ArrayLike, scene: Scene) -> Array:
     the paper's scene: keep float64).
     """
     check_positions("x", x, batched=False)
+    check_away_from_aps("x", x, scene.ap_positions)
     geo, rho = relative_reflection(x, scene)
     return 2 * jnp.pi / scene.wavelength * geo.d1 + _perturbation(rho)
 
@@ -270,7 +219,7 @@ def noise_var_from_amplitude(alpha: ArrayLike, scene: Scene) -> Array:
     return scene.noise_power / (2.0 * scene.tx_power * jnp.asarray(alpha) ** 2)
 
 
-@jax.tree_util.register_pytree_with_keys_class
+@pytree_dataclass
 class TwoRayModel:
     r"""The analytic two-ray model as a **PhaseModel**.
 
@@ -281,8 +230,7 @@ class TwoRayModel:
     A mismatched model is ``TwoRayModel(scene.replace(eps_r=beta * scene.eps_r))``.
     """
 
-    def __init__(self, scene: Scene):
-        self.scene = scene
+    scene: Scene
 
     @property
     def num_aps(self) -> int:
@@ -296,38 +244,5 @@ class TwoRayModel:
         """Eq. (9)."""
         return phase_noise_var(x, self.scene)
 
-    def tree_flatten_with_keys(self):
-        return ((jax.tree_util.GetAttrKey("scene"), self.scene),), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        obj.scene = children[0]
-        return obj
-
     def __repr__(self) -> str:
         return f"TwoRayModel({self.scene!r})"
-
-
-@runtime_checkable
-class PhaseModel(Protocol):
-    """Anything mapping one UE position (3,) to per-AP mean phase (M,) and variance (M,)."""
-
-    @property
-    def num_aps(self) -> int: ...
-
-    def mean(self, x: ArrayLike) -> Array: ...
-
-    def variance(self, x: ArrayLike) -> Array: ...
-
-
-def as_phase_model(model_or_scene: Any) -> Any:
-    """A :class:`~dmimo_jax.scene.Scene` becomes its :class:`TwoRayModel`; a PhaseModel passes."""
-    if isinstance(model_or_scene, Scene):
-        return TwoRayModel(model_or_scene)
-    if not (hasattr(model_or_scene, "mean") and hasattr(model_or_scene, "variance")):
-        raise ValueError(
-            "model must be a Scene or a PhaseModel with mean(x) and variance(x), got "
-            f"{type(model_or_scene).__name__}"
-        )
-    return model_or_scene

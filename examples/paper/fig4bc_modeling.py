@@ -4,8 +4,8 @@ Concrete (paper convention), M = 17, P in {-60, ..., -10} dBm, L in {5, 10, 50, 
 each point averages over independent test UEs (CPO of each test snapshot compressed by
 eq. (15)). Writes OUT.json and OUT.png.
 
-    python examples/gp_modeling.py --out out/gp_modeling
-    python examples/gp_modeling.py --quick                 # L in {5, 10}, P in {-40, -10}
+    python examples/paper/fig4bc_modeling.py --out out/gp_modeling
+    python examples/paper/fig4bc_modeling.py --quick                 # L in {5, 10}, P in {-40, -10}
 """
 
 from __future__ import annotations
@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 
 import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from _modeling import fit_and_score  # noqa: E402
-from _output import pyplot, save_figure  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # examples/_helpers.py
+from _helpers import fit_and_score, pyplot, save_figure  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402

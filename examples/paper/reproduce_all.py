@@ -1,14 +1,14 @@
 """Regenerate every numerical result of the paper, one script per figure/table, resumable.
 
-Runs in sequence: Fig. 2 (``gp_example.py``), Fig. 4(a) (``fig4a_perturbation.py``),
-Fig. 4(b, c) (``gp_modeling.py``), Table I (``material_table.py``), Fig. 5(a)
-(``fig5a_power.py``), Fig. 5(b, c) (``fig5_localization.py``) and Table II
+Runs in sequence: Fig. 2 (``fig2_gp_example.py``), Fig. 4(a) (``fig4a_perturbation.py``),
+Fig. 4(b, c) (``fig4bc_modeling.py``), Table I (``table1_materials.py``), Fig. 5(a)
+(``fig5a_power.py``), Fig. 5(b, c) (``fig5bc_localization.py``) and Table II
 (``table2_complexity.py``). A finished script is recorded in ``<out>/status.json`` and not
 run again; the scripts themselves keep partial results, so an interrupted run continues
 where it stopped. ``--quick`` passes ``--quick`` (CPU, minutes each).
 
-    python examples/reproduce_paper.py --quick
-    python examples/reproduce_paper.py            # the paper's sizes (a GPU for training)
+    python examples/paper/reproduce_all.py --quick
+    python examples/paper/reproduce_all.py            # the paper's sizes (a GPU for training)
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ HERE = pathlib.Path(__file__).resolve().parent
 def steps(out: pathlib.Path, quick: bool) -> list[tuple[str, str, list[str]]]:
     q = ["--quick"] if quick else []
     return [
-        ("fig2", "gp_example.py", ["--out", str(out / "fig2" / "gp_example")]),
+        ("fig2", "fig2_gp_example.py", ["--out", str(out / "fig2" / "gp_example")]),
         ("fig4a", "fig4a_perturbation.py", [*q, "--out", str(out / "fig4a")]),
-        ("fig4bc", "gp_modeling.py", [*q, "--out", str(out / "fig4bc" / "gp_modeling")]),
+        ("fig4bc", "fig4bc_modeling.py", [*q, "--out", str(out / "fig4bc" / "gp_modeling")]),
         (
             "table1",
-            "material_table.py",
+            "table1_materials.py",
             [*q, "--json", str(out / "table1" / "material_table.json")],
         ),
         ("fig5a", "fig5a_power.py", [*q, "--out", str(out / "fig5a")]),
-        ("fig5bc", "fig5_localization.py", [*q, "--out", str(out / "fig5bc")]),
+        ("fig5bc", "fig5bc_localization.py", [*q, "--out", str(out / "fig5bc")]),
         (
             "table2",
             "table2_complexity.py",
@@ -54,7 +54,7 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     status_file = out / "status.json"
     status = json.loads(status_file.read_text()) if status_file.exists() else {}
-    sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent))  # examples/_helpers.py
     for name, script, script_argv in steps(out, args.quick):
         if args.only is not None and name not in args.only:
             continue

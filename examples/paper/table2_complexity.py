@@ -3,12 +3,12 @@
 Reuses the benchmarks: ``benchmarks/egs_flops.py`` (MLE at lambda/2, lambda/4, lambda/8:
 the paper's FLOP formula, XLA's count, single-snapshot time) and
 ``benchmarks/popt_latency.py`` (POPT, MLP, HI: formula/XLA FLOPs, single-snapshot time,
-median and std over the runs), and the fine RMSEs of ``fig5_localization.py`` (random UEs
+median and std over the runs), and the fine RMSEs of ``fig5bc_localization.py`` (random UEs
 and CPOs, P = -10 dBm) where that has been run (MLE lambda/2 and lambda/4: the fixed test
 point of ``egs_flops.py``). Each benchmark's JSON is kept and reused (resumable).
 
-    python examples/table2_complexity.py --quick     # lambda/2, lambda/4 EGS; 100 latency runs
-    python examples/table2_complexity.py             # lambda/8 too; 1280 latency runs
+    python examples/paper/table2_complexity.py --quick     # lambda/2, lambda/4 EGS; 100 latency runs
+    python examples/paper/table2_complexity.py             # lambda/8 too; 1280 latency runs
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import pathlib
 import runpy
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import dmimo_jax as dj
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _bench(script: str, argv: list[str], out: pathlib.Path) -> list[dict]:
@@ -53,10 +55,11 @@ def main(argv=None) -> list[dict]:
         fine = {r["method"]: r["fine_rmse_m"] for r in json.loads(args.fig5.read_text())}
 
     rows = []
+    wavelength = float(dj.paper_scene().wavelength)  # the benchmarks' scene
     for r in egs:
         if r["method"] != "table":
             continue
-        div = round(0.374741 / r["spacing_m"])
+        div = round(wavelength / r["spacing_m"])
         name = f"MLE (lambda/{div})"
         rmse = fine.get("MLE beta=1.00") if div == 8 else None
         rows.append(
@@ -72,7 +75,7 @@ def main(argv=None) -> list[dict]:
             )
         )
     # the paper-size POPT is timed but trained only on a GPU; the cpu-preset POPT is what
-    # fig5_localization.py trained and refined here
+    # fig5bc_localization.py trained and refined here
     names = {"POPT": None, "POPT cpu-preset": "POPT L=50", "MLP": "MLP L=50", "HI": "HI L=50"}
     for r in lat:
         if r["framework"] != "jax" or r["batch"] != 1 or r["method"] not in names:

@@ -5,7 +5,7 @@
 (b) true vs GP perturbation (mean +- 2 std) along that slice;
 (c) LoS-only, GP and true carrier phase along the slice (CPO 0, wrapped).
 
-    python examples/gp_example.py --out out/gp_example       # writes .png and .json
+    python examples/paper/fig2_gp_example.py --out out/gp_example       # writes .png and .json
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import sys
 
 import jax
 
@@ -20,21 +21,12 @@ jax.config.update("jax_enable_x64", True)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from _modeling import fit_and_score  # noqa: E402
-from _output import pyplot  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # examples/_helpers.py
+from _helpers import fit_and_score, pyplot, slice_positions  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import gp  # noqa: E402
-
-
-def slice_positions(scene, ap_index: int, gamma: float, num: int):
-    """UE positions seen by AP ``ap_index`` at incidence angle ``gamma``, over the UE heights."""
-    ap = np.asarray(scene.ap_positions[ap_index])
-    z = np.linspace(float(scene.ue_low[2]), float(scene.ue_high[2]), num)
-    rho = (z + ap[2]) * np.tan(gamma)
-    direction = np.array([1.0, 0.0])  # towards +x
-    xy = ap[None, :2] + rho[:, None] * direction[None, :]
-    return jnp.asarray(np.column_stack([xy, z]))
 
 
 def main(argv=None):

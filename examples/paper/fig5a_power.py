@@ -1,7 +1,7 @@
 """Fig. 5(a): PEB and fine RMSE vs transmit power at one UE, MLE (beta) and POPT (L).
 
 UE [6.5, 5.0, 2.0] m, CPO pi/2, N noise realizations per power, concrete. The MLE curves
-(lambda/8 EGS + refinement under eps_r * beta) come from ``mle_mismatch.py``; for every
+(lambda/8 EGS + refinement under eps_r * beta) come from the same sweep as ``examples/mle_mismatch.py``; for every
 power and L, POPT is trained on the synthetic set of the GP fitted on L labeled snapshots
 at that power (a separate model per (P, L), as in the paper), and located online through
 the safeguard and the GP model, as are the MLP and HI benchmarks (trained on the
@@ -10,8 +10,8 @@ synthetic set of the largest L; ``--benchmarks`` with no names leaves them out).
 Resumable: finished (method, P) points are kept in ``<out>/learned.json`` and
 ``<out>/mle.json``; trained models are shared through the cache.
 
-    python examples/fig5a_power.py --quick     # L = 50, 8000 synthetic samples, 256 draws
-    python examples/fig5a_power.py             # L in {5, 10, 50}, preset sizes, 1280 draws
+    python examples/paper/fig5a_power.py --quick     # L = 50, 8000 synthetic samples, 256 draws
+    python examples/paper/fig5a_power.py             # L in {5, 10, 50}, preset sizes, 1280 draws
 """
 
 from __future__ import annotations
@@ -29,10 +29,17 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
-import mle_mismatch  # noqa: E402
-from _localization import labeled_snapshots, test_snapshots  # noqa: E402
-from _output import pyplot, repeat_style, save_figure, write_json  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # examples/_helpers.py
+from _helpers import (  # noqa: E402
+    TEST_POINT,
+    labeled_snapshots,
+    mle_mismatch_sweep,
+    pyplot,
+    repeat_style,
+    save_figure,
+    test_snapshots,
+    write_json,
+)
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402
@@ -60,14 +67,14 @@ def main(argv=None) -> list[dict]:
     t_start = time.perf_counter()
 
     # MLE curves (resumable inside mle_mismatch)
-    argv_mle = ["--realizations", str(n), "--out", str(args.out / "mle"), "--resume"]
-    mle_mismatch.main([*argv_mle, "--powers-dbm", *map(str, args.powers_dbm)])
-    mle_rows = json.loads((args.out / "mle.json").read_text())
+    mle_rows = mle_mismatch_sweep(
+        [1.0, 1.01, 1.05, 1.10], args.powers_dbm, n, 8, args.out / "mle.json", resume=True
+    )
 
     store = args.out / "learned.json"
     rows = json.loads(store.read_text()) if store.exists() else []
     done = {(r["method"], r["power_dbm"], r["n"]) for r in rows}
-    x_true = jnp.asarray(mle_mismatch.TEST_POINT)
+    x_true = jnp.asarray(TEST_POINT)
     for power in args.powers_dbm:
         scene = dj.paper_scene(power, "concrete")
         for L in Ls:

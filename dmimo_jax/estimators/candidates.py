@@ -1,0 +1,226 @@
+r"""Candidate cells (beyond the paper): screen a few cells of the UE region instead of all of it.
+
+A learned coarse stage that names K candidate cells of a regular partition of the UE
+region (:class:`CellGrid`, e.g. 1 m cubes) turns the safeguard into K small screens:
+the model phasors of every cell are tabulated once (:func:`cell_table`: a
+``spacing``-grid of each cell widened by ``margin``, float32 ``[cos, sin]`` rows, like
+the paper's lookup table), the coherence
+:math:`|\sum_m e^{j(r_m - \theta_m(\mathbf x))}|` of the candidate cells' points is one
+gathered matrix product, and the ``num_starts`` most coherent points start the
+multi-start refinement (:func:`~dmimo_jax.estimators.refine_multistart`) under the same
+cheap model. :func:`candidate_search` returns the refined best point and its LS cost.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_int, check_num_aps, check_phases, check_scalar
+from dmimo_jax.estimators.mle import check_lm_settings, compressed_residuals, refine_multistart
+from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.pytree import pytree_dataclass, static_field
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "CandidateResult",
+    "CellGrid",
+    "CellTable",
+    "candidate_search",
+    "cell_grid",
+    "cell_table",
+]
+
+
+@pytree_dataclass
+class CellGrid:
+    """A partition of a box into cubes of ``cell_size`` (the last cells may stick out).
+
+    Attributes:
+        low: (3,) lower corner, m.
+        cell_size: edge of a cell, m (static).
+        shape: cells per axis (static); flat index is C order.
+    """
+
+    low: Array
+    cell_size: float = static_field()
+    shape: tuple[int, int, int] = static_field()
+
+    @property
+    def num_cells(self) -> int:
+        return math.prod(self.shape)
+
+    def index(self, x: ArrayLike) -> Array:
+        """Flat cell index (...,) of positions (..., 3); outside points go to the nearest cell."""
+        x = jnp.asarray(x)
+        low = jnp.broadcast_to(self.low.astype(x.dtype), x.shape)
+        ijk = jnp.floor((x - low) / self.cell_size).astype(jnp.int32)
+        top = jnp.broadcast_to(jnp.asarray(self.shape, jnp.int32) - 1, ijk.shape)
+        ijk = jnp.clip(ijk, 0, top)
+        return jnp.ravel_multi_index(tuple(jnp.moveaxis(ijk, -1, 0)), self.shape, mode="clip")
+
+    def corner(self, index: ArrayLike) -> Array:
+        """Lower corners (..., 3) of flat cell indices (...,)."""
+        ijk = jnp.stack(jnp.unravel_index(jnp.asarray(index), self.shape), axis=-1)
+        return jnp.broadcast_to(self.low, ijk.shape) + ijk.astype(self.low.dtype) * self.cell_size
+
+    def centre(self, index: ArrayLike) -> Array:
+        """Centres (..., 3) of flat cell indices."""
+        return self.corner(index) + 0.5 * self.cell_size
+
+
+def cell_grid(scene: Scene | PhaseModel, cell_size: float = 1.0) -> CellGrid:
+    """The cells of ``cell_size`` metres covering the scene's UE region."""
+    scene = getattr(scene, "scene", scene)
+    check_scalar("cell_size", cell_size, positive=True)
+    low, high = np.asarray(scene.ue_low, float), np.asarray(scene.ue_high, float)
+    shape = tuple(int(n) for n in np.maximum(np.ceil((high - low) / cell_size - 1e-9), 1))
+    return CellGrid(jnp.asarray(low), float(cell_size), shape)
+
+
+@pytree_dataclass
+class CellTable:
+    """Model phasors of every cell: ``data[c, p] = [cos theta(x_cp), sin theta(x_cp)]``.
+
+    Attributes:
+        cells: the :class:`CellGrid`.
+        offsets: (P, 3) point offsets from a cell's lower corner, m.
+        data: (num_cells, P, 2M) float32.
+    """
+
+    cells: CellGrid
+    offsets: Array
+    data: Array
+
+    @property
+    def num_aps(self) -> int:
+        return self.data.shape[-1] // 2
+
+    @property
+    def points_per_cell(self) -> int:
+        return self.offsets.shape[0]
+
+
+def cell_table(
+    model: PhaseModel | Scene,
+    cells: CellGrid,
+    *,
+    spacing: float | None = None,
+    margin: float | None = None,
+) -> CellTable:
+    r"""Tabulate ``model``'s phasors on a ``spacing`` grid of every cell widened by ``margin``.
+
+    Args:
+        model: the (cheap) PhaseModel of the screen.
+        cells: the partition.
+        spacing: point spacing (default :math:`\lambda/4`, as the safeguard's window).
+        margin: how far the points reach past each face (default half a spacing), so a
+            UE just outside a candidate cell is still next to a screened point.
+    """
+    model = as_phase_model(model)
+    lam = float(model.scene.wavelength)
+    spacing = lam / 4 if spacing is None else float(spacing)
+    margin = 0.5 * spacing if margin is None else float(margin)
+    check_scalar("spacing", spacing, positive=True)
+    check_scalar("margin", margin)
+    n = int(np.ceil((cells.cell_size + 2 * margin) / spacing)) + 1
+    axis = -margin + spacing * np.arange(n)
+    offsets = np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), -1).reshape(-1, 3)
+    offsets = jnp.asarray(offsets, cells.low.dtype)
+    data = _cell_rows(model, cells, offsets)
+    return CellTable(cells, offsets, data)
+
+
+@jax.jit
+def _cell_rows(model: PhaseModel, cells: CellGrid, offsets: Array) -> Array:
+    def one(c):
+        pts = jnp.broadcast_to(cells.corner(c)[None, :], offsets.shape) + offsets
+        pts = pts.at[:, 2].set(jnp.maximum(pts[:, 2], 1e-3))  # keep above the ground
+        theta = jax.vmap(model.mean)(pts)
+        return jnp.concatenate([jnp.cos(theta), jnp.sin(theta)], axis=-1).astype(jnp.float32)
+
+    return jax.lax.map(one, jnp.arange(cells.num_cells))
+
+
+class CandidateResult(NamedTuple):
+    """Output of :func:`candidate_search` (leading batch axis B)."""
+
+    x: Array  # (B, 3) best refined point, m
+    cost: Array  # (B,) its LS cost (eq. 18) under the screen's model
+    start: Array  # (B, 3) the screened point it was refined from
+
+
+def candidate_search(
+    r: ArrayLike,
+    model: PhaseModel,
+    table: CellTable,
+    cells: ArrayLike,
+    *,
+    num_starts: int = 4,
+    num_steps: int = 8,
+    chunk: int = 64,
+) -> CandidateResult:
+    """Screen the candidate ``cells`` (B, K) of each snapshot and refine the best points.
+
+    Args:
+        r: (B, M) wrapped phases.
+        model: the cheap PhaseModel ``table`` was built from.
+        table: :func:`cell_table` of ``model``.
+        cells: (B, K) flat cell indices per snapshot (e.g. a classifier's top K).
+        num_starts: most coherent points per snapshot that start a refinement.
+        num_steps: Levenberg-Marquardt steps per start.
+        chunk: snapshots per gathered matrix product (bounds memory at
+            chunk x K x P x 2M floats).
+
+    Returns:
+        :class:`CandidateResult`.
+    """
+    model = as_phase_model(model)
+    check_num_aps(model.num_aps)
+    r = jnp.asarray(r)
+    r = r[None, :] if r.ndim == 1 else r
+    check_phases("r", r, model.num_aps, batched=True)
+    if table.num_aps != model.num_aps:
+        raise ValueError(f"table has {table.num_aps} APs, the model {model.num_aps}")
+    cells = jnp.asarray(cells)
+    if cells.ndim != 2 or cells.shape[0] != r.shape[0]:
+        raise ValueError(f"cells must have shape ({r.shape[0]}, K), got {cells.shape}")
+    if cells.size and not (0 <= int(cells.min()) and int(cells.max()) < table.cells.num_cells):
+        raise ValueError(f"cells must index the {table.cells.num_cells} cells of the table")
+    check_int("num_starts", num_starts, minimum=1)
+    check_int("chunk", chunk, minimum=1)
+    check_lm_settings(num_steps, 1e-3)
+    if num_starts > cells.shape[1] * table.points_per_cell:
+        raise ValueError(f"num_starts={num_starts} exceeds the screened points")
+    if r.shape[0] == 0:
+        z = jnp.zeros((0, 3), r.dtype)
+        return CandidateResult(z, jnp.zeros((0,), r.dtype), z)
+    return _candidate_search(r, model, table, cells.astype(jnp.int32), num_starts, num_steps, chunk)
+
+
+@partial(jax.jit, static_argnums=(4, 5, 6))
+def _candidate_search(r, model, table, cells, k, num_steps, chunk) -> CandidateResult:
+    def starts(args):  # (k, 3) most coherent screened points of one snapshot
+        ri, ci = args
+        rows = table.data[ci].reshape(-1, table.data.shape[-1])  # (K P, 2M)
+        c, s = jnp.cos(ri).astype(jnp.float32), jnp.sin(ri).astype(jnp.float32)
+        m = c.shape[0]
+        re = rows[:, :m] @ c + rows[:, m:] @ s  # Re sum e^{j(r - theta)}
+        im = rows[:, :m] @ s - rows[:, m:] @ c
+        _, idx = jax.lax.top_k(re * re + im * im, k)
+        cell = ci[idx // table.points_per_cell]
+        return table.cells.corner(cell) + table.offsets[idx % table.points_per_cell]  # (k, 3)
+
+    x0 = jax.lax.map(starts, (r, cells), batch_size=chunk)
+    x0 = x0.at[..., 2].set(jnp.maximum(x0[..., 2], 1e-3))
+    fine = refine_multistart(x0, r, model, num_steps=num_steps)
+    start = jnp.take_along_axis(x0, fine.index[:, None, None], axis=1)[:, 0]
+    cost = jax.vmap(lambda x, ri: jnp.sum(compressed_residuals(ri, model.mean(x)) ** 2))(fine.x, r)
+    return CandidateResult(fine.x, cost, start)

@@ -1,0 +1,49 @@
+r"""The shared quasi-periodic Gaussian-process phase model of Sec. III (tinygp).
+
+* :mod:`~dmimo_jax.gp.kernel`: features, the eq. (22) kernel, the likelihood (eq. 23);
+* :mod:`~dmimo_jax.gp.fit`: :func:`fit` maximizes eq. (23) over the hyperparameters
+  with the L CPOs profiled out in closed form;
+* :mod:`~dmimo_jax.gp.model`: :class:`GPPhaseModel` (eqs. 25-27), a **PhaseModel** built
+  from tinygp's conditioned process, and its tabulated mean :class:`TabulatedGPModel`;
+* :mod:`~dmimo_jax.gp.nuts`: numpyro NUTS over the hyperparameters and
+  :class:`GPMixtureModel` (beyond the paper).
+"""
+
+from dmimo_jax.gp.fit import GPFit, fit, initial_cpos, initial_params, profile_cpos
+from dmimo_jax.gp.kernel import (
+    GPParams,
+    build_kernel,
+    check_training_data,
+    features,
+    flat_features,
+    log_marginal_likelihood,
+    los_noise_var,
+    los_phase,
+    residuals,
+    training_process,
+)
+from dmimo_jax.gp.model import GPPhaseModel, TabulatedGPModel
+from dmimo_jax.gp.nuts import GPMixtureModel, GPPosterior, fit_nuts
+
+__all__ = [
+    "GPFit",
+    "GPMixtureModel",
+    "GPParams",
+    "GPPhaseModel",
+    "GPPosterior",
+    "TabulatedGPModel",
+    "build_kernel",
+    "check_training_data",
+    "features",
+    "fit",
+    "fit_nuts",
+    "flat_features",
+    "initial_cpos",
+    "initial_params",
+    "log_marginal_likelihood",
+    "los_noise_var",
+    "los_phase",
+    "profile_cpos",
+    "residuals",
+    "training_process",
+]

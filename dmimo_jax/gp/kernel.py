@@ -1,0 +1,200 @@
+r"""The shared GP of Sec. III: features, the quasi-periodic kernel (eq. 22), likelihood (eq. 23).
+
+The measured phase of AP m at UE location i is modelled as (eq. 19)
+
+.. math:: r_{m,i} = \mathrm{wrap}(2\pi d^{(1)}_{m,i}/\lambda + \phi_i + g(\mathbf s_q) + n_{m,i}),
+
+with one zero-mean GP :math:`g` shared by all APs, whose inputs are the features
+:math:`\Delta d = d^{(2)} - d^{(1)}` and the incidence angle :math:`\gamma` (Sec. III-A),
+and the quasi-periodic kernel of eq. (22):
+
+.. math:: k = \sigma_f^2\,k_{pe}(\Delta d\mid\ell_1^2)\,k_{se}(\Delta d\mid\ell_2^2)\,k_{se}(\gamma\mid\ell_3^2).
+
+Neither :math:`\varepsilon_r` nor the polarization is used: only the geometry (AP
+positions, the ground plane z = 0) and the wavelength.
+
+Shapes: training positions ``x`` (L, 3), phases ``r`` (L, M), noise variances (L, M).
+Observations are flattened UE-major, ``q = i M + m`` as in the paper.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tinygp
+from jax import Array
+from jax.typing import ArrayLike
+from tinygp import kernels, transforms
+
+from dmimo_jax._checks import check_finite, check_positions, is_concrete
+from dmimo_jax.phase import wrap
+from dmimo_jax.physics import geometry, noise_var_from_amplitude, safe_norm
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "GPParams",
+    "MAX_COVARIANCE_BYTES",
+    "check_covariance_size",
+    "check_params",
+    "build_kernel",
+    "check_training_data",
+    "features",
+    "flat_features",
+    "log_marginal_likelihood",
+    "los_noise_var",
+    "los_phase",
+    "residuals",
+    "training_process",
+]
+
+
+class GPParams(NamedTuple):
+    r"""Hyperparameters :math:`\psi = [\sigma_f^2, \ell_1^2, \ell_2^2, \ell_3^2]` in log space."""
+
+    log_sigma_f2: Array  # magnitude, rad^2
+    log_ell1_sq: Array  # periodic length-scale (dimensionless, in sin^2 units)
+    log_ell2_sq: Array  # quasi-periodic decay along Delta d, m^2
+    log_ell3_sq: Array  # decay along the incidence angle, rad^2
+
+    @classmethod
+    def from_natural(cls, sigma_f2, ell1_sq, ell2_sq, ell3_sq) -> GPParams:
+        return cls(*(jnp.log(jnp.asarray(v, float)) for v in (sigma_f2, ell1_sq, ell2_sq, ell3_sq)))
+
+    def natural(self) -> dict[str, float]:
+        """The four hyperparameters as plain floats (for reports)."""
+        names = ("sigma_f2", "ell1_sq", "ell2_sq", "ell3_sq")
+        return {n: float(jnp.exp(v)) for n, v in zip(names, self, strict=True)}
+
+
+def features(x: ArrayLike, scene: Scene) -> Array:
+    r"""GP inputs :math:`[\Delta d_m, \gamma_m]` (M, 2) for one UE position ``x`` (3,).
+
+    :math:`\Delta d = d^{(2)} - d^{(1)}` (m, computed as :math:`4 z z_m/(d^{(1)}+d^{(2)})`
+    without cancellation) and :math:`\gamma = \arccos((z + z_m)/d^{(2)})` (rad), evaluated
+    as ``atan2(horizontal distance, z + z_m)`` so that its gradient stays finite straight
+    below an AP.
+    """
+    check_positions("x", x, batched=False)
+    x = jnp.asarray(x, scene.ap_positions.dtype)
+    geo = geometry(x, scene)
+    ap = scene.ap_positions
+    horizontal = safe_norm(ap[:, :2] - x[None, :2])
+    gamma = jnp.arctan2(horizontal, x[2] + ap[:, 2])
+    return jnp.stack([geo.path_difference, gamma], axis=-1)
+
+
+def los_phase(x: ArrayLike, scene: Scene) -> Array:
+    r"""LoS carrier phase :math:`2\pi d^{(1)}_m/\lambda` (M,), unwrapped."""
+    return 2 * jnp.pi / scene.wavelength * geometry(x, scene).d1
+
+
+def los_noise_var(x: ArrayLike, scene: Scene) -> Array:
+    r"""Phase-noise variance of eq. (9) with the LoS amplitude :math:`\lambda/(4\pi d^{(1)})` (M,).
+
+    What a model that does not know :math:`\varepsilon_r` can say about the noise at a new
+    position (the reflection changes the true amplitude by a factor :math:`|1+\rho|`).
+    """
+    return noise_var_from_amplitude(scene.wavelength / (4 * jnp.pi * geometry(x, scene).d1), scene)
+
+
+def build_kernel(params: GPParams, wavelength: ArrayLike) -> kernels.Kernel:
+    r"""The quasi-periodic product kernel of eq. (22) on inputs ``[Delta d, gamma]``.
+
+    :math:`k_{pe}(\Delta d\mid\ell_1^2) = \exp(-\tfrac{2}{\ell_1^2}\sin^2(\pi(\Delta d - \Delta d')/\lambda))`
+    is tinygp's ``ExpSineSquared(scale=lambda, gamma=2/ell1^2)``; :math:`k_{se}(\cdot\mid\ell^2)`
+    is ``ExpSquared(scale=ell)``; ``Subspace`` picks the feature each factor sees.
+    """
+    sigma_f2, ell1_sq, ell2_sq, ell3_sq = (jnp.exp(p) for p in params)
+    k_pe = kernels.ExpSineSquared(scale=wavelength, gamma=2.0 / ell1_sq)
+    k_se_dd = kernels.ExpSquared(scale=jnp.sqrt(ell2_sq))
+    k_se_gamma = kernels.ExpSquared(scale=jnp.sqrt(ell3_sq))
+    return (
+        sigma_f2
+        * transforms.Subspace(0, k_pe)
+        * transforms.Subspace(0, k_se_dd)
+        * transforms.Subspace(1, k_se_gamma)
+    )
+
+
+def residuals(x: ArrayLike, r: ArrayLike, cpo: ArrayLike, scene: Scene) -> Array:
+    r""":math:`\upsilon_{m,i} = \mathrm{wrap}(r_{m,i} - 2\pi d^{(1)}_{m,i}/\lambda - \phi_i)`, eq. (24a), (L, M)."""
+    los = jax.vmap(los_phase, in_axes=(0, None))(x, scene)
+    return wrap(jnp.asarray(r) - los - jnp.asarray(cpo)[:, None])
+
+
+def flat_features(x: ArrayLike, scene: Scene) -> Array:
+    """Features of L positions (L, 3) flattened UE-major: (L M, 2), row q = i M + m."""
+    return jax.vmap(features, in_axes=(0, None))(x, scene).reshape(-1, 2)
+
+
+def training_process(
+    params: GPParams, x: ArrayLike, noise_var: ArrayLike, scene: Scene
+) -> tinygp.GaussianProcess:
+    """The tinygp process over the L M training observations, noise variances on the diagonal (eq. 24b)."""
+    x, noise_var = jnp.asarray(x), jnp.asarray(noise_var)
+    kernel = build_kernel(params, scene.wavelength)
+    return tinygp.GaussianProcess(kernel, flat_features(x, scene), diag=noise_var.reshape(-1))
+
+
+def log_marginal_likelihood(
+    params: GPParams, cpo: ArrayLike, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike, scene: Scene
+) -> Array:
+    r"""Log marginal likelihood :math:`\mathcal L_{\mathbf r} = \log p(\mathbf r\mid\phi,\psi)`, eq. (23).
+
+    :math:`\mathbf K_{\mathbf r} = k(\mathbf s_q, \mathbf s_{q'}) + \delta_{qq'}\sigma^2_{m,i}`
+    (eq. 24b) with the known per-observation noise on the diagonal. Differentiable in
+    ``params`` and ``cpo`` (the gradients of eqs. 23b-c come from autodiff).
+    """
+    gp = training_process(params, x, noise_var, scene)
+    return gp.log_probability(residuals(x, r, cpo, scene).reshape(-1))
+
+
+def check_params(name: str, params: GPParams) -> None:
+    """``ValueError`` unless every log hyperparameter is finite (each natural one > 0)."""
+    if not isinstance(params, GPParams):
+        raise ValueError(f"{name} must be a GPParams, got {type(params).__name__}")
+    if is_concrete(params):
+        bad = [f for f, v in zip(GPParams._fields, params, strict=True) if not np.isfinite(v)]
+        if bad:
+            raise ValueError(
+                f"{name} must have finite log hyperparameters (each natural value > 0), "
+                f"got non-finite {bad}: {params.natural()}"
+            )
+
+
+#: the largest training covariance (L M x L M, float64) fit and from_data accept by default
+MAX_COVARIANCE_BYTES = 2 * 2**30
+
+
+def check_covariance_size(num_locations: int, num_aps: int, max_bytes: float) -> None:
+    """Refuse up front a training covariance larger than ``max_bytes`` (it would fail
+    deep in XLA asking for the memory)."""
+    n = num_locations * num_aps
+    need = 8.0 * n * n
+    if need > max_bytes:
+        raise ValueError(
+            f"L = {num_locations} snapshots x M = {num_aps} APs give a {n} x {n} covariance "
+            f"({need / 2**30:.1f} GiB) > max_covariance_bytes = {max_bytes / 2**30:.1f} GiB; "
+            "use fewer labeled snapshots"
+        )
+
+
+def check_training_data(x: Any, r: Any, noise_var: Any, num_aps: int) -> None:
+    """Validate L labeled snapshots: x (L, 3) above ground with L >= 2, r and noise_var (L, M)
+    finite, noise_var > 0 (``ValueError`` naming the argument otherwise)."""
+    check_positions("x", x, batched=True)
+    x = np.asarray(x)
+    if x.shape[0] < 2:
+        raise ValueError(f"need at least L = 2 training locations, got x with shape {x.shape}")
+    for name, v in (("r", r), ("noise_var", noise_var)):
+        v = np.asarray(v)
+        if v.shape != (x.shape[0], num_aps):
+            raise ValueError(
+                f"{name} must have shape {(x.shape[0], num_aps)} (L, M), got {v.shape}"
+            )
+        check_finite(name, v)
+    if np.any(np.asarray(noise_var) <= 0):
+        raise ValueError("noise_var must be positive (rad^2)")

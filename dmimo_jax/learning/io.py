@@ -1,0 +1,90 @@
+"""Model files: a trained network as a folder (``spec.json`` + an orbax checkpoint).
+
+Each network class says how it is described and rebuilt (``kind``, ``spec()``,
+``from_spec(spec, rngs=...)``); :data:`NETWORKS` maps the kinds to the classes. Nothing
+here knows a network's internals.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from types import MappingProxyType
+
+from flax import nnx
+
+from dmimo_jax.learning.cells import CellClassifier
+from dmimo_jax.learning.hi import AmbiguityClassifier
+from dmimo_jax.learning.mlp import MLPRegressor
+from dmimo_jax.learning.popt import POPT
+
+__all__ = ["NETWORKS", "build_model", "load_model", "model_spec", "save_model"]
+
+#: kind -> network class (read-only): the networks a model file can hold
+NETWORKS = MappingProxyType(
+    {cls.kind: cls for cls in (POPT, MLPRegressor, AmbiguityClassifier, CellClassifier)}
+)
+
+
+def model_spec(model: nnx.Module) -> dict:
+    """A JSON-able description that :func:`build_model` turns back into the architecture."""
+    kind = getattr(type(model), "kind", None)
+    if NETWORKS.get(kind) is not type(model):
+        raise ValueError(
+            f"model must be one of {sorted(c.__name__ for c in NETWORKS.values())}, "
+            f"got {type(model).__name__}"
+        )
+    return dict(kind=kind, **model.spec())
+
+
+def build_model(spec: dict, *, seed: int = 0) -> nnx.Module:
+    """A freshly initialized network of the architecture in ``spec`` (see :func:`model_spec`)."""
+    kind = spec.get("kind")
+    if kind not in NETWORKS:
+        raise ValueError(f"spec['kind'] must be one of {sorted(NETWORKS)}, got {kind!r}")
+    return NETWORKS[kind].from_spec(spec, rngs=nnx.Rngs(seed))
+
+
+def save_model(path: str | pathlib.Path, model: nnx.Module, *, meta: dict | None = None) -> None:
+    """Write ``model`` to the folder ``path``: ``spec.json`` and an orbax checkpoint ``state``."""
+    import orbax.checkpoint as ocp
+
+    path = pathlib.Path(path).absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    _, state = nnx.split(model)
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(path / "state", nnx.to_pure_dict(state), force=True)
+    (path / "spec.json").write_text(
+        json.dumps(dict(spec=model_spec(model), meta=meta or {}), indent=1)
+    )
+
+
+def load_model(path: str | pathlib.Path) -> tuple[nnx.Module, dict]:
+    """The model written by :func:`save_model` and its ``meta`` dict.
+
+    Raises:
+        FileNotFoundError: no saved model at ``path``.
+        ValueError: the files are there but unreadable or do not match their spec.
+    """
+    import orbax.checkpoint as ocp
+
+    path = pathlib.Path(path).absolute()
+    spec_file = path / "spec.json"
+    if not spec_file.is_file() or not (path / "state").exists():
+        raise FileNotFoundError(f"path={str(path)!r} holds no saved model (spec.json + state)")
+    try:
+        saved = json.loads(spec_file.read_text())
+        model = build_model(saved["spec"])
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"path={str(path)!r}: spec.json is corrupted: {err}") from err
+    graphdef, state = nnx.split(model)
+    target = nnx.to_pure_dict(state)
+    try:
+        with ocp.StandardCheckpointer() as ckpt:
+            restored = ckpt.restore(path / "state", target)
+    except Exception as err:
+        raise ValueError(
+            f"path={str(path)!r}: the saved state is corrupted or does not match spec.json: {err}"
+        ) from err
+    nnx.replace_by_pure_dict(state, restored)
+    return nnx.merge(graphdef, state), saved.get("meta", {})

@@ -1,0 +1,82 @@
+"""Training presets: a POPT network, a loop configuration and a synthetic-set size that go
+together (Sec. VI-A for ``paper``; ``cpu`` for this project's 2-core machines)."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+
+from dmimo_jax.learning.cells import CellConfig
+from dmimo_jax.learning.popt import POPTConfig
+from dmimo_jax.learning.train import TrainConfig
+
+__all__ = [
+    "CELLS_CPU",
+    "CELLS_GPU",
+    "CELLS_QUICK",
+    "PRESETS",
+    "CellsPreset",
+    "Preset",
+    "get_preset",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class CellsPreset:
+    """The cell classifier's network, loop and synthetic-set size (beyond the paper)."""
+
+    network: CellConfig
+    train: TrainConfig
+    num_samples: int
+    cell_size: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A network, a loop configuration and a synthetic-set size that go together."""
+
+    name: str
+    popt: POPTConfig
+    train: TrainConfig
+    num_samples: int
+    cells: CellsPreset
+
+
+CELLS_CPU = CellsPreset(
+    CellConfig(),
+    TrainConfig(epochs=3, batch_size=1024, peak_lr=1e-3, pct_start=0.05, val_fraction=0.01),
+    1_000_000,
+)
+CELLS_QUICK = CellsPreset(
+    CellConfig(),
+    TrainConfig(epochs=2, batch_size=1024, peak_lr=1e-3, pct_start=0.05, val_fraction=0.01),
+    600_000,
+)
+CELLS_GPU = CellsPreset(
+    CellConfig(),
+    TrainConfig(epochs=10, batch_size=1024, peak_lr=1e-3, pct_start=0.05, val_fraction=0.01),
+    4_000_000,
+)
+
+#: name -> :class:`Preset` (read-only)
+PRESETS = MappingProxyType(
+    {
+        # the paper: N_AI = 1.125e6 (1e6 train + 0.125e6 validation), 120 epochs; for a GPU
+        "paper": Preset("paper", POPTConfig.paper(), TrainConfig(epochs=120), 1_125_000, CELLS_GPU),
+        # this 2-core CPU: see docs/learning.md for the accuracy it reaches and its time
+        "cpu": Preset(
+            "cpu", POPTConfig.cpu(), TrainConfig(epochs=15, batch_size=100), 60_000, CELLS_CPU
+        ),
+        # the quickstart (<= 10 min from an empty cache): the cpu preset, a shorter cells run
+        "quick": Preset(
+            "quick", POPTConfig.cpu(), TrainConfig(epochs=15, batch_size=100), 60_000, CELLS_QUICK
+        ),
+    }
+)
+
+
+def get_preset(name: str) -> Preset:
+    """The preset ``name`` (``ValueError`` naming the known ones otherwise)."""
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    return PRESETS[name]

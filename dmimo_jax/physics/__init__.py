@@ -1,0 +1,46 @@
+"""Propagation models behind one :class:`PhaseModel` protocol.
+
+* :mod:`~dmimo_jax.physics.model`: the protocol and :func:`as_phase_model`;
+* :mod:`~dmimo_jax.physics.fresnel`: the Fresnel reflection coefficient, eq. (3);
+* :mod:`~dmimo_jax.physics.two_ray`: the paper's LoS + ground model, eqs. (1)-(9).
+"""
+
+from dmimo_jax.physics.fresnel import reflection_coefficient, zeta_term
+from dmimo_jax.physics.model import PhaseModel, as_phase_model
+from dmimo_jax.physics.two_ray import (
+    Geometry,
+    PathParameters,
+    TwoRayModel,
+    effective_amplitude,
+    effective_phase,
+    effective_phasor,
+    geometry,
+    noise_var_from_amplitude,
+    path_parameters,
+    phase_noise_var,
+    phase_perturbation,
+    relative_reflection,
+    safe_norm,
+    unwrapped_phase,
+)
+
+__all__ = [
+    "Geometry",
+    "PathParameters",
+    "PhaseModel",
+    "TwoRayModel",
+    "as_phase_model",
+    "effective_amplitude",
+    "effective_phase",
+    "effective_phasor",
+    "geometry",
+    "noise_var_from_amplitude",
+    "path_parameters",
+    "phase_noise_var",
+    "phase_perturbation",
+    "reflection_coefficient",
+    "relative_reflection",
+    "safe_norm",
+    "unwrapped_phase",
+    "zeta_term",
+]

@@ -1,0 +1,64 @@
+"""The PhaseModel protocol: what every propagation model offers the rest of the package.
+
+A PhaseModel maps **one** UE position ``x`` (3,) to the per-AP mean carrier phase without
+the CPO, ``mean(x)`` (M,) (unwrapped, radians), and the phase-noise variance
+``variance(x)`` (M,) (rad^2), and carries the :class:`~dmimo_jax.scene.Scene` whose
+geometry it describes (``.scene``: AP positions, wavelength, UE region, powers). The
+analytic two-ray model, the GP models of Sec. III and the image-source room model all
+implement it, so simulation, bounds, estimators and metrics are written once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax.physics.two_ray import TwoRayModel
+from dmimo_jax.scene import Scene
+
+__all__ = ["PhaseModel", "as_phase_model"]
+
+
+@runtime_checkable
+class PhaseModel(Protocol):
+    """Anything mapping one UE position (3,) to per-AP mean phase (M,) and variance (M,).
+
+    Attributes:
+        scene: the deployment the model describes (geometry, wavelength, UE region).
+        num_aps: M.
+    """
+
+    @property
+    def scene(self) -> Scene: ...
+
+    @property
+    def num_aps(self) -> int: ...
+
+    def mean(self, x: ArrayLike) -> Array:
+        """Mean carrier phase without CPO, (M,) radians, unwrapped."""
+        ...
+
+    def variance(self, x: ArrayLike) -> Array:
+        """Phase-noise variance, (M,) rad^2."""
+        ...
+
+
+def as_phase_model(model_or_scene: PhaseModel | Scene | Any) -> PhaseModel:
+    """A :class:`~dmimo_jax.scene.Scene` becomes its two-ray model; a PhaseModel passes.
+
+    Raises:
+        ValueError: anything else (the message names what is missing).
+    """
+    if isinstance(model_or_scene, Scene):
+        return TwoRayModel(model_or_scene)
+    missing = [
+        a for a in ("mean", "variance", "scene", "num_aps") if not hasattr(model_or_scene, a)
+    ]
+    if missing:
+        raise ValueError(
+            "model must be a Scene or a PhaseModel with mean(x), variance(x), .scene and "
+            f".num_aps, got {type(model_or_scene).__name__} (missing {', '.join(missing)})"
+        )
+    return model_or_scene

@@ -1,0 +1,193 @@
+"""The package's shape as a contract: layers, public names, pytrees, no hidden state."""
+
+import ast
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import dmimo_jax as dj
+from dmimo_jax import estimators, gp, pipeline
+from dmimo_jax.learning import POPT, POPTConfig, SyntheticBatch, TrainConfig, train
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dmimo_jax"
+SCENE = dj.paper_scene()
+
+
+def _modules():
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_layers_contract_holds():
+    """import-linter's layers contract in pyproject.toml: nothing imports upward."""
+    exe = shutil.which("lint-imports") or str(pathlib.Path(sys.executable).parent / "lint-imports")
+    out = subprocess.run([exe], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 kept, 0 broken" in out.stdout
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_imports_another_modules_private_name(path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dmimo_jax"):
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            assert not private, f"{path.name} imports {private} from {node.module}"
+
+
+_MUTABLE = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_level_mutable_state(path):
+    """No module-level dict/list/set (caches, registries) and no weakref caches: a library
+    answer may not depend on what an earlier call left behind."""
+    source = path.read_text()
+    assert "weakref" not in source and "lru_cache" not in source and "functools.cache" not in source
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = [getattr(t, "id", "?") for t in targets]
+            if names == ["__all__"]:
+                continue
+            assert not isinstance(node.value, _MUTABLE), f"{path.name}: {names} is mutable"
+
+
+def test_top_level_reaches_each_layers_entry_points():
+    for name in ("egs", "refine", "refine_batch", "coarse_to_fine", "window_search", "peb"):
+        assert callable(getattr(dj, name))
+    assert dj.gp is gp and dj.pipeline is pipeline and dj.estimators is estimators
+    assert dj.pipeline.window_search is estimators.window_search  # old name keeps working
+    assert dj.pipeline.HIEstimator is dj.learning.HIEstimator
+    with pytest.raises(AttributeError):
+        dj.no_such_name  # noqa: B018
+
+
+def test_importing_the_package_leaves_jax_config_alone():
+    code = "import jax; import dmimo_jax, dmimo_jax.pipeline; print(jax.config.jax_enable_x64)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def _gp_models():
+    truth = dj.TwoRayModel(SCENE)
+    k1, k2, k3 = jax.random.split(jax.random.key(3), 3)
+    x = dj.sample_positions(k1, 6, SCENE)
+    r = dj.simulate_phases_batch(k2, truth, x, dj.random_cpos(k3, 6))
+    nv = jax.vmap(truth.variance)(x)
+    fit = gp.fit(x, r, nv, SCENE, num_steps=3)
+    model = gp.GPPhaseModel.from_fit(fit, x, r, nv, SCENE)
+    table = gp.TabulatedGPModel.from_model(model, dd_step=0.02, num_gamma=8)
+    mixture = gp.GPMixtureModel(jax.tree.map(lambda v: jnp.stack([v, v]), model))
+    return model, table, mixture
+
+
+def _public_pytrees():
+    grid = estimators.make_grid([1.0, 1.0, 1.0], [2.0, 2.0, 2.0], 0.25)
+    model, table, mixture = _gp_models()
+    return {
+        "Scene": SCENE,
+        "TwoRayModel": dj.TwoRayModel(SCENE),
+        "Grid": grid,
+        "PhasorTable": estimators.phasor_table(SCENE, grid),
+        "GPPhaseModel": model,
+        "TabulatedGPModel": table,
+        "GPMixtureModel": mixture,
+    }
+
+
+PYTREES = _public_pytrees()
+
+
+@pytest.mark.parametrize("name", sorted(PYTREES))
+def test_public_pytree_round_trips(name):
+    obj = PYTREES[name]
+    leaves, treedef = jax.tree_util.tree_flatten(obj)
+    back = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert type(back) is type(obj)
+    assert jax.tree_util.tree_structure(back) == treedef
+    for a, b in zip(jax.tree.leaves(back), leaves, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # keyed flattening names every leaf by attribute
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(obj)[0]]
+    assert all(isinstance(p[0], jax.tree_util.GetAttrKey) for p in paths)
+    # through jit: rebuilt from tracers without running a validating constructor
+    out = jax.jit(lambda t: t)(obj)
+    assert jax.tree_util.tree_structure(out) == treedef
+
+
+@pytest.mark.parametrize("name", ["TwoRayModel", "GPPhaseModel", "TabulatedGPModel"])
+def test_phase_models_declare_the_protocol(name):
+    model = PYTREES[name]
+    assert isinstance(model, dj.PhaseModel)
+    assert model.scene.num_aps == model.num_aps == 17
+    x = jnp.array([5.0, 5.0, 1.5])
+    assert model.mean(x).shape == model.variance(x).shape == (17,)
+
+
+def test_as_phase_model_names_what_is_missing():
+    class NoScene:
+        num_aps = 17
+
+        def mean(self, x):
+            return x
+
+        def variance(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="missing scene"):
+        dj.as_phase_model(NoScene())
+
+
+def test_coarse_estimate_follows_further_training():
+    """The online stage holds no cache of weights: train a network further and
+    coarse_estimate sees the new weights (an earlier cache returned the old outputs)."""
+    net = POPT(17, POPTConfig.tiny(), low=SCENE.ue_low, high=SCENE.ue_high, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    data = SyntheticBatch(
+        x=rng.uniform(1.0, 3.0, (90, 3)).astype(np.float32),
+        r=rng.uniform(-np.pi, np.pi, (90, 17)).astype(np.float32),
+        cpo=np.zeros(90, np.float32),
+    )
+    r = jnp.asarray(data.r[:4])
+    before = np.asarray(pipeline.coarse_estimate(net, r))
+    train(net, data, TrainConfig(epochs=2, batch_size=20, peak_lr=1e-2), progress=False)
+    after = np.asarray(pipeline.coarse_estimate(net, r))
+    np.testing.assert_allclose(after, np.asarray(net(r)), rtol=1e-5, atol=1e-5)
+    assert np.max(np.abs(after - before)) > 1e-3
+
+
+def test_gp_fit_with_random_restarts_needs_a_key():
+    truth = dj.TwoRayModel(SCENE)
+    x = dj.sample_positions(jax.random.key(0), 4, SCENE)
+    r = dj.simulate_phases_batch(jax.random.key(1), truth, x, jnp.zeros(4))
+    nv = jax.vmap(truth.variance)(x)
+    with pytest.raises(ValueError, match="key"):
+        gp.fit(x, r, nv, SCENE, num_restarts=2, num_steps=2)
+
+
+def test_refine_multistart_keeps_the_lowest_cost_start():
+    x = jnp.array([6.5, 5.0, 2.0])
+    r = dj.wrap(dj.TwoRayModel(SCENE).mean(x) + 0.3)[None, :]
+    far = x + jnp.array([0.0, 0.0, 0.6])  # another basin
+    near = x + jnp.array([0.01, -0.01, 0.005])
+    out = estimators.refine_multistart(jnp.stack([far, near])[None], r, SCENE)
+    assert int(out.index[0]) == 1
+    np.testing.assert_allclose(out.x[0], x, atol=1e-9)
+    with pytest.raises(ValueError, match="starts"):
+        estimators.refine_multistart(jnp.stack([far, near]), r, SCENE)
+
+
+def test_mle_and_hi_share_one_levenberg_marquardt():
+    """Both solvers come out of estimators.lm: same damping rule, same answers."""
+    src = (PACKAGE / "estimators" / "hyperbola.py").read_text()
+    assert "levenberg_marquardt" in src and "jnp.linalg.solve" not in src
+    src = (PACKAGE / "estimators" / "mle.py").read_text()
+    assert "levenberg_marquardt" in src and "jnp.linalg.solve" not in src
