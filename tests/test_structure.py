@@ -100,6 +100,9 @@ def _public_pytrees():
         "GPPhaseModel": model,
         "TabulatedGPModel": table,
         "GPMixtureModel": mixture,
+        "GPMeanModel": gp.GPMeanModel(model),
+        "CellGrid": estimators.cell_grid(SCENE, 1.0),
+        "CellTable": estimators.cell_table(SCENE, estimators.cell_grid(SCENE, 3.0), spacing=0.5),
     }
 
 
@@ -123,7 +126,7 @@ def test_public_pytree_round_trips(name):
     assert jax.tree_util.tree_structure(out) == treedef
 
 
-@pytest.mark.parametrize("name", ["TwoRayModel", "GPPhaseModel", "TabulatedGPModel"])
+@pytest.mark.parametrize("name", ["TwoRayModel", "GPPhaseModel", "TabulatedGPModel", "GPMeanModel"])
 def test_phase_models_declare_the_protocol(name):
     model = PYTREES[name]
     assert isinstance(model, dj.PhaseModel)

@@ -22,11 +22,12 @@ from dmimo_jax.gp.kernel import (
     residuals,
     training_process,
 )
-from dmimo_jax.gp.model import GPPhaseModel, TabulatedGPModel
+from dmimo_jax.gp.model import GPMeanModel, GPPhaseModel, TabulatedGPModel
 from dmimo_jax.gp.nuts import GPMixtureModel, GPPosterior, fit_nuts
 
 __all__ = [
     "GPFit",
+    "GPMeanModel",
     "GPMixtureModel",
     "GPParams",
     "GPPhaseModel",

@@ -27,7 +27,7 @@ from dmimo_jax.gp.kernel import (
 from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.scene import Scene
 
-__all__ = ["GPPhaseModel", "TabulatedGPModel"]
+__all__ = ["GPMeanModel", "GPPhaseModel", "TabulatedGPModel"]
 
 
 @pytree_dataclass
@@ -194,3 +194,33 @@ def _tabulate(model: GPPhaseModel, f: Array, chunk: int) -> Array:
     k = model.cond_kernel.kernel
     row = lambda fi: jax.vmap(k.evaluate, in_axes=(None, 0))(fi, model.cond_kernel.X) @ model.alpha
     return jax.lax.map(row, f, batch_size=chunk)
+
+
+@pytree_dataclass
+class GPMeanModel:
+    r"""The exact GP mean of eq. (26) with the LoS phase-noise variance only (no
+    :math:`\mathbb V[g]`): the cheap exact model of a fine stage (beyond the paper).
+
+    :class:`GPPhaseModel`'s predictive variance (eq. 27) needs M triangular solves against
+    the (LM x LM) Cholesky factor at every evaluation, which dominates a refinement step;
+    its mean is one cross-kernel product. On noise-free snapshots both refine to the
+    same point (every residual vanishes there, whatever the weights).
+    """
+
+    gp: GPPhaseModel
+
+    @property
+    def scene(self) -> Scene:
+        return self.gp.scene
+
+    @property
+    def num_aps(self) -> int:
+        return self.gp.num_aps
+
+    def mean(self, x: ArrayLike) -> Array:
+        """Eq. (26) without the CPO, unwrapped (M,): the exact GP mean."""
+        return self.gp.mean(x)
+
+    def variance(self, x: ArrayLike) -> Array:
+        """LoS phase-noise variance (M,), rad^2."""
+        return los_noise_var(x, self.gp.scene)

@@ -1,0 +1,188 @@
+"""The learned coarse stage beyond the paper: cells, the candidate safeguard, the cheap fine stage."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import dmimo_jax as dj
+from dmimo_jax import estimators as est
+from dmimo_jax import gp, pipeline
+from dmimo_jax.learning import (
+    CellClassifier,
+    CellConfig,
+    TrainConfig,
+    load_model,
+    save_model,
+    synthesize,
+    train,
+)
+
+SCENE = dj.paper_scene()
+MODEL = dj.TwoRayModel(SCENE)
+
+
+def test_cell_grid_indexes_and_covers_the_region():
+    cells = est.cell_grid(SCENE, 1.0)
+    assert cells.shape == (9, 9, 3) and cells.num_cells == 243
+    x = dj.sample_positions(jax.random.key(0), 500, SCENE)
+    idx = cells.index(x)
+    corner = cells.corner(idx)
+    assert bool(jnp.all((x >= corner) & (x <= corner + 1.0)))
+    np.testing.assert_allclose(cells.centre(idx), corner + 0.5)
+    with pytest.raises(ValueError, match="cell_size"):
+        est.cell_grid(SCENE, 0.0)
+
+
+@pytest.fixture(scope="module")
+def small_table():
+    cells = est.cell_grid(SCENE, 1.0)
+    return est.cell_table(MODEL, cells)
+
+
+def test_candidate_search_finds_the_true_basin_among_wrong_candidates(small_table):
+    cells = small_table.cells
+    xt = dj.sample_positions(jax.random.key(1), 6, SCENE)
+    r = dj.simulate_phases_batch(jax.random.key(2), MODEL, xt, jnp.linspace(-3, 3, 6))
+    true_cell = np.asarray(cells.index(xt))
+    # the true cell hidden among seven wrong ones (no neighbours of it: a UE near a face
+    # is legitimately found from the next cell), at a different position in each row
+    rng = np.random.default_rng(0)
+    centres = np.asarray(cells.centre(jnp.arange(cells.num_cells)))
+    cand = []
+    for i, c in enumerate(true_cell):
+        far = np.flatnonzero(np.linalg.norm(centres - centres[c], axis=1) > 2.5)
+        wrong = rng.choice(far, 7, replace=False)
+        cand.append(np.insert(wrong, i % 8, c))
+    out = est.candidate_search(r, MODEL, small_table, jnp.asarray(np.stack(cand)))
+    err = np.linalg.norm(np.asarray(out.x) - np.asarray(xt), axis=1)
+    assert err.max() < 5e-4  # in the basin: at the noise level, not a wavelength away
+    # with only wrong cells the best point is far and its cost is large
+    only_wrong = jnp.asarray(
+        np.stack([np.asarray(c)[np.asarray(c) != t] for c, t in zip(cand, true_cell, strict=True)])
+    )
+    bad = est.candidate_search(r, MODEL, small_table, only_wrong)
+    assert np.all(np.asarray(bad.cost) > 100 * np.asarray(out.cost))
+
+
+def test_candidate_search_bad_input(small_table):
+    r = jnp.zeros((2, 17))
+    with pytest.raises(ValueError, match="cells must have shape"):
+        est.candidate_search(r, MODEL, small_table, jnp.zeros((3, 4), int))
+    with pytest.raises(ValueError, match="cells must index"):
+        est.candidate_search(r, MODEL, small_table, jnp.full((2, 4), 999))
+    with pytest.raises(ValueError, match=r"r must have shape"):
+        est.candidate_search(jnp.zeros((2, 16)), MODEL, small_table, jnp.zeros((2, 4), int))
+    with pytest.raises(ValueError, match="finite"):
+        est.candidate_search(jnp.full((2, 17), jnp.nan), MODEL, small_table, jnp.zeros((2, 4), int))
+
+
+def _tiny_scene():
+    """A 0.4 m cube of UE positions: 8 cells of 0.2 m."""
+    return SCENE.replace(ue_low=jnp.array([5.0, 5.0, 1.5]), ue_high=jnp.array([5.4, 5.4, 1.9]))
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier():
+    scene = _tiny_scene()
+    model = dj.TwoRayModel(scene)
+    cells = est.cell_grid(scene, 0.2)
+    net = CellClassifier(17, CellConfig(hidden=(128, 128), top_k=2), cells=cells, rngs=nnx.Rngs(0))
+    data = synthesize(jax.random.key(3), model, 12_000)
+    train(
+        net,
+        data,
+        TrainConfig(epochs=12, batch_size=200, peak_lr=3e-3, val_fraction=0.1),
+        progress=False,
+    )
+    return scene, model, cells, net
+
+
+def test_a_tiny_candidate_model_learns_a_tiny_region(tiny_classifier):
+    scene, model, cells, net = tiny_classifier
+    test = synthesize(jax.random.key(4), model, 1000)
+    idx, mass = pipeline.cell_probabilities(net, test.r, 2)
+    hit = np.any(np.asarray(idx) == np.asarray(cells.index(test.x))[:, None], axis=1)
+    assert hit.mean() > 0.9  # top-2 of 8 cells; chance is 0.25
+    assert float(np.mean(np.asarray(mass))) > 0.5
+
+
+def test_model_file_round_trip_of_the_cell_classifier(tiny_classifier, tmp_path):
+    _, model, _, net = tiny_classifier
+    save_model(tmp_path / "m", net)
+    back, _ = load_model(tmp_path / "m")
+    r = synthesize(jax.random.key(5), model, 4).r
+    np.testing.assert_allclose(np.asarray(back(r)), np.asarray(net(r)), rtol=1e-6)
+    assert back.cells.shape == net.cells.shape
+
+
+def test_locate_candidates_falls_back_when_the_classifier_is_unsure(tiny_classifier):
+    scene, model, cells, net = tiny_classifier
+    table = est.cell_table(model, cells, spacing=0.05)
+    fallback = est.phasor_table(model, est.search_grid(scene, 0.05, region="ue"))
+    test = synthesize(jax.random.key(6), model, 16)
+    sure = pipeline.locate_candidates(
+        test.r,
+        net,
+        model,
+        screen=model,
+        table=table,
+        fallback_table=fallback,
+        num_cells=2,
+        min_mass=0.0,
+    )
+    assert not bool(jnp.any(sure.fallback))
+    unsure = pipeline.locate_candidates(
+        test.r,
+        net,
+        model,
+        screen=model,
+        table=table,
+        fallback_table=fallback,
+        num_cells=2,
+        min_mass=1.01,  # nothing is ever that sure: every snapshot falls back
+    )
+    assert bool(jnp.all(unsure.fallback))
+    err = np.linalg.norm(np.asarray(unsure.fine) - np.asarray(test.x), axis=1)
+    assert err.max() < 1e-3  # the whole-region screen found them
+    with pytest.raises(ValueError, match="fallback_table"):
+        pipeline.locate_candidates(
+            test.r, net, model, screen=model, table=table, num_cells=2, min_mass=1.01
+        )
+
+
+def test_locate_candidates_refuses_a_classifier_of_another_scene(tiny_classifier, small_table):
+    _, _, _, net = tiny_classifier
+    r = jnp.zeros((2, 17))
+    with pytest.raises(ValueError, match="another"):
+        pipeline.locate_candidates(r, net, MODEL, screen=MODEL, table=small_table)
+    with pytest.raises(ValueError, match=r"r must have shape"):
+        pipeline.locate_candidates(jnp.zeros((2, 16)), net, MODEL, screen=MODEL, table=small_table)
+    with pytest.raises(ValueError, match="finite"):
+        pipeline.locate_candidates(
+            jnp.full((2, 17), jnp.nan), net, MODEL, screen=MODEL, table=small_table
+        )
+
+
+def test_cheap_fine_stage_matches_exact_gp_refinement():
+    """Refinement under the tabulated GP + 2 exact steps == refinement under the exact GP
+    (noise-free snapshots of the GP model itself), to below 1 um."""
+    truth = dj.TwoRayModel(SCENE)
+    k1, k2, k3 = jax.random.split(jax.random.key(7), 3)
+    x = dj.sample_positions(k1, 20, SCENE)
+    r = dj.simulate_phases_batch(k2, truth, x, dj.random_cpos(k3, 20))
+    nv = jax.vmap(truth.variance)(x)
+    exact = pipeline.fit_phase_model(x, r, nv, SCENE, num_steps=10)
+    cheap = gp.TabulatedGPModel.from_model(exact)
+    xt = dj.sample_positions(jax.random.key(8), 8, SCENE)
+    rt = dj.wrap(jax.vmap(exact.mean)(xt) + 0.7)  # noise-free
+    start = xt + 0.02  # inside the basin
+    ref = dj.refine_batch(start, rt, exact, num_steps=15).x
+    pre = dj.refine_batch(start, rt, cheap, num_steps=8).x
+    fast = dj.refine_batch(pre, rt, exact, num_steps=2).x
+    assert np.abs(np.asarray(fast) - np.asarray(ref)).max() < 1e-6
+    assert np.abs(np.asarray(ref) - np.asarray(xt)).max() < 1e-6
+    # one step with the exact mean and the LoS variance (no eq. 27 solves) lands there too
+    mean_only = dj.refine_batch(pre, rt, gp.GPMeanModel(exact), num_steps=1).x
+    assert np.abs(np.asarray(mean_only) - np.asarray(ref)).max() < 1e-6
