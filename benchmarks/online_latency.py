@@ -228,13 +228,17 @@ def main(argv=None) -> list[dict]:
         m.run(rt)  # compile, then the timed batched run
         c, s, f, (t_c, t_s, t_f) = m.run(rt)
         err = errors(f, xt)
-        coarse = c if m.kind not in ("learned", "screen") else (s if m.kind == "screen" else None)
         if m.kind == "learned":
-            cells_ = off.cells.cells
-            coarse = cells_.centre(c[0][:, 0])
+            coarse = off.cells.cells.centre(c[0][:, 0])  # the most likely cell's centre
+        elif m.kind == "screen":
+            coarse = s  # no network: the screen's point
+        else:
+            coarse = c
         fb = m.fallback(c) if m.fallback else np.zeros(len(rt), bool)
         if m.nofallback is not None:
-            x_nf = np.asarray(dj.refine_batch(m.nofallback(rt, c), rt, off.model, num_steps=2).x)
+            x_nf = np.asarray(
+                dj.refine_batch(m.nofallback(rt, c), rt, off.model, num_steps=CHEAP_FINE_STEPS).x
+            )
         else:
             x_nf = np.asarray(f)
         # no recall where there is nothing without the fallback (every snapshot screened the

@@ -28,27 +28,22 @@ import optax
 from flax import nnx
 
 from dmimo_jax.estimators.candidates import CellGrid
-from dmimo_jax.learning.mlp import MLP, check_reference
+from dmimo_jax.learning.mlp import MLP, MLPConfig, check_reference
 from dmimo_jax.learning.nets import differential_inputs, network_input
 
 __all__ = ["CellClassifier", "CellConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
-class CellConfig:
-    """Widths, dropout, reference AP and the K of the validation error."""
+class CellConfig(MLPConfig):
+    """:class:`~dmimo_jax.learning.mlp.MLPConfig` (widths, dropout, reference AP, checked
+    there) with wider defaults and the K of the validation error."""
 
     hidden: tuple[int, ...] = (1024, 1024, 1024)
-    dropout: float = 0.0
-    reference: int = 0
     top_k: int = 8
 
     def __post_init__(self):
-        object.__setattr__(self, "hidden", tuple(self.hidden))
-        if not self.hidden or not all(isinstance(w, int) and w >= 1 for w in self.hidden):
-            raise ValueError(f"hidden must be positive ints, got {self.hidden!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        super().__post_init__()
         if not (isinstance(self.top_k, int) and self.top_k >= 1):
             raise ValueError(f"top_k must be a positive int, got {self.top_k!r}")
 
