@@ -48,9 +48,12 @@ from dmimo_jax.measure import (
 )
 from dmimo_jax.phase import angle_diff, circular_mean, wrap
 from dmimo_jax.physics import (
+    ImageSourceModel,
     PhaseModel,
+    Reflector,
     TwoRayModel,
     as_phase_model,
+    box_room,
     effective_amplitude,
     effective_phase,
     effective_phasor,
@@ -58,6 +61,7 @@ from dmimo_jax.physics import (
     phase_noise_var,
     phase_perturbation,
     reflection_coefficient,
+    room_model,
     unwrapped_phase,
 )
 from dmimo_jax.scene import (
@@ -72,7 +76,13 @@ from dmimo_jax.scene import (
 
 __version__ = "0.1.0"
 
-_LAZY = ("learning", "pipeline", "complexity")  # heavier imports, loaded on first access
+_LAZY = (
+    "learning",
+    "pipeline",
+    "complexity",
+    "calibration",
+    "design",
+)  # heavier imports, loaded on first access
 
 
 def __getattr__(name: str) -> Any:
@@ -83,12 +93,17 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ITU_MATERIALS",
+    "ImageSourceModel",
     "PhaseModel",
+    "Reflector",
+    "box_room",
+    "room_model",
     "Scene",
     "TwoRayModel",
     "angle_diff",
     "as_phase_model",
     "bounds",
+    "calibration",
     "channel_fim",
     "coarse_to_fine",
     "complexity",

@@ -244,8 +244,10 @@ def position_fim(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     check_positions("x", x, batched=False)
     check_away_from_aps("x", x, model.scene.ap_positions)
     x = jnp.asarray(x)
-    h = jax.jacfwd(model.mean)(x)
-    j_theta = efim_from_variance(model.variance(x))
+    # one trace for H and the variances, so their shared primal work (path lengths,
+    # Fresnel coefficients) is computed once
+    h, variance = jax.jacfwd(lambda y: (model.mean(y), model.variance(y)), has_aux=True)(x)
+    j_theta = efim_from_variance(variance)
     return h.T @ j_theta @ h
 
 

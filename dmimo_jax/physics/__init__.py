@@ -2,10 +2,19 @@
 
 * :mod:`~dmimo_jax.physics.model`: the protocol and :func:`as_phase_model`;
 * :mod:`~dmimo_jax.physics.fresnel`: the Fresnel reflection coefficient, eq. (3);
-* :mod:`~dmimo_jax.physics.two_ray`: the paper's LoS + ground model, eqs. (1)-(9).
+* :mod:`~dmimo_jax.physics.two_ray`: the paper's LoS + ground model, eqs. (1)-(9);
+* :mod:`~dmimo_jax.physics.image_source`: rooms with a ceiling and walls (beyond the paper).
 """
 
 from dmimo_jax.physics.fresnel import reflection_coefficient, zeta_term
+from dmimo_jax.physics.image_source import (
+    ImagePaths,
+    ImageSourceModel,
+    Reflector,
+    box_room,
+    image_paths,
+    room_model,
+)
 from dmimo_jax.physics.model import PhaseModel, as_phase_model
 from dmimo_jax.physics.two_ray import (
     Geometry,
@@ -26,6 +35,12 @@ from dmimo_jax.physics.two_ray import (
 
 __all__ = [
     "Geometry",
+    "ImagePaths",
+    "ImageSourceModel",
+    "Reflector",
+    "box_room",
+    "image_paths",
+    "room_model",
     "PathParameters",
     "PhaseModel",
     "TwoRayModel",

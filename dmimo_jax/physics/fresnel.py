@@ -57,11 +57,16 @@ def reflection_coefficient(
     c = cos_gamma.astype(cdt)
     zeta = zeta_term(c, eps)
     if polarization == "TE":
-        num, den = c - zeta, c + zeta
-    elif polarization == "TM":
-        num, den = eps * c - zeta, eps * c + zeta
-    else:
+        # (c - zeta)/(c + zeta) = (c - zeta)^2 / (c^2 - zeta^2) = (c - zeta)^2 / (1 - eps_r):
+        # one reciprocal per material instead of a complex division per ray. eps_r = 1 (no
+        # interface) gives Gamma = 0, with the double-where for a finite gradient.
+        one_minus = 1.0 - eps
+        has_interface = one_minus != 0
+        inv = jnp.where(has_interface, 1.0 / jnp.where(has_interface, one_minus, 1.0), 0.0)
+        return (c - zeta) ** 2 * inv
+    if polarization != "TM":
         raise ValueError(f"polarization must be 'TE' or 'TM', got {polarization!r}")
+    num, den = eps * c - zeta, eps * c + zeta
     # den = 0 only for eps_r = 1 at exact grazing incidence (no interface): Gamma = 0 there,
     # with the double-where so the gradient stays finite.
     safe = den != 0

@@ -1,0 +1,506 @@
+r"""Rooms with a ceiling and walls: an image-source PhaseModel (beyond the paper).
+
+The paper's channel (eqs. 1-7) is the LoS path plus one specular bounce on the ground.
+Here the environment is a set of infinite planar :class:`Reflector` s and each contributes
+the specular bounce of the image method: the image of AP :math:`\mathbf p_m` across plane
+:math:`k` (point :math:`\mathbf q_k`, unit normal :math:`\mathbf n_k` into the room) is
+
+.. math::
+
+    \tilde{\mathbf p}_{mk} = \mathbf p_m - 2 h_{mk}\mathbf n_k,\qquad
+    h_{mk} = (\mathbf p_m-\mathbf q_k)\cdot\mathbf n_k,
+
+the path length is :math:`d_{mk} = \|\tilde{\mathbf p}_{mk}-\mathbf x\|`, the incidence
+angle (from the normal) has :math:`\cos\gamma_{mk} = (h_{mk}+h_k(\mathbf x))/d_{mk}`, and
+the bounce is :math:`h^{(k)}_m = |\Gamma_{mk}|\frac{\lambda}{4\pi d_{mk}}
+e^{-j(2\pi d_{mk}/\lambda - \angle\Gamma_{mk})}` with the Fresnel coefficient of eq. (3)
+(or its TM form). All paths are summed as phasors exactly like eq. (7):
+
+.. math::
+
+    \sum_j h^{(j)}_m = h^{(1)}_m\Big(1 + \sum_k \rho_{mk}\Big),\quad
+    \rho_{mk} = \Gamma_{mk}\frac{d^{(1)}_m}{d_{mk}} e^{-j 2\pi (d_{mk}-d^{(1)}_m)/\lambda},
+
+:math:`\theta_m = 2\pi d^{(1)}_m/\lambda - \arg(1+\sum_k\rho_{mk})`,
+:math:`\alpha_m = \frac{\lambda}{4\pi d^{(1)}_m}|1+\sum_k\rho_{mk}|` and the phase-noise
+variance is eq. (9) with that amplitude. The first-order path difference is
+:math:`d_{mk}-d^{(1)}_m = 4h_{mk}h_k(\mathbf x)/(d_{mk}+d^{(1)}_m)` (no cancellation), the
+same identity the two-ray model uses, so a floor-only room reproduces
+:class:`~dmimo_jax.physics.TwoRayModel` to rounding.
+
+Conventions.
+
+* **Polarization.** The scene's ``"TE"``/``"TM"`` label applies to every bounce relative to
+  *that bounce's own* plane of incidence: ``"TE"`` means the field is perpendicular to the
+  plane of incidence at the floor, the ceiling and each wall alike. A real antenna's field
+  splits differently into TE and TM parts at a vertical wall than at the floor; the label is
+  a modelling choice, not a dipole orientation.
+* **Infinite planes.** Reflectors have no extent: a wall reflects for every AP/UE pair in
+  front of it, and the edges of finite surfaces (diffraction, corners) are ignored.
+* **Mounted APs.** An AP on a surface (within 1 um of the plane) gets no bounce from it
+  (its image coincides with it, and the grazing bounce would cancel the LoS).
+* **Second order** (``order=2``) adds AP -> plane k -> plane l -> UE for every ordered pair
+  of distinct planes whose reflection points exist on the infinite planes (checked by
+  unfolding the path), with amplitude :math:`|\Gamma_k\Gamma_l|\lambda/(4\pi d)`.
+
+Everything is written for one UE position and batched with ``jax.vmap``; it is
+differentiable in the position, the AP positions and every reflector's permittivity, with
+finite gradients at normal incidence (straight below an AP) and at grazing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array, lax
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import (
+    check_away_from_aps,
+    check_finite,
+    check_int,
+    check_permittivity,
+    check_positions,
+    is_concrete,
+)
+from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
+from dmimo_jax.physics.fresnel import reflection_coefficient
+from dmimo_jax.physics.two_ray import noise_var_from_amplitude, safe_norm
+from dmimo_jax.pytree import pytree_dataclass, static_field
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "MOUNT_TOLERANCE",
+    "ImagePaths",
+    "ImageSourceModel",
+    "Reflector",
+    "box_room",
+    "image_paths",
+    "room_model",
+]
+
+MOUNT_TOLERANCE = 1e-6
+"""Metres: an AP closer than this to a plane is mounted on it and gets no bounce from it."""
+
+
+@pytree_dataclass(init=False)
+class Reflector:
+    r"""An infinite planar reflector (a pytree; ``point``, ``normal``, ``eps_r`` are leaves).
+
+    Attributes:
+        point: (3,) a point on the plane, metres.
+        normal: (3,) unit normal pointing into the room (the side of the APs and UEs).
+        eps_r: () complex relative permittivity :math:`\varepsilon'-j\varepsilon''`
+            (ignored for a perfect conductor).
+        perfect_conductor: :math:`\Gamma=-1` at every angle (static).
+        name: a label (static), e.g. ``"ceiling"``.
+
+    Args:
+        point, normal, eps_r, perfect_conductor, name: as above; ``normal`` is normalized.
+        dtype: float dtype of the leaves (default JAX's).
+
+    Raises:
+        ValueError: a zero or non-finite normal, a non-finite point, or a permittivity that
+            is not a passive medium.
+    """
+
+    point: Array
+    normal: Array
+    eps_r: Array
+    perfect_conductor: bool = static_field()
+    name: str = static_field()
+
+    def __init__(
+        self,
+        point: ArrayLike,
+        normal: ArrayLike,
+        eps_r: ArrayLike = 1.0 + 0.0j,
+        *,
+        perfect_conductor: bool = False,
+        name: str = "reflector",
+        dtype: Any = None,
+    ):
+        fdt = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+        cdt = jnp.result_type(fdt, jnp.complex64)
+        for arg, value in (("point", point), ("normal", normal)):
+            if np.shape(value) != (3,):
+                raise ValueError(f"{arg} must have shape (3,), got {np.shape(value)}")
+            check_finite(arg, value)
+        n = jnp.asarray(normal, fdt)
+        if is_concrete(n):
+            norm = float(np.linalg.norm(np.asarray(n, float)))
+            if not norm > 0:
+                raise ValueError(f"normal must be a non-zero vector, got {np.asarray(normal)}")
+        if np.shape(eps_r) != ():
+            raise ValueError(f"eps_r must be a scalar, got shape {np.shape(eps_r)}")
+        if not perfect_conductor:
+            check_permittivity("eps_r", eps_r)
+        object.__setattr__(self, "point", jnp.asarray(point, fdt))
+        object.__setattr__(self, "normal", n / jnp.linalg.norm(n))
+        object.__setattr__(self, "eps_r", jnp.asarray(eps_r, cdt))
+        object.__setattr__(self, "perfect_conductor", bool(perfect_conductor))
+        object.__setattr__(self, "name", str(name))
+
+    def with_permittivity(self, eps_r: ArrayLike) -> Reflector:
+        """The same plane with another (possibly traced) permittivity, a dielectric."""
+        out = object.__new__(Reflector)
+        for name, value in (
+            ("point", self.point),
+            ("normal", self.normal),
+            ("eps_r", jnp.asarray(eps_r, self.eps_r.dtype)),
+            ("perfect_conductor", False),
+            ("name", self.name),
+        ):
+            object.__setattr__(out, name, value)
+        return out
+
+    def height(self, x: ArrayLike) -> Array:
+        """Signed distance of point(s) ``x`` (..., 3) from the plane, positive in front."""
+        x = jnp.asarray(x)
+        shape = (1,) * (x.ndim - 1) + (3,)
+        return jnp.sum((x - self.point.reshape(shape)) * self.normal.reshape(shape), axis=-1)
+
+    def __repr__(self) -> str:
+        mat = "PEC" if self.perfect_conductor else f"eps_r={complex(self.eps_r):.4g}"
+        if not is_concrete(self.point, self.normal):
+            return f"Reflector({self.name!r}, traced)"
+        p, n = np.asarray(self.point).round(4).tolist(), np.asarray(self.normal).round(4).tolist()
+        return f"Reflector({self.name!r}, point={p}, normal={n}, {mat})"
+
+
+MaterialSpec = complex | float | str | None
+
+
+def _material(spec: Any, where: str, frequency_hz: float | None, convention: str):
+    """(eps_r, perfect_conductor) of a material spec, or None when the surface is left out."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        if frequency_hz is None:
+            raise ValueError(
+                f"{where}={spec!r} is a material name: pass frequency_hz to evaluate ITU-R P.2040"
+            )
+        try:
+            if is_perfect_conductor(spec):
+                return 1.0 + 0.0j, True
+            return relative_permittivity(spec, frequency_hz, convention=convention), False
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+    numeric = not isinstance(spec, bool) and np.shape(spec) == ()
+    if numeric:
+        numeric = jnp.issubdtype(jnp.result_type(spec), jnp.number)
+    if not numeric:
+        raise ValueError(
+            f"{where} must be a complex permittivity, an ITU-R material name or None, got {spec!r}"
+        )
+    check_permittivity(where, spec)  # concrete values only: a traced eps_r passes through
+    return spec, False
+
+
+WALLS = ("x0", "x1", "y0", "y1")
+"""The four walls of :func:`box_room`: the planes x = 0, x = W, y = 0, y = D."""
+
+
+def box_room(
+    size: ArrayLike,
+    *,
+    floor: MaterialSpec,
+    ceiling: MaterialSpec = None,
+    walls: MaterialSpec | Mapping[str, MaterialSpec] = None,
+    frequency_hz: float | None = None,
+    convention: str = "itu",
+    dtype: Any = None,
+) -> tuple[Reflector, ...]:
+    r"""The reflectors of the box room :math:`[0,W]\times[0,D]\times[0,H]`.
+
+    Each surface is a complex :math:`\varepsilon_r`, an ITU-R P.2040 material name (``"metal"``
+    is a perfect conductor) or ``None`` to leave it out.
+
+    Args:
+        size: (W, D, H) in metres, each > 0.
+        floor: the plane z = 0 (normal +z).
+        ceiling: the plane z = H (normal -z).
+        walls: one spec for all four walls, or a mapping from ``"x0"``, ``"x1"``, ``"y0"``,
+            ``"y1"`` (the planes x = 0, x = W, y = 0, y = D) to specs; missing keys are absent.
+        frequency_hz: carrier frequency, needed when a material is given by name.
+        convention: ``"itu"`` (correct, default) or ``"paper"`` (see :mod:`dmimo_jax.materials`).
+        dtype: float dtype of the leaves.
+
+    Returns:
+        A tuple of :class:`Reflector` named ``"floor"``, ``"ceiling"``, ``"wall_x0"``, ...
+
+    Examples:
+        >>> room = box_room((10, 10, 4), floor=5.24 - 0.87j, ceiling="plasterboard",
+        ...                 walls="concrete", frequency_hz=800e6)
+        >>> [r.name for r in room]
+        ['floor', 'ceiling', 'wall_x0', 'wall_x1', 'wall_y0', 'wall_y1']
+    """
+    if np.shape(size) != (3,):
+        raise ValueError(f"size must have shape (3,) (W, D, H in metres), got {np.shape(size)}")
+    w, d, h = (float(s) for s in np.asarray(size, float))
+    if not all(np.isfinite(s) and s > 0 for s in (w, d, h)):
+        raise ValueError(f"size must be positive and finite (metres), got {(w, d, h)}")
+    if isinstance(walls, Mapping):
+        unknown = set(walls) - set(WALLS)
+        if unknown:
+            raise ValueError(f"walls keys must be among {WALLS}, got {sorted(unknown)}")
+        wall_specs = {k: walls.get(k) for k in WALLS}
+    else:
+        wall_specs = dict.fromkeys(WALLS, walls)
+    planes = [
+        ("floor", floor, (0.0, 0.0, 0.0), (0.0, 0.0, 1.0)),
+        ("ceiling", ceiling, (0.0, 0.0, h), (0.0, 0.0, -1.0)),
+        ("wall_x0", wall_specs["x0"], (0.0, 0.0, 0.0), (1.0, 0.0, 0.0)),
+        ("wall_x1", wall_specs["x1"], (w, 0.0, 0.0), (-1.0, 0.0, 0.0)),
+        ("wall_y0", wall_specs["y0"], (0.0, 0.0, 0.0), (0.0, 1.0, 0.0)),
+        ("wall_y1", wall_specs["y1"], (0.0, d, 0.0), (0.0, -1.0, 0.0)),
+    ]
+    out = []
+    for name, spec, point, normal in planes:
+        mat = _material(
+            spec, name if name in ("floor", "ceiling") else "walls", frequency_hz, convention
+        )
+        if mat is not None:
+            eps, pec = mat
+            out.append(Reflector(point, normal, eps, perfect_conductor=pec, name=name, dtype=dtype))
+    return tuple(out)
+
+
+class ImagePaths(NamedTuple):
+    """The reflected paths of one UE position, each (M, P) for P image paths."""
+
+    length: Array  # unfolded path length d, metres
+    path_difference: Array  # d - d1, metres
+    gamma: Array  # complex product of the Fresnel coefficients along the path
+    valid: Array  # bool: the path exists (AP not mounted on the plane, reflection points exist)
+
+
+def _stack(reflectors: Sequence[Reflector]):
+    q = jnp.stack([r.point for r in reflectors])
+    n = jnp.stack([r.normal for r in reflectors])
+    eps = jnp.stack([r.eps_r for r in reflectors])
+    pec = np.array([r.perfect_conductor for r in reflectors])
+    return q, n, eps, pec
+
+
+def _gamma(cos_gamma: Array, eps: Array, pec: np.ndarray, polarization: str) -> Array:
+    """Fresnel coefficients (..., K) for per-reflector eps (K,) and PEC flags (K,)."""
+    if pec.all():
+        return jnp.full(cos_gamma.shape, -1.0 + 0j, jnp.result_type(cos_gamma, jnp.complex64))
+    # a PEC reflector's eps_r is replaced by a valid placeholder, then overwritten by -1
+    eps_ok = jnp.where(jnp.asarray(pec), 2.0 + 0j, eps)
+    g = reflection_coefficient(cos_gamma, eps_ok, polarization)
+    return jnp.where(jnp.asarray(pec), -1.0 + 0j, g) if pec.any() else g
+
+
+def image_paths(
+    x: ArrayLike, scene: Scene, reflectors: Sequence[Reflector], order: int = 1
+) -> ImagePaths:
+    r"""First-order (and with ``order=2`` second-order) image paths to UE ``x`` (3,).
+
+    Columns: the K first-order bounces in reflector order, then (order 2) the K(K-1) ordered
+    pairs (k, l), AP -> k -> l -> UE, k-major. See the module docstring for the formulas.
+    """
+    x = jnp.asarray(x, scene.ap_positions.dtype)
+    ap = scene.ap_positions  # (M, 3)
+    q, n, eps, pec = _stack(reflectors)  # (K, 3), (K, 3), (K,), (K,)
+    d1 = safe_norm(ap - x[None, :])  # (M,)
+    hx = jnp.sum((x[None, :] - q) * n, axis=-1)  # (K,)
+    hp = jnp.sum((ap[:, None, :] - q[None]) * n[None], axis=-1)  # (M, K)
+    image = ap[:, None, :] - 2.0 * hp[..., None] * n[None]  # (M, K, 3)
+    to_image = image - x[None, None, :]
+    # d >= hp + hx > 0 for a UE in front of the plane, so the plain norm is safe to differentiate
+    d = jnp.sqrt(jnp.sum(to_image * to_image, axis=-1))  # (M, K)
+    diff = 4.0 * hp * hx[None, :] / (d + d1[:, None])
+    cos_g = (hx[None, :] + hp) / d
+    gamma = _gamma(cos_g, eps[None, :], pec, scene.polarization)
+    valid = hp > MOUNT_TOLERANCE
+    if order == 1:
+        return ImagePaths(d, diff, gamma, valid)
+    num = len(reflectors)
+    pairs = [(a, b) for a in range(num) for b in range(num) if a != b]
+    k_idx, l_idx = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+    ql, nl, nk = q[l_idx], n[l_idx], n[k_idx]  # (P2, 3)
+    img1 = image[:, k_idx, :]  # (M, P2, 3): the AP's image across k
+    h1l = jnp.sum((img1 - ql[None]) * nl[None], axis=-1)  # image1 in front of l
+    img2 = img1 - 2.0 * h1l[..., None] * nl[None]
+    to_img2 = img2 - x[None, None, :]
+    d2 = safe_norm(to_img2)
+    u = to_img2 / d2[..., None]  # unfolded direction from the UE
+    cos_l = jnp.abs(jnp.sum(u * nl[None], axis=-1))
+    nk_unf = nk - 2.0 * jnp.sum(nk * nl, axis=-1, keepdims=True) * nl  # plane k seen across l
+    cos_k = jnp.abs(jnp.sum(u * nk_unf[None], axis=-1))
+    g2 = _gamma(cos_k, eps[k_idx][None], pec[k_idx], scene.polarization) * _gamma(
+        cos_l, eps[l_idx][None], pec[l_idx], scene.polarization
+    )
+    # reflection point on l: where the UE -> image2 line crosses plane l
+    hxl = hx[l_idx][None, :]
+    r_l = x[None, None, :] + (hxl / (hxl + h1l))[..., None] * to_img2  # (M, P2, 3)
+    # that point must be in front of k, and the segment to image1 must cross k in front of l
+    s = jnp.sum((r_l - q[k_idx][None]) * nk[None], axis=-1)
+    hpk = hp[:, k_idx]
+    r_k = r_l + (s / (s + hpk))[..., None] * (img1 - r_l)
+    in_front_l = jnp.sum((r_k - ql[None]) * nl[None], axis=-1) >= 0.0
+    valid2 = (hpk > MOUNT_TOLERANCE) & (h1l > MOUNT_TOLERANCE) & (s > 0.0) & in_front_l
+    diff2 = (d2 * d2 - d1[:, None] ** 2) / (d2 + d1[:, None])
+    return ImagePaths(
+        jnp.concatenate([d, d2], axis=1),
+        jnp.concatenate([diff, diff2], axis=1),
+        jnp.concatenate([gamma, g2], axis=1),
+        jnp.concatenate([valid, valid2], axis=1),
+    )
+
+
+@pytree_dataclass(init=False)
+class ImageSourceModel:
+    r"""LoS plus specular bounces on planar reflectors, as a **PhaseModel** (beyond the paper).
+
+    ``mean(x)`` is the effective phase of the summed phasors (the room's eq. 7b, unwrapped by
+    the LoS term), ``variance(x)`` is eq. (9) with the effective amplitude. The scene supplies
+    the APs, wavelength, powers, UE region and polarization; its ``eps_r`` is **not** used (the
+    ground is whatever reflector the list holds; see :func:`room_model`).
+
+    Args:
+        scene: the deployment.
+        reflectors: a sequence of :class:`Reflector` (may be empty: LoS only).
+        order: 1 (one bounce per path) or 2 (also every valid double bounce).
+
+    Raises:
+        ValueError: an AP behind a reflector, or ``order`` not 1 or 2.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from dmimo_jax import paper_scene
+        >>> scene = paper_scene()
+        >>> model = room_model(scene, ceiling="plasterboard", walls="concrete")
+        >>> model.mean(jnp.array([6.5, 5.0, 2.0])).shape
+        (17,)
+    """
+
+    scene: Scene
+    reflectors: tuple[Reflector, ...]
+    order: int = static_field()
+
+    def __init__(self, scene: Scene, reflectors: Sequence[Reflector], order: int = 1):
+        if not isinstance(scene, Scene):
+            raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
+        reflectors = tuple(reflectors)
+        for i, r in enumerate(reflectors):
+            if not isinstance(r, Reflector):
+                raise ValueError(f"reflectors[{i}] must be a Reflector, got {type(r).__name__}")
+        check_int("order", order, minimum=1)
+        if order > 2:
+            raise ValueError(f"order must be 1 or 2, got {order}")
+        if order == 2 and len(reflectors) < 2:
+            raise ValueError("order=2 needs at least two reflectors")
+        for r in reflectors:
+            if is_concrete(r.point, r.normal, scene.ap_positions):
+                h = np.asarray(r.height(scene.ap_positions))
+                if np.any(h < -MOUNT_TOLERANCE):
+                    m = int(np.argmin(h))
+                    raise ValueError(
+                        f"AP {m} lies {-h[m]:.3g} m behind reflector {r.name!r}: APs must be "
+                        "in front of (or on) every reflector"
+                    )
+        object.__setattr__(self, "scene", scene)
+        object.__setattr__(self, "reflectors", reflectors)
+        object.__setattr__(self, "order", order)
+
+    @property
+    def num_aps(self) -> int:
+        return self.scene.num_aps
+
+    def _check_x(self, x: ArrayLike) -> None:
+        check_positions("x", x, batched=False)
+        check_away_from_aps("x", x, self.scene.ap_positions)
+        for r in self.reflectors:
+            if is_concrete(x, r.point, r.normal):
+                h = float(r.height(jnp.asarray(x, float)))
+                if not h > 0:
+                    raise ValueError(
+                        f"x = {np.asarray(x).tolist()} is {'on' if h == 0 else 'behind'} "
+                        f"reflector {r.name!r} (signed distance {h:.3g} m): UEs must be "
+                        "strictly in front of every reflector"
+                    )
+
+    def relative_reflections(self, x: ArrayLike) -> tuple[Array, Array]:
+        r"""``(d1, rho)``: LoS lengths (M,) and :math:`\rho_{mk}` (M, P) (zero for absent paths)."""
+        x = jnp.asarray(x, self.scene.ap_positions.dtype)
+        d1 = safe_norm(self.scene.ap_positions - x[None, :])
+        if not self.reflectors:
+            return d1, jnp.zeros((self.num_aps, 0), jnp.result_type(x, jnp.complex64))
+        paths = image_paths(x, self.scene, self.reflectors, self.order)
+        k = 2 * jnp.pi / self.scene.wavelength
+        phase = k * paths.path_difference
+        rho = (
+            paths.gamma
+            * (d1[:, None] / paths.length)
+            * lax.complex(jnp.cos(phase), -jnp.sin(phase))
+        )
+        return d1, jnp.where(paths.valid, rho, 0.0)
+
+    def phasor_ratio(self, x: ArrayLike) -> tuple[Array, Array]:
+        r"""``(d1, 1 + sum_k rho_mk)``, the total channel relative to the LoS one, (M,) each."""
+        self._check_x(x)
+        d1, rho = self.relative_reflections(x)
+        return d1, 1.0 + jnp.sum(rho, axis=-1)
+
+    def perturbation(self, x: ArrayLike) -> Array:
+        r"""Phase moved by all bounces, :math:`-\arg(1+\sum_k\rho_{mk})`, (M,) radians."""
+        _, s = self.phasor_ratio(x)
+        return -jnp.arctan2(jnp.imag(s), jnp.real(s))
+
+    def mean(self, x: ArrayLike) -> Array:
+        r""":math:`2\pi d^{(1)}_m/\lambda - \arg(1+\sum_k\rho_{mk})`, unwrapped by the LoS, (M,)."""
+        d1, s = self.phasor_ratio(x)
+        return 2 * jnp.pi / self.scene.wavelength * d1 - jnp.arctan2(jnp.imag(s), jnp.real(s))
+
+    def amplitude(self, x: ArrayLike) -> Array:
+        r"""Effective amplitude :math:`\frac{\lambda}{4\pi d^{(1)}_m}|1+\sum_k\rho_{mk}|`, (M,)."""
+        d1, s = self.phasor_ratio(x)
+        return self.scene.wavelength / (4 * jnp.pi * d1) * jnp.abs(s)
+
+    def variance(self, x: ArrayLike) -> Array:
+        """Eq. (9) with the effective amplitude of all paths, rad^2, (M,)."""
+        return noise_var_from_amplitude(self.amplitude(x), self.scene)
+
+    def __repr__(self) -> str:
+        names = ", ".join(r.name for r in self.reflectors)
+        return f"ImageSourceModel(M={self.num_aps}, reflectors=[{names}], order={self.order})"
+
+
+def room_model(
+    scene: Scene,
+    *,
+    ceiling: MaterialSpec = None,
+    walls: MaterialSpec | Mapping[str, MaterialSpec] = None,
+    floor: MaterialSpec | str = "scene",
+    order: int = 1,
+    convention: str = "itu",
+) -> ImageSourceModel:
+    """The scene's box room (``scene.room_size``) as an :class:`ImageSourceModel`.
+
+    ``floor="scene"`` keeps the scene's ground (its ``eps_r`` or perfect conductor), so
+    ``room_model(scene)`` is the two-ray model; ``ceiling`` and ``walls`` are as in
+    :func:`box_room`, with material names evaluated at the scene's carrier frequency.
+    """
+    if not isinstance(scene, Scene):
+        raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
+    ground: MaterialSpec
+    if isinstance(floor, str) and floor == "scene":
+        ground = "metal" if scene.perfect_conductor else complex(scene.eps_r)
+    else:
+        ground = floor
+    reflectors = box_room(
+        np.asarray(scene.room_size),
+        floor=ground,
+        ceiling=ceiling,
+        walls=walls,
+        frequency_hz=float(scene.frequency),
+        convention=convention,
+        dtype=scene.ap_positions.dtype,
+    )
+    return ImageSourceModel(scene, reflectors, order)
