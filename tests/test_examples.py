@@ -146,3 +146,44 @@ def test_popt_region_scaling_tiny_and_resumable(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "results.json").read_text()) == [first]
     with pytest.raises(ValueError, match="half-widths"):
         _run("examples/popt_region_scaling.py", ["--half-widths", "2"], monkeypatch)
+
+
+@pytest.mark.slow
+def test_multipath_room_example_tiny(tmp_path, monkeypatch):
+    out = tmp_path / "room"
+    argv = ["--walls", "concrete", "--num-test", "24", "--num-train", "20", "--out", str(out)]
+    _run("examples/multipath_room.py", argv, monkeypatch)
+    (res,) = json.loads(out.with_suffix(".json").read_text())
+    rows = {r["method"][:3]: r for r in res["rows"]}
+    assert set(rows) == {"(a)", "(b)", "(c)", "(d)", "(e)", "(e'"}
+    # the true room model and the calibrated one reach the PEB scale; two rays do not
+    assert rows["(c)"]["fine_over_peb"] < 2.0 and rows["(e)"]["fine_over_peb"] < 2.0
+    assert rows["(b)"]["fine_over_peb"] > 10.0
+    assert out.with_suffix(".png").exists()
+
+
+@pytest.mark.slow
+def test_calibrate_material_example_tiny(tmp_path, monkeypatch):
+    out = tmp_path / "cal"
+    argv = ["--powers-dbm", "-10", "--num-train", "10", "--draws", "8", "--num-test", "16"]
+    _run(
+        "examples/calibrate_material.py", [*argv, "--betas", "1.05", "--out", str(out)], monkeypatch
+    )
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert len(res["table"]) == 10  # 5 materials x 2 polarizations
+    assert all(r["right_polarization"] for r in res["table"] if r["material"] != "metal")
+    assert all(r["relative_error"] < 0.01 for r in res["table"])
+    by = {r["method"]: r for r in res["region"]}
+    assert by["calibrated MLE (L=50)"]["fine_over_peb"] < 1.5
+    assert by["MLE beta=1.05"]["fine_over_peb"] > 3.0
+
+
+@pytest.mark.slow
+def test_ap_placement_example_tiny(tmp_path, monkeypatch):
+    out = tmp_path / "ap"
+    argv = ["--cases", "walls_mean", "--num-random", "4", "--steps", "30", "--num-starts", "1"]
+    _run("examples/ap_placement.py", [*argv, "--num-eval", "200", "--out", str(out)], monkeypatch)
+    (res,) = json.loads(out.with_suffix(".json").read_text())
+    assert res["optimized"]["mean_m"] < res["paper"]["mean_m"]
+    assert res["optimized_min_separation_m"] >= 1.0 * (1 - 1e-3)
+    assert out.with_suffix(".png").exists()
