@@ -139,9 +139,12 @@ def test_floor_only_equals_two_ray():
     two_ray = dj.TwoRayModel(SCENE)
     room = dj.room_model(SCENE)  # the scene's ground only
     assert [r.name for r in room.reflectors] == ["floor"]
-    diff = jax.vmap(room.mean)(xs) - jax.vmap(two_ray.mean)(xs)
-    assert float(jnp.max(jnp.abs(diff))) <= 1e-12
-    assert_allclose(jax.vmap(room.variance)(xs), jax.vmap(two_ray.variance)(xs), rtol=1e-12)
+    both = jax.jit(
+        jax.vmap(lambda x: (room.mean(x), two_ray.mean(x), room.variance(x), two_ray.variance(x)))
+    )
+    mean_room, mean_two_ray, var_room, var_two_ray = both(xs)
+    assert float(jnp.max(jnp.abs(mean_room - mean_two_ray))) <= 1e-12
+    assert_allclose(var_room, var_two_ray, rtol=1e-12)
 
 
 @pytest.mark.parametrize("polarization", ["TE", "TM"])
@@ -163,7 +166,7 @@ def test_second_order_matches_fermat_paths():
     room = dj.room_model(scene, ceiling="plasterboard", walls="concrete", order=2)
     # the reference's path lengths agree to ~1e-14 m; its incidence angles carry the BFGS
     # point error (~1e-8), hence the 1e-6 here (the first-order reference is exact: 1e-9)
-    for x in np.asarray(_positions(2, seed=2)):
+    for x in np.asarray(_positions(1, seed=2)):
         h = _np_channel(x, scene, room.reflectors, second_order=True)
         assert np.max(np.abs(_wrap(room.mean(jnp.asarray(x)) + np.angle(h)))) < 1e-6
         assert_allclose(room.amplitude(jnp.asarray(x)), np.abs(h), rtol=1e-6)
@@ -173,7 +176,7 @@ def test_corner_double_bounce_counted_once():
     # perpendicular walls commute as reflections: of the orderings (x0, y0) and (y0, x0) exactly
     # one reflection path exists for a given UE
     room = dj.room_model(SCENE, walls={"x0": "concrete", "y0": "concrete"}, order=2)
-    paths = image_paths(X0, SCENE, room.reflectors, order=2)
+    paths = jax.jit(image_paths, static_argnames="order")(X0, SCENE, room.reflectors, order=2)
     names = [r.name for r in room.reflectors]
     i, j = names.index("wall_x0"), names.index("wall_y0")
     pairs = [(k, l_) for k in range(3) for l_ in range(3) if k != l_]
@@ -184,7 +187,11 @@ def test_corner_double_bounce_counted_once():
     room2 = dj.room_model(
         SCENE.replace(ap_positions=SCENE.ap_positions.at[:, 2].set(3.0)), ceiling="wood", order=2
     )
-    v2 = np.asarray(image_paths(X0, room2.scene, room2.reflectors, order=2).valid)
+    v2 = np.asarray(
+        jax.jit(image_paths, static_argnames="order")(
+            X0, room2.scene, room2.reflectors, order=2
+        ).valid
+    )
     assert v2[:, 2:].all()
 
 
@@ -251,15 +258,22 @@ def test_gradients_finite_below_an_ap_and_at_grazing():
     ap = SCENE.ap_positions[3]
     below = jnp.array([ap[0], ap[1], 1.0])
     near_wall = jnp.array([1e-7, 5.0, 1e-7])  # grazing on the floor and on wall x0
+
+    def total(model, x):
+        return jnp.sum(model.mean(x)) + jnp.sum(jnp.log(model.variance(x)))
+
+    @jax.jit
+    def all_gradients(x):
+        g = jax.grad(total)(ROOM, x)
+        return (
+            jax.jacfwd(ROOM.mean)(x),
+            jax.jacfwd(ROOM.variance)(x),
+            g.scene.ap_positions,
+            [r.eps_r for r in g.reflectors],
+        )
+
     for x in (below, near_wall):
-        assert _finite(jax.jacfwd(ROOM.mean)(x))
-        assert _finite(jax.jacfwd(ROOM.variance)(x))
-
-        def total(model, x=x):
-            return jnp.sum(model.mean(x)) + jnp.sum(jnp.log(model.variance(x)))
-
-        g = jax.grad(total)(ROOM)
-        assert _finite(g.scene.ap_positions) and _finite([r.eps_r for r in g.reflectors])
+        assert _finite(all_gradients(x))
 
 
 def test_gradient_in_wall_permittivity_matches_finite_differences():

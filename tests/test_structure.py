@@ -103,6 +103,8 @@ def _public_pytrees():
         "GPMeanModel": gp.GPMeanModel(model),
         "CellGrid": estimators.cell_grid(SCENE, 1.0),
         "CellTable": estimators.cell_table(SCENE, estimators.cell_grid(SCENE, 3.0), spacing=0.5),
+        "Reflector": dj.Reflector((0.0, 0.0, 4.0), (0.0, 0.0, -1.0), 2.7 - 0.15j, name="ceiling"),
+        "ImageSourceModel": dj.room_model(SCENE, walls="concrete"),
     }
 
 
@@ -126,7 +128,9 @@ def test_public_pytree_round_trips(name):
     assert jax.tree_util.tree_structure(out) == treedef
 
 
-@pytest.mark.parametrize("name", ["TwoRayModel", "GPPhaseModel", "TabulatedGPModel", "GPMeanModel"])
+@pytest.mark.parametrize(
+    "name", ["TwoRayModel", "GPPhaseModel", "TabulatedGPModel", "GPMeanModel", "ImageSourceModel"]
+)
 def test_phase_models_declare_the_protocol(name):
     model = PYTREES[name]
     assert isinstance(model, dj.PhaseModel)
