@@ -15,6 +15,9 @@ screen + two exact steps). Every MLE is the lambda/4 screen + 8-start refinement
 
 Part 3: the same estimators over random UEs at one power (fine RMSE / mean PEB).
 
+Part 4: the coverage of ``calibration.material_posterior``'s credible intervals (numpyro
+NUTS) over repeated data sets.
+
     python examples/calibrate_material.py              # the full grid (minutes)
     python examples/calibrate_material.py --quick      # fewer powers, L and draws
 
@@ -197,6 +200,42 @@ def random_ues(args) -> list[dict]:
     return rows
 
 
+def coverage(args) -> dict:
+    """Frequentist coverage of the NUTS credible intervals over repeated data sets."""
+    truth = dj.paper_scene(
+        args.coverage_power_dbm, args.coverage_material, convention=args.convention
+    )
+    true = np.array([float(jnp.real(truth.eps_r)), float(jnp.imag(truth.eps_r))])
+    hits, widths = [], []
+    t0 = time.perf_counter()
+    for rep in range(args.coverage_repeats):
+        x, r, nv = labeled(truth, args.coverage_L, seed=50_000 + rep)
+        post = calibration.material_posterior(
+            x, r, nv, truth, key=jax.random.key(rep), num_warmup=200, num_samples=400
+        )
+        low, high = (np.asarray(v) for v in post.interval(args.coverage_level))
+        hits.append(((low <= true) & (true <= high)).tolist())
+        widths.append((high - low).tolist())
+    hits = np.asarray(hits)
+    out = dict(
+        material=args.coverage_material,
+        power_dbm=args.coverage_power_dbm,
+        L=args.coverage_L,
+        level=args.coverage_level,
+        repeats=args.coverage_repeats,
+        coverage_real=float(hits[:, 0].mean()),
+        coverage_imag=float(hits[:, 1].mean()),
+        mean_width=np.mean(widths, axis=0).tolist(),
+        seconds_per_posterior=(time.perf_counter() - t0) / args.coverage_repeats,
+    )
+    print(
+        f"NUTS {args.coverage_level:.0%} intervals, {args.coverage_material} at {args.coverage_power_dbm} dBm, "
+        f"L={args.coverage_L}, {args.coverage_repeats} data sets: cover Re eps {out['coverage_real']:.0%}, "
+        f"Im eps {out['coverage_imag']:.0%}"
+    )
+    return out
+
+
 def plot(rows, path):
     plt = pyplot()
     if plt is None:
@@ -225,16 +264,30 @@ def main(argv=None):
     ap.add_argument("--region-power-dbm", type=float, default=-10.0)
     ap.add_argument("--convention", default="itu", choices=["itu", "paper"])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["table", "sweep", "region"])
+    ap.add_argument("--coverage-repeats", type=int, default=40)
+    ap.add_argument("--coverage-material", default="wood")
+    ap.add_argument("--coverage-power-dbm", type=float, default=-20.0)
+    ap.add_argument("--coverage-L", type=int, default=10)
+    ap.add_argument("--coverage-level", type=float, default=0.9)
+    ap.add_argument(
+        "--skip", nargs="*", default=[], choices=["table", "sweep", "region", "coverage"]
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/calibrate_material"))
     args = ap.parse_args(argv)
     if args.quick:
         args.powers_dbm, args.num_train, args.draws, args.num_test = [-30, -10], [10, 50], 50, 256
+        args.coverage_repeats = 8
     json_path, png_path = args.out.with_suffix(".json"), args.out.with_suffix(".png")
     json_path.parent.mkdir(parents=True, exist_ok=True)
     result = json.loads(json_path.read_text()) if json_path.exists() else {}
-    for part, fn in (("table", calibration_table), ("sweep", sweep), ("region", random_ues)):
+    parts = (
+        ("table", calibration_table),
+        ("sweep", sweep),
+        ("region", random_ues),
+        ("coverage", coverage),
+    )
+    for part, fn in parts:
         if part in args.skip:
             continue
         result[part] = fn(args)

@@ -166,6 +166,7 @@ def test_multipath_room_example_tiny(tmp_path, monkeypatch):
 def test_calibrate_material_example_tiny(tmp_path, monkeypatch):
     out = tmp_path / "cal"
     argv = ["--powers-dbm", "-10", "--num-train", "10", "--draws", "8", "--num-test", "16"]
+    argv += ["--coverage-repeats", "2"]
     _run(
         "examples/calibrate_material.py", [*argv, "--betas", "1.05", "--out", str(out)], monkeypatch
     )

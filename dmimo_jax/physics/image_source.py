@@ -315,7 +315,7 @@ def image_paths(
     # d >= hp + hx > 0 for a UE in front of the plane, so the plain norm is safe to differentiate
     d = jnp.sqrt(jnp.sum(to_image * to_image, axis=-1))  # (M, K)
     diff = 4.0 * hp * hx[None, :] / (d + d1[:, None])
-    cos_g = (hx[None, :] + hp) / d
+    cos_g = (hx[None, :] + hp) * (1.0 / d)
     gamma = _gamma(cos_g, eps[None, :], pec, scene.polarization)
     valid = hp > MOUNT_TOLERANCE
     if order == 1:
@@ -435,11 +435,8 @@ class ImageSourceModel:
         paths = image_paths(x, self.scene, self.reflectors, self.order)
         k = 2 * jnp.pi / self.scene.wavelength
         phase = k * paths.path_difference
-        rho = (
-            paths.gamma
-            * (d1[:, None] / paths.length)
-            * lax.complex(jnp.cos(phase), -jnp.sin(phase))
-        )
+        ratio = d1[:, None] / paths.length  # real: folded into the phasor, one complex product
+        rho = paths.gamma * lax.complex(ratio * jnp.cos(phase), -ratio * jnp.sin(phase))
         return d1, jnp.where(paths.valid, rho, 0.0)
 
     def phasor_ratio(self, x: ArrayLike) -> tuple[Array, Array]:
