@@ -39,11 +39,12 @@ def pyplot():
 
 
 def save_figure(fig, path: pathlib.Path) -> None:
-    """Grid and legend on every axis, tight layout, save as PNG."""
+    """Grid and legend on every axis (a legend already placed is kept), tight layout, PNG."""
     for ax in fig.axes:
         if ax.get_legend_handles_labels()[0]:
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend()
+            if ax.get_legend() is None:
+                ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=150)
     print(f"wrote {path}")

@@ -213,21 +213,30 @@ def plot(results: list[dict], path: pathlib.Path) -> None:
     plt = pyplot()
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), width_ratios=(1, 1, 0.8))
     walls = [res["walls"] for res in results]
     methods = [row["method"] for row in results[0]["rows"] if "fine_over_peb" in row]
-    for m in methods:
-        vals = [
-            next(r["fine_over_peb"] for r in res["rows"] if r["method"] == m) for res in results
-        ]
-        ax.semilogy(walls, vals, "o-", label=m)
-    ax.axhline(1.0, color="k", ls=":", label="PEB")
-    ax.set(
-        xlabel="wall material",
-        ylabel="fine RMSE / mean PEB",
-        title="Estimators in a room with walls",
-    )
-    ax.legend(fontsize=6)
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "--")]
+    for ax, key, label in (
+        (axes[0], "fine_rmse_m", "fine RMSE / mean PEB"),
+        (axes[1], "p99_m", "p99 error / mean PEB"),
+    ):
+        for m, (marker, ls) in zip(methods, styles, strict=False):
+            vals = [
+                next(r[key] / r["mean_peb_m"] for r in res["rows"] if r["method"] == m)
+                for res in results
+            ]
+            first = ax is axes[0]  # one legend, for both panels
+            ax.semilogy(
+                walls, vals, marker=marker, ls=ls, ms=7, mfc="none", label=m if first else None
+            )
+        ax.axhline(1.0, color="k", ls=":", label="PEB" if ax is axes[0] else None)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set(xlabel="wall material", ylabel=label)
+    axes[0].set_title("Estimators in a room with walls (1280 UEs)")
+    axes[2].axis("off")  # the legend's panel
+    axes[2].legend(*axes[0].get_legend_handles_labels(), fontsize=7, loc="center left")
+    axes[0].legend().set_visible(False)  # shown in the legend's panel
     save_figure(fig, path)
 
 
