@@ -117,13 +117,20 @@ def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[
 def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike) -> Array:
     """The CPO-profiled Gaussian log-likelihood of L labeled snapshots (module docstring)."""
     x, r, noise_var = jnp.asarray(x), jnp.asarray(r), jnp.asarray(noise_var)
-    e = _whitened_residuals(model, x, r, noise_var)
+    return _log_likelihood_of_mean(jax.vmap(model.mean)(x), r, noise_var)
+
+
+def _log_likelihood_of_mean(mean, r, noise_var):
+    e = _whiten(mean, r, noise_var)
     return -0.5 * (jnp.sum(e * e) + jnp.sum(jnp.log(2 * jnp.pi * noise_var)))
 
 
-def _whitened_residuals(model, x, r, noise_var):
-    mean = jax.vmap(model.mean)(x)
+def _whiten(mean, r, noise_var):
     return (compressed_residuals(r, mean, noise_var) / jnp.sqrt(noise_var)).reshape(-1)
+
+
+def _whitened_residuals(model, x, r, noise_var):
+    return _whiten(jax.vmap(model.mean)(x), r, noise_var)
 
 
 def _softplus_inv(y):
@@ -168,9 +175,8 @@ def _fit_starts(model, x, r, noise_var, u0, surfaces, num_steps):
     jac = jax.jacfwd(residuals_eps)(parts)
     cov = jnp.linalg.pinv(jac.T @ jac)
     se = jnp.sqrt(jnp.clip(jnp.diagonal(cov), 0.0))
-    fitted = with_permittivities(model, eps, surfaces)
-    ll = log_likelihood(fitted, x, r, noise_var)
-    mean = jax.vmap(fitted.mean)(x)
+    mean = jax.vmap(with_permittivities(model, eps, surfaces).mean)(x)
+    ll = _log_likelihood_of_mean(mean, r, noise_var)
     return eps, se[: eps.shape[0]], se[eps.shape[0] :], ll, wrap(cpo_estimate(r, mean, noise_var))
 
 

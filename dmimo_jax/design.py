@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from dmimo_jax._checks import check_int, check_scalar, warn_if_float32
 from dmimo_jax.bounds import peb_from_fim, position_fim
 from dmimo_jax.physics import TwoRayModel
-from dmimo_jax.scene import Scene, sample_positions
+from dmimo_jax.scene import Scene, pack_greedily, sample_positions
 
 __all__ = [
     "SURFACES",
@@ -65,12 +65,16 @@ def peb_values(scene: Scene, xs: ArrayLike) -> Array:
 
 def layout_objective(pebs: Array, objective: str, p: float = 16.0) -> Array:
     r"""``"mean"``: the mean PEB; ``"max"``: :math:`(\mathrm{mean}\,\mathrm{PEB}^p)^{1/p}`."""
+    _check_objective(objective)
     if objective == "mean":
         return jnp.mean(pebs)
-    if objective == "max":
-        scale = jax.lax.stop_gradient(jnp.max(pebs))
-        return scale * jnp.mean((pebs / scale) ** p) ** (1.0 / p)
-    raise ValueError(f"objective must be 'mean' or 'max', got {objective!r}")
+    scale = jax.lax.stop_gradient(jnp.max(pebs))
+    return scale * jnp.mean((pebs / scale) ** p) ** (1.0 / p)
+
+
+def _check_objective(objective: str) -> None:
+    if objective not in ("mean", "max"):
+        raise ValueError(f"objective must be 'mean' or 'max', got {objective!r}")
 
 
 def min_pairwise_distance(ap_positions: ArrayLike) -> float:
@@ -182,12 +186,9 @@ def sample_layout(
     st = rects[which, [0]] + u[:, 0] * (rects[which, 1] - rects[which, 0])
     tt = rects[which, 2] + u[:, 1] * (rects[which, 3] - rects[which, 2])
     pts = np.asarray(net_to_room(jnp.stack([st, tt], -1), jnp.asarray(size, float)))
-    accepted: list[np.ndarray] = []
-    for p in pts:
-        if all(np.linalg.norm(p - a) >= min_separation for a in accepted):
-            accepted.append(p)
-            if len(accepted) == num_aps:
-                return jnp.asarray(np.stack(accepted))
+    packed = pack_greedily(pts, num_aps, min_separation)
+    if packed is not None:
+        return jnp.asarray(packed)
     raise ValueError(
         f"could not place num_aps={num_aps} APs {min_separation} m apart on the {surfaces} "
         f"after {max_candidates} candidates; lower min_separation"
@@ -294,7 +295,7 @@ def optimize_ap_positions(
     if not isinstance(scene, Scene):
         raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
     _check_surfaces(surfaces)
-    layout_objective(jnp.ones(2), objective)  # validates the name
+    _check_objective(objective)
     check_int("num_ue", num_ue, minimum=1)
     check_int("steps", steps, minimum=1)
     for name, v in (("min_separation", min_separation), ("learning_rate", learning_rate), ("p", p)):

@@ -24,6 +24,7 @@ from dmimo_jax.pytree import pytree_dataclass, static_field
 __all__ = [
     "Scene",
     "SPEED_OF_LIGHT",
+    "pack_greedily",
     "BOLTZMANN_PAPER",
     "dbm_to_watt",
     "watt_to_dbm",
@@ -236,6 +237,19 @@ def thermal_noise_power(
     return boltzmann * temperature_k * bandwidth_hz * 10.0 ** (noise_figure_db / 10.0)
 
 
+def pack_greedily(candidates: np.ndarray, num: int, min_separation: float) -> np.ndarray | None:
+    """The first ``num`` rows of ``candidates`` (N, D) accepted in order when at least
+    ``min_separation`` from every row accepted before (sequential random packing), or
+    ``None`` when the candidates run out first."""
+    accepted: list[np.ndarray] = []
+    for c in np.asarray(candidates):
+        if all(np.linalg.norm(c - a) >= min_separation for a in accepted):
+            accepted.append(c)
+            if len(accepted) == num:
+                return np.stack(accepted)
+    return None
+
+
 def sample_ap_positions(
     key: Array,
     num_aps: int,
@@ -279,13 +293,9 @@ def sample_ap_positions(
             maxval=jnp.array([lx - margin, ly - margin]),
         )
     )
-    accepted: list[np.ndarray] = []
-    for c in cand:
-        if all(np.hypot(*(c - a)) >= min_separation for a in accepted):
-            accepted.append(c)
-            if len(accepted) == num_aps:
-                xy = np.stack(accepted)
-                return jnp.asarray(np.column_stack([xy, np.full(num_aps, height)]))
+    xy = pack_greedily(cand, num_aps, min_separation)
+    if xy is not None:
+        return jnp.asarray(np.column_stack([xy, np.full(num_aps, height)]))
     raise ValueError(
         f"could not place num_aps={num_aps} APs with min_separation={min_separation} m in "
         f"a {lx} x {ly} m ceiling after {max_candidates} candidates; lower min_separation"

@@ -41,7 +41,6 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -144,42 +143,39 @@ def run_setting(args, walls: str) -> dict:
         )
     )
 
-    t0 = time.perf_counter()
     placeholder = dj.room_model(
         scene, ceiling=3.0, walls=None if walls == "none" else 3.0, floor=3.0
     )
-    cal = calibration.fit_surfaces(x_l, r_l, nv_l, placeholder)
-    t_cal = time.perf_counter() - t0
-    fitted = {n: complex(e) for n, e in zip(cal.surfaces, np.asarray(cal.eps_r), strict=True)}
-    print(
-        f"  calibrated ({cal.polarization}, {t_cal:.1f} s): "
-        + ", ".join(f"{n} {e:.3f}" for n, e in fitted.items())
-    )
-    rows.append(
-        score(
+    calibrations = (
+        (
             f"(e) MLE, room calibrated from L={args.num_train} (materials unknown)",
-            x_np,
-            *mle(cal.model, r, args.num_starts),
-            mean_peb,
-            offline_s=t_cal,
-            calibrated_eps_r={n: [e.real, e.imag] for n, e in fitted.items()},
-        )
-    )
-    t0 = time.perf_counter()
-    ground = calibration.fit_material(x_l, r_l, nv_l, scene)
-    t_g = time.perf_counter() - t0
-    rows.append(
-        score(
+            lambda: calibration.fit_surfaces(x_l, r_l, nv_l, placeholder),
+        ),
+        (
             f"(e') MLE, two rays with the ground calibrated from L={args.num_train}",
-            x_np,
-            *mle(ground.model, r, args.num_starts),
-            mean_peb,
-            offline_s=t_g,
-            calibrated_eps_r={
-                "ground": [float(jnp.real(ground.eps_r)), float(jnp.imag(ground.eps_r))]
-            },
-        )
+            lambda: calibration.fit_material(x_l, r_l, nv_l, scene),
+        ),
     )
+    for method, calibrate in calibrations:
+        t0 = time.perf_counter()
+        cal = calibrate()
+        t_cal = time.perf_counter() - t0
+        eps = np.atleast_1d(np.asarray(cal.eps_r))
+        fitted = {n: complex(e) for n, e in zip(cal.surfaces, eps, strict=True)}
+        print(
+            f"  {method[:4]} calibrated ({cal.polarization}, {t_cal:.1f} s): "
+            + ", ".join(f"{n} {e:.3f}" for n, e in fitted.items())
+        )
+        rows.append(
+            score(
+                method,
+                x_np,
+                *mle(cal.model, r, args.num_starts),
+                mean_peb,
+                offline_s=t_cal,
+                calibrated_eps_r={n: [e.real, e.imag] for n, e in fitted.items()},
+            )
+        )
     return dict(
         walls=walls,
         ceiling=args.ceiling,

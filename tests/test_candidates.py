@@ -122,27 +122,22 @@ def test_locate_candidates_falls_back_when_the_classifier_is_unsure(tiny_classif
     table = est.cell_table(model, cells, spacing=0.05)
     fallback = est.phasor_table(model, est.search_grid(scene, 0.05, region="ue"))
     test = synthesize(jax.random.key(6), model, 16)
-    sure = pipeline.locate_candidates(
-        test.r,
-        net,
-        model,
-        screen=model,
-        table=table,
-        fallback_table=fallback,
-        num_cells=2,
-        min_mass=0.0,
-    )
+
+    def locate(min_mass):
+        return pipeline.locate_candidates(
+            test.r,
+            net,
+            model,
+            screen=model,
+            table=table,
+            fallback_table=fallback,
+            num_cells=2,
+            min_mass=min_mass,
+        )
+
+    sure = locate(0.0)
     assert not bool(jnp.any(sure.fallback))
-    unsure = pipeline.locate_candidates(
-        test.r,
-        net,
-        model,
-        screen=model,
-        table=table,
-        fallback_table=fallback,
-        num_cells=2,
-        min_mass=1.01,  # nothing is ever that sure: every snapshot falls back
-    )
+    unsure = locate(1.01)  # nothing is ever that sure: every snapshot falls back
     assert bool(jnp.all(unsure.fallback))
     err = np.linalg.norm(np.asarray(unsure.fine) - np.asarray(test.x), axis=1)
     assert err.max() < 1e-3  # the whole-region screen found them

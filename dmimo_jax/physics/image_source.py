@@ -354,6 +354,11 @@ def image_paths(
     )
 
 
+def _minus_arg(s: Array) -> Array:
+    """-arg(s) of the summed phasor ratio, in (-pi, pi]."""
+    return -jnp.arctan2(jnp.imag(s), jnp.real(s))
+
+
 @pytree_dataclass(init=False)
 class ImageSourceModel:
     r"""LoS plus specular bounces on planar reflectors, as a **PhaseModel** (beyond the paper).
@@ -447,13 +452,12 @@ class ImageSourceModel:
 
     def perturbation(self, x: ArrayLike) -> Array:
         r"""Phase moved by all bounces, :math:`-\arg(1+\sum_k\rho_{mk})`, (M,) radians."""
-        _, s = self.phasor_ratio(x)
-        return -jnp.arctan2(jnp.imag(s), jnp.real(s))
+        return _minus_arg(self.phasor_ratio(x)[1])
 
     def mean(self, x: ArrayLike) -> Array:
         r""":math:`2\pi d^{(1)}_m/\lambda - \arg(1+\sum_k\rho_{mk})`, unwrapped by the LoS, (M,)."""
         d1, s = self.phasor_ratio(x)
-        return 2 * jnp.pi / self.scene.wavelength * d1 - jnp.arctan2(jnp.imag(s), jnp.real(s))
+        return 2 * jnp.pi / self.scene.wavelength * d1 + _minus_arg(s)
 
     def amplitude(self, x: ArrayLike) -> Array:
         r"""Effective amplitude :math:`\frac{\lambda}{4\pi d^{(1)}_m}|1+\sum_k\rho_{mk}|`, (M,)."""
