@@ -19,6 +19,12 @@ Online (for every snapshot, batched):
    place of the analytic model): the fine estimate.
 
 :func:`locate` runs the three online steps.
+
+Beyond the paper, :func:`locate_candidates` replaces the regression network by a cell
+classifier: its most likely cells -> the two-tier candidate screen
+(:func:`screen_candidates`, the whole region only when the classifier itself is unsure)
+-> refinement under the tabulated GP model of eq. (27) (``Offline.screen``: mean and
+variance read from tables, no kernel evaluation online).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
-from dmimo_jax._checks import check_phases
+from dmimo_jax._checks import check_int, check_phases, check_scalar
 from dmimo_jax.estimators import (
     CellTable,
     PhasorTable,
@@ -64,7 +70,11 @@ from dmimo_jax.scene import Scene
 
 __all__ = [
     "CandidateOnlineResult",
+    "CandidateScreen",
+    "screen_candidates",
     "HIEstimator",
+    "bucket_size",
+    "bucketed",
     "cell_probabilities",
     "locate_candidates",
     "Offline",
@@ -204,7 +214,7 @@ class Offline(NamedTuple):
     """Everything the online stage needs, from :func:`run_offline`."""
 
     model: gp.GPPhaseModel  # the exact GP PhaseModel (fine refinement)
-    screen: gp.TabulatedGPModel  # its tabulated mean (safeguard)
+    screen: gp.TabulatedGPModel  # its tables: mean and variance, eq. (27) (screens, cheap fine stage)
     table: PhasorTable  # lambda/4 phasor table of ``screen`` over the UE region (wide windows)
     estimators: dict  # kind -> coarse estimator (POPT / MLP network, HIEstimator)
     radii: dict  # kind -> safeguard radius, m
@@ -333,11 +343,11 @@ def _offline_cells(folder, screen, scene, c, seed, progress, on_epoch_end):
         net, meta = load_model(out)
     else:
         # the tabulated GP mean synthesizes ~100x faster than the exact GP (same mean to
-        # ~1e-4 rad): the classifier needs about a million samples
+        # ~1e-5 rad): the classifier needs about a million samples
         data = make_training_set(
             sub / "data",
             jax.random.key(seed + 1),
-            screen,
+            screen.without_variance(),  # the GP mean + the LoS phase noise
             c.num_samples,
             chunk_size=65536,
             progress=progress,
@@ -394,8 +404,8 @@ def locate(
         estimator: trained POPT / MLP / :class:`HIEstimator` (anything r -> positions).
         model: the exact PhaseModel for the fine estimate (the GP model; or the analytic
             model for a matched-model study).
-        screen: the cheap model of the window search (default: the tabulated ``model`` when
-            it is a :class:`~dmimo_jax.gp.GPPhaseModel`, else ``model`` itself).
+        screen: the cheap model of the window search (default: the tabulated mean of
+            ``model`` when it is a :class:`~dmimo_jax.gp.GPPhaseModel`, else ``model``).
         radius, spacing, num_starts: the window (:func:`window_search`).
         refine_steps: LM steps of the final refinement.
         table: a :class:`~dmimo_jax.estimators.PhasorTable` of ``screen`` for wide windows.
@@ -404,7 +414,9 @@ def locate(
     r = r[None, :] if r.ndim == 1 else r
     if screen is None:
         screen = (
-            gp.TabulatedGPModel.from_model(model) if isinstance(model, gp.GPPhaseModel) else model
+            gp.TabulatedGPModel.from_model(model, variance=False)
+            if isinstance(model, gp.GPPhaseModel)
+            else model
         )
     x0 = coarse_estimate(estimator, r)
     r = r.astype(x0.dtype)
@@ -424,15 +436,17 @@ class CandidateOnlineResult(NamedTuple):
     cells: Array  # (B, K) candidate cells, most likely first
     mass: Array  # (B,) their total probability (the confidence signal)
     fallback: Array  # (B,) bool: screened over the whole region instead
-    screened: Array  # (B, 3) best point of the candidate screen (or the fallback)
-    fine: Array  # (B, 3) after the final exact refinement steps
-    cost: Array  # (B,) ML cost (eq. 17) of ``fine`` under the exact model
+    narrow: Array  # (B,) bool: confident enough to screen only the first few cells
+    screened: Array  # (B, 3) refined best point of the screen (under the tabulated model)
+    fine: Array  # (B, 3) after the fine stage's steps under ``model``
+    cost: Array  # (B,) ML cost (eq. 17) of ``fine`` under ``model``
     cpo: Array  # (B,) CPO estimate at ``fine``
 
 
 def cell_probabilities(classifier: nnx.Module, r: ArrayLike, k: int) -> tuple[Array, Array]:
-    """The ``k`` most likely cells (B, k) of a :class:`~dmimo_jax.learning.cells.CellClassifier`
-    and their total probability (B,), run as one jitted pure function of the current weights."""
+    """The ``k`` most likely cells (B, k) of a :class:`~dmimo_jax.learning.cells.CellClassifier`,
+    most likely first, and their probabilities (B, k), run as one jitted pure function of
+    the current weights."""
     r = jnp.asarray(r)
     r = r[None, :] if r.ndim == 1 else r
     check_phases("r", r, classifier.num_aps, batched=True)
@@ -445,6 +459,120 @@ def _top_cells(graphdef: Any, state: Any, r: Array, k: int) -> tuple[Array, Arra
     return nnx.merge(graphdef, state).top_cells(r, k)
 
 
+def bucket_size(n: int) -> int:
+    """The padded size of a part of n rows: n rounded up to a multiple of 2^(b - 3), b the
+    bit length of n (at most 4 sizes per octave, under 25% padding)."""
+    q = 1 << max(int(n).bit_length() - 3, 0)
+    return -(-int(n) // q) * q
+
+
+def bucketed(fn: Any, rows: np.ndarray, *arrays: Array) -> Array:
+    """``fn(*(a[rows] for a in arrays))`` with ``rows`` padded to :func:`bucket_size`.
+
+    The online stage splits a batch by confidence; padding each part (repeating its last
+    row) bounds the shapes a jitted stage ever sees to a few per octave of the batch size,
+    so a new mix of confident and unsure snapshots rarely compiles anything.
+    """
+    n = rows.size
+    size = bucket_size(n)
+    padded = np.concatenate([rows, np.full(size - n, rows[-1])])
+    out = fn(*(a[padded] for a in arrays))
+    return jax.tree.map(lambda v: v[:n], out)
+
+
+class CandidateScreen(NamedTuple):
+    """Output of :func:`screen_candidates` (leading batch axis B)."""
+
+    x: Array  # (B, 3) refined best point of the screen
+    narrow: Array  # (B,) bool: only the first cells were screened (confident)
+    fallback: Array  # (B,) bool: the whole region was screened (unsure)
+    mass: Array  # (B,) probability of the num_cells candidates (the confidence signal)
+
+
+def screen_candidates(
+    r: ArrayLike,
+    cells: ArrayLike,
+    probs: ArrayLike,
+    screen: PhaseModel,
+    table: CellTable,
+    *,
+    fallback_table: PhasorTable | None = None,
+    first_cells: int | None = None,
+    first_mass: float = 0.999,
+    min_mass: float = 0.5,
+    num_starts: int = 4,
+    screen_steps: int = 4,
+) -> CandidateScreen:
+    """The candidate safeguard: screen each snapshot's candidate cells, in two tiers.
+
+    A snapshot whose first ``first_cells`` candidates (default ``min(4, K)``) hold at
+    least ``first_mass`` of the probability screens only those (most snapshots); one whose
+    K candidates hold at least ``min_mass`` screens all K; the others (the classifier
+    itself is unsure) fall back to the whole-region hierarchical screen
+    (:func:`~dmimo_jax.estimators.coarse_to_fine` on ``fallback_table``). Thresholds above
+    1 are never met (``min_mass > 1``: every snapshot falls back). Each part runs
+    :func:`~dmimo_jax.estimators.candidate_search` under ``screen`` (``num_starts``
+    Levenberg-Marquardt refinements of ``screen_steps``), padded by :func:`bucketed`.
+
+    Args:
+        r: (B, M) wrapped phases.
+        cells: (B, K) candidate cells, most likely first (:func:`cell_probabilities`).
+        probs: (B, K) their probabilities.
+        screen: the cheap PhaseModel ``table`` was built from.
+        table: :func:`~dmimo_jax.estimators.cell_table` of ``screen``.
+
+    Raises:
+        ValueError: a fallback is needed and no ``fallback_table`` was given, or bad input.
+    """
+    r = jnp.asarray(r)
+    r = r[None, :] if r.ndim == 1 else r
+    check_phases("r", r, screen.num_aps, batched=True)
+    cells, p = jnp.asarray(cells), np.asarray(probs, np.float64)
+    if cells.ndim != 2 or cells.shape != p.shape or cells.shape[0] != r.shape[0]:
+        raise ValueError(
+            f"cells and probs must both have shape ({r.shape[0]}, K), got {cells.shape} "
+            f"and {p.shape}"
+        )
+    num_cells = cells.shape[1]
+    first_cells = min(4, num_cells) if first_cells is None else first_cells
+    check_int("first_cells", first_cells, minimum=1)
+    if first_cells > num_cells:
+        raise ValueError(f"first_cells={first_cells} must be <= the K={num_cells} candidates")
+    for name, v in (("first_mass", first_mass), ("min_mass", min_mass)):
+        check_scalar(name, v)
+        if v < 0:
+            raise ValueError(f"{name} must be a probability threshold >= 0, got {v}")
+    mass = p.sum(axis=-1)
+    fallback = mass < min_mass
+    narrow = ~fallback & (p[:, :first_cells].sum(axis=-1) >= first_mass)
+    r64 = r.astype(jnp.result_type(float))
+    xs = jnp.zeros((r.shape[0], 3), r64.dtype)
+
+    def search(k):
+        return lambda ri, ci: (
+            candidate_search(
+                ri, screen, table, ci[:, :k], num_starts=num_starts, num_steps=screen_steps
+            ).x
+        )
+
+    tiers = (
+        (np.flatnonzero(narrow), first_cells),
+        (np.flatnonzero(~narrow & ~fallback), num_cells),
+    )
+    for rows, k in tiers:
+        if rows.size:
+            xs = xs.at[rows].set(bucketed(search(k), rows, r64, cells))
+    bad = np.flatnonzero(fallback)
+    if bad.size:
+        if fallback_table is None:
+            raise ValueError(
+                f"{bad.size} snapshots fell below min_mass={min_mass}; pass fallback_table"
+            )
+        found = bucketed(lambda ri: coarse_to_fine(ri, screen, fallback_table).x, bad, r64)
+        xs = xs.at[bad].set(found)
+    return CandidateScreen(xs, jnp.asarray(narrow), jnp.asarray(fallback), jnp.asarray(mass))
+
+
 def locate_candidates(
     r: ArrayLike,
     classifier: nnx.Module,
@@ -454,21 +582,26 @@ def locate_candidates(
     table: CellTable,
     fallback_table: PhasorTable | None = None,
     num_cells: int = 16,
+    first_cells: int | None = None,
+    first_mass: float = 0.999,
     min_mass: float = 0.5,
     num_starts: int = 4,
-    screen_steps: int = 8,
+    screen_steps: int = 4,
     fine_steps: int = 2,
 ) -> CandidateOnlineResult:
-    """The online stage with a cell classifier: candidates -> cell screen -> exact steps.
+    """The online stage with a cell classifier: candidates -> cell screen -> refinement.
 
-    1. the classifier's ``num_cells`` most likely cells and their probability mass;
-    2. snapshots whose mass is at least ``min_mass`` are screened in those cells
-       (:func:`~dmimo_jax.estimators.candidate_search` under the cheap ``screen`` model,
-       ``num_starts`` refinements of ``screen_steps``); the others fall back to the
-       whole-region hierarchical screen (:func:`~dmimo_jax.estimators.coarse_to_fine` on
-       ``fallback_table``);
-    3. ``fine_steps`` Levenberg-Marquardt steps under the exact ``model`` finish (the
-       screen's refinement already sits in the right basin, within the tabulation error).
+    1. :func:`cell_probabilities`: the classifier's ``num_cells`` most likely cells;
+    2. :func:`screen_candidates`, the candidate safeguard in two tiers (the first
+       ``first_cells`` cells when they hold ``first_mass``, all ``num_cells`` when they hold
+       ``min_mass``, else the whole region from ``fallback_table``);
+    3. the fine stage: ``fine_steps`` Levenberg-Marquardt steps under ``model``. With the
+       tabulated GP model of eq. (27) (:class:`~dmimo_jax.gp.TabulatedGPModel` with its
+       variance table, what :func:`run_offline` returns as ``screen``) as ``model`` the
+       whole stage runs on tables: its estimate agrees with the exact GP model's to a few
+       tens of nm on noise-free snapshots (``tests/test_candidates.py``) at a fraction of
+       the cost; with the exact :class:`~dmimo_jax.gp.GPPhaseModel` the same steps
+       finish exactly.
 
     Raises:
         ValueError: a fallback is needed and no ``fallback_table`` was given, or bad input.
@@ -490,24 +623,26 @@ def locate_candidates(
             f"{own.shape} of {own.cell_size} m from {np.asarray(own.low)}, the table's "
             f"{used.shape} of {used.cell_size} m from {np.asarray(used.low)}"
         )
-    cells, mass = cell_probabilities(classifier, r, num_cells)
-    fallback = np.asarray(mass) < min_mass
+    check_int("num_cells", num_cells, minimum=1)
+    if num_cells > own.num_cells:
+        raise ValueError(f"num_cells={num_cells} exceeds the classifier's {own.num_cells} cells")
+    check_int("fine_steps", fine_steps, minimum=1)
+    cells, probs = cell_probabilities(classifier, r, num_cells)
+    found = screen_candidates(
+        r,
+        cells,
+        probs,
+        screen,
+        table,
+        fallback_table=fallback_table,
+        first_cells=first_cells,
+        first_mass=first_mass,
+        min_mass=min_mass,
+        num_starts=num_starts,
+        screen_steps=screen_steps,
+    )
     r64 = r.astype(jnp.result_type(float))
-    xs = jnp.zeros((r.shape[0], 3), r64.dtype)
-    ok = np.flatnonzero(~fallback)
-    if ok.size:
-        found = candidate_search(
-            r64[ok], screen, table, cells[ok], num_starts=num_starts, num_steps=screen_steps
-        )
-        xs = xs.at[ok].set(found.x)
-    bad = np.flatnonzero(fallback)
-    if bad.size:
-        if fallback_table is None:
-            raise ValueError(
-                f"{bad.size} snapshots fell below min_mass={min_mass}; pass fallback_table"
-            )
-        xs = xs.at[bad].set(coarse_to_fine(r64[bad], screen, fallback_table).x)
-    fine = refine_batch(xs, r64, model, num_steps=fine_steps)
+    fine = refine_batch(found.x, r64, model, num_steps=fine_steps)
     return CandidateOnlineResult(
-        cells, mass, jnp.asarray(fallback), xs, fine.x, fine.cost, fine.cpo
+        cells, found.mass, found.fallback, found.narrow, found.x, fine.x, fine.cost, fine.cpo
     )

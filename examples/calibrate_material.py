@@ -137,7 +137,7 @@ def estimators_at(truth, args, power):
         )
     models["calibrated MLE (L=50)"] = (fit.model, None)
     models["GP (L=50) + screen + 2 exact steps"] = (
-        gp.TabulatedGPModel.from_model(gp_model),
+        gp.TabulatedGPModel.from_model(gp_model, variance=False),
         gp_model,
     )
     return models, fit

@@ -73,7 +73,7 @@ def mle(model, r, num_starts):
 
 def gp_screen(gp_model, r, num_starts):
     """The tabulated GP's lambda/4 screen + multi-start refinement, then two exact GP steps."""
-    screen = gp.TabulatedGPModel.from_model(gp_model)
+    screen = gp.TabulatedGPModel.from_model(gp_model, variance=False)
     scene = gp_model.scene
     table = est.phasor_table(screen, est.search_grid(scene, float(scene.wavelength) / 4, "ue"))
     t0 = time.perf_counter()

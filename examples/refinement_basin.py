@@ -41,7 +41,9 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     scene = dj.paper_scene()
     x, r, nv = labeled_snapshots(scene, 50, 0)
-    screen = gp.TabulatedGPModel.from_model(pipeline.fit_phase_model(x, r, nv, scene))
+    screen = gp.TabulatedGPModel.from_model(
+        pipeline.fit_phase_model(x, r, nv, scene), variance=False
+    )
     xt, rt = test_snapshots(scene, args.num_test, 0)
     home = dj.refine_batch(xt, rt, screen, num_steps=args.steps).x
     rng = np.random.default_rng(0)

@@ -102,10 +102,12 @@ def tiny_classifier():
 def test_a_tiny_candidate_model_learns_a_tiny_region(tiny_classifier):
     scene, model, cells, net = tiny_classifier
     test = synthesize(jax.random.key(4), model, 1000)
-    idx, mass = pipeline.cell_probabilities(net, test.r, 2)
+    idx, probs = pipeline.cell_probabilities(net, test.r, 2)
     hit = np.any(np.asarray(idx) == np.asarray(cells.index(test.x))[:, None], axis=1)
     assert hit.mean() > 0.9  # top-2 of 8 cells; chance is 0.25
-    assert float(np.mean(np.asarray(mass))) > 0.5
+    p = np.asarray(probs)
+    assert float(np.mean(p.sum(axis=1))) > 0.5
+    assert np.all(p[:, 0] >= p[:, 1])  # most likely first
 
 
 def test_model_file_round_trip_of_the_cell_classifier(tiny_classifier, tmp_path):
@@ -137,6 +139,8 @@ def test_locate_candidates_falls_back_when_the_classifier_is_unsure(tiny_classif
 
     sure = locate(0.0)
     assert not bool(jnp.any(sure.fallback))
+    err = np.linalg.norm(np.asarray(sure.fine) - np.asarray(test.x), axis=1)
+    assert err.max() < 1e-3
     unsure = locate(1.01)  # nothing is ever that sure: every snapshot falls back
     assert bool(jnp.all(unsure.fallback))
     err = np.linalg.norm(np.asarray(unsure.fine) - np.asarray(test.x), axis=1)
@@ -145,6 +149,39 @@ def test_locate_candidates_falls_back_when_the_classifier_is_unsure(tiny_classif
         pipeline.locate_candidates(
             test.r, net, model, screen=model, table=table, num_cells=2, min_mass=1.01
         )
+
+
+def test_confident_snapshots_screen_only_their_first_cells(tiny_classifier):
+    """The two tiers: first_mass 0 screens one cell for every snapshot, a threshold above 1
+    screens all num_cells; the confident tier still finds the UEs its top cell holds."""
+    scene, model, cells, net = tiny_classifier
+    table = est.cell_table(model, cells, spacing=0.05)
+    test = synthesize(jax.random.key(9), model, 16)
+    kw = dict(screen=model, table=table, num_cells=4, first_cells=1, min_mass=0.0)
+    narrow = pipeline.locate_candidates(test.r, net, model, first_mass=0.0, **kw)
+    wide = pipeline.locate_candidates(test.r, net, model, first_mass=1.01, **kw)
+    assert bool(jnp.all(narrow.narrow)) and not bool(jnp.any(wide.narrow))
+    top1 = np.asarray(narrow.cells[:, 0]) == np.asarray(cells.index(test.x))
+    err_n = np.linalg.norm(np.asarray(narrow.fine) - np.asarray(test.x), axis=1)
+    err_w = np.linalg.norm(np.asarray(wide.fine) - np.asarray(test.x), axis=1)
+    assert top1.sum() >= 8 and err_n[top1].max() < 1e-3
+    assert err_w.max() < 1e-3
+
+
+def test_bucketed_pads_to_a_few_sizes_and_returns_the_rows():
+    seen = []
+
+    def fn(a):
+        seen.append(a.shape[0])
+        return a * 2
+
+    a = jnp.arange(40.0)
+    for rows in (np.array([3]), np.array([0, 4, 9]), np.arange(5), np.arange(2, 37)):
+        np.testing.assert_array_equal(pipeline.bucketed(fn, rows, a), 2 * np.asarray(a)[rows])
+    assert seen == [1, 3, 5, 40]
+    sizes = {pipeline.bucket_size(n) for n in range(1, 1281)}
+    assert len(sizes) <= 40  # a handful per octave, not one per batch size
+    assert all(n <= pipeline.bucket_size(n) < 1.25 * n + 1 for n in range(1, 1281))
 
 
 def test_locate_candidates_refuses_a_classifier_of_another_scene(tiny_classifier, small_table):
@@ -158,11 +195,24 @@ def test_locate_candidates_refuses_a_classifier_of_another_scene(tiny_classifier
         pipeline.locate_candidates(
             jnp.full((2, 17), jnp.nan), net, MODEL, screen=MODEL, table=small_table
         )
+    scene, model, cells, net = tiny_classifier
+    table = est.cell_table(model, cells, spacing=0.1)
+    for kw, match in (
+        (dict(first_cells=5, num_cells=4), "first_cells"),
+        (dict(first_mass=-0.1), "first_mass"),
+        (dict(min_mass=float("nan")), "min_mass"),
+        (dict(fine_steps=0), "fine_steps"),
+        (dict(num_cells=9), "num_cells"),
+    ):
+        kw = dict(num_cells=4) | kw
+        with pytest.raises(ValueError, match=match):
+            pipeline.locate_candidates(r, net, model, screen=model, table=table, **kw)
 
 
 def test_cheap_fine_stage_matches_exact_gp_refinement():
-    """Refinement under the tabulated GP + 2 exact steps == refinement under the exact GP
-    (noise-free snapshots of the GP model itself), to below 1 um."""
+    """Refinement under the tabulated GP of eq. (27) (cubic mean, tabulated variance) ==
+    refinement under the exact GP (noise-free snapshots of the GP model itself), to below
+    1 um; so does the tabulated pre-refinement + 2 exact steps."""
     truth = dj.TwoRayModel(SCENE)
     k1, k2, k3 = jax.random.split(jax.random.key(7), 3)
     x = dj.sample_positions(k1, 20, SCENE)
@@ -170,14 +220,41 @@ def test_cheap_fine_stage_matches_exact_gp_refinement():
     nv = jax.vmap(truth.variance)(x)
     exact = pipeline.fit_phase_model(x, r, nv, SCENE, num_steps=10)
     cheap = gp.TabulatedGPModel.from_model(exact)
+    assert cheap.has_variance and not cheap.without_variance().has_variance
     xt = dj.sample_positions(jax.random.key(8), 8, SCENE)
     rt = dj.wrap(jax.vmap(exact.mean)(xt) + 0.7)  # noise-free
     start = xt + 0.02  # inside the basin
     ref = dj.refine_batch(start, rt, exact, num_steps=15).x
-    pre = dj.refine_batch(start, rt, cheap, num_steps=8).x
-    fast = dj.refine_batch(pre, rt, exact, num_steps=2).x
+    tables_only = dj.refine_batch(start, rt, cheap, num_steps=10).x
+    assert np.abs(np.asarray(tables_only) - np.asarray(ref)).max() < 1e-6
+    fast = dj.refine_batch(tables_only, rt, exact, num_steps=2).x
     assert np.abs(np.asarray(fast) - np.asarray(ref)).max() < 1e-6
     assert np.abs(np.asarray(ref) - np.asarray(xt)).max() < 1e-6
     # one step with the exact mean and the LoS variance (no eq. 27 solves) lands there too
-    mean_only = dj.refine_batch(pre, rt, gp.GPMeanModel(exact), num_steps=1).x
+    mean_only = dj.refine_batch(tables_only, rt, gp.GPMeanModel(exact), num_steps=1).x
     assert np.abs(np.asarray(mean_only) - np.asarray(ref)).max() < 1e-6
+
+
+def test_tabulated_gp_model_matches_eqs_26_27():
+    """The cubic mean table within 1e-5 rad of eq. (26), the variance table within a few
+    per cent of eq. (27), over random UEs; without the variance table: the LoS part."""
+    truth = dj.TwoRayModel(SCENE)
+    x = dj.sample_positions(jax.random.key(11), 20, SCENE)
+    r = dj.simulate_phases_batch(
+        jax.random.key(12), truth, x, dj.random_cpos(jax.random.key(13), 20)
+    )
+    exact = pipeline.fit_phase_model(x, r, jax.vmap(truth.variance)(x), SCENE, num_steps=10)
+    cheap = gp.TabulatedGPModel.from_model(exact)
+    xs = dj.sample_positions(jax.random.key(14), 200, SCENE)
+    dm = jax.vmap(cheap.mean)(xs) - jax.vmap(exact.mean)(xs)
+    assert float(jnp.max(jnp.abs(dm))) < 1e-5
+    ve = jax.vmap(exact.variance)(xs)
+    rel = np.abs(np.asarray(jax.vmap(cheap.variance)(xs) / ve - 1))
+    assert np.median(rel) < 0.01 and np.percentile(rel, 99) < 0.1
+    los = jax.vmap(cheap.without_variance().variance)(xs)
+    np.testing.assert_allclose(los, jax.vmap(gp.GPMeanModel(exact).variance)(xs), rtol=1e-12)
+    assert bool(jnp.all(ve > los))  # eq. (27) adds the GP's own uncertainty
+    with pytest.raises(ValueError, match="var_dd_step"):
+        gp.TabulatedGPModel.from_model(exact, var_dd_step=0.0)
+    with pytest.raises(ValueError, match="var_num_gamma"):
+        gp.TabulatedGPModel.from_model(exact, var_num_gamma=1)

@@ -165,7 +165,7 @@ def candidate_search(
     *,
     num_starts: int = 4,
     num_steps: int = 8,
-    chunk: int = 64,
+    chunk: int = 8,
 ) -> CandidateResult:
     """Screen the candidate ``cells`` (B, K) of each snapshot and refine the best points.
 
@@ -209,12 +209,12 @@ def candidate_search(
 def _candidate_search(r, model, table, cells, k, num_steps, chunk) -> CandidateResult:
     def starts(args):  # (k, 3) most coherent screened points of one snapshot
         ri, ci = args
-        rows = table.data[ci].reshape(-1, table.data.shape[-1])  # (K P, 2M)
+        rows = table.data[ci].reshape(-1, table.data.shape[-1])  # (K P, 2M) [cos, sin]
         c, s = jnp.cos(ri).astype(jnp.float32), jnp.sin(ri).astype(jnp.float32)
-        m = c.shape[0]
-        re = rows[:, :m] @ c + rows[:, m:] @ s  # Re sum e^{j(r - theta)}
-        im = rows[:, :m] @ s - rows[:, m:] @ c
-        _, idx = jax.lax.top_k(re * re + im * im, k)
+        # one product gives Re and Im of sum e^{j(r - theta)}: [cos th, sin th] @ [[c, s], [s, -c]]
+        w = jnp.stack([jnp.concatenate([c, s]), jnp.concatenate([s, -c])], axis=-1)
+        z = rows @ w  # (K P, 2)
+        _, idx = jax.lax.top_k(jnp.sum(z * z, axis=-1), k)
         cell = ci[idx // table.points_per_cell]
         return table.cells.corner(cell) + table.offsets[idx % table.points_per_cell]  # (k, 3)
 

@@ -22,7 +22,7 @@ from dmimo_jax.gp.kernel import (
     residuals,
     training_process,
 )
-from dmimo_jax.gp.model import GPMeanModel, GPPhaseModel, TabulatedGPModel
+from dmimo_jax.gp.model import GPMeanModel, GPPhaseModel, TabulatedGPModel, interpolate
 from dmimo_jax.gp.nuts import GPMixtureModel, GPPosterior, fit_nuts
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "GPPhaseModel",
     "GPPosterior",
     "TabulatedGPModel",
+    "interpolate",
     "build_kernel",
     "check_training_data",
     "features",

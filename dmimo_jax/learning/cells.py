@@ -100,10 +100,11 @@ class CellClassifier(nnx.Module):
         return 1.0 - hit.astype(jnp.float32)
 
     def top_cells(self, r: Any, k: int) -> tuple[jax.Array, jax.Array]:
-        """The ``k`` most likely cells (..., k) and their total probability (...,)."""
+        """The ``k`` most likely cells (..., k), most likely first, and their probabilities
+        (..., k)."""
         logp = jax.nn.log_softmax(self(r), axis=-1)
         top, idx = jax.lax.top_k(logp, k)
-        return idx, jnp.sum(jnp.exp(top), axis=-1)
+        return idx, jnp.exp(top)
 
     def spec(self) -> dict:
         """JSON-able architecture: what :meth:`from_spec` rebuilds."""
