@@ -214,7 +214,7 @@ class Offline(NamedTuple):
     """Everything the online stage needs, from :func:`run_offline`."""
 
     model: gp.GPPhaseModel  # the exact GP PhaseModel (fine refinement)
-    screen: gp.TabulatedGPModel  # its tables: mean and variance, eq. (27) (screens, cheap fine stage)
+    screen: gp.TabulatedGPModel  # mean and variance tables, eq. (27): screens, cheap fine
     table: PhasorTable  # lambda/4 phasor table of ``screen`` over the UE region (wide windows)
     estimators: dict  # kind -> coarse estimator (POPT / MLP network, HIEstimator)
     radii: dict  # kind -> safeguard radius, m
