@@ -209,17 +209,23 @@ def test_locate_candidates_refuses_a_classifier_of_another_scene(tiny_classifier
             pipeline.locate_candidates(r, net, model, screen=model, table=table, **kw)
 
 
-def test_cheap_fine_stage_matches_exact_gp_refinement():
-    """Refinement under the tabulated GP of eq. (27) (cubic mean, tabulated variance) ==
-    refinement under the exact GP (noise-free snapshots of the GP model itself), to below
-    1 um; so does the tabulated pre-refinement + 2 exact steps."""
+@pytest.fixture(scope="module")
+def small_gp():
+    """The exact GP model of 20 two-ray snapshots and its tables (one fit for the tests)."""
     truth = dj.TwoRayModel(SCENE)
     k1, k2, k3 = jax.random.split(jax.random.key(7), 3)
     x = dj.sample_positions(k1, 20, SCENE)
     r = dj.simulate_phases_batch(k2, truth, x, dj.random_cpos(k3, 20))
     nv = jax.vmap(truth.variance)(x)
     exact = pipeline.fit_phase_model(x, r, nv, SCENE, num_steps=10)
-    cheap = gp.TabulatedGPModel.from_model(exact)
+    return exact, gp.TabulatedGPModel.from_model(exact)
+
+
+def test_cheap_fine_stage_matches_exact_gp_refinement(small_gp):
+    """Refinement under the tabulated GP of eq. (27) (cubic mean, tabulated variance) ==
+    refinement under the exact GP (noise-free snapshots of the GP model itself), to below
+    1 um; so does the tabulated pre-refinement + 2 exact steps."""
+    exact, cheap = small_gp
     assert cheap.has_variance and not cheap.without_variance().has_variance
     xt = dj.sample_positions(jax.random.key(8), 8, SCENE)
     rt = dj.wrap(jax.vmap(exact.mean)(xt) + 0.7)  # noise-free
@@ -235,16 +241,10 @@ def test_cheap_fine_stage_matches_exact_gp_refinement():
     assert np.abs(np.asarray(mean_only) - np.asarray(ref)).max() < 1e-6
 
 
-def test_tabulated_gp_model_matches_eqs_26_27():
+def test_tabulated_gp_model_matches_eqs_26_27(small_gp):
     """The cubic mean table within 1e-5 rad of eq. (26), the variance table within a few
     per cent of eq. (27), over random UEs; without the variance table: the LoS part."""
-    truth = dj.TwoRayModel(SCENE)
-    x = dj.sample_positions(jax.random.key(11), 20, SCENE)
-    r = dj.simulate_phases_batch(
-        jax.random.key(12), truth, x, dj.random_cpos(jax.random.key(13), 20)
-    )
-    exact = pipeline.fit_phase_model(x, r, jax.vmap(truth.variance)(x), SCENE, num_steps=10)
-    cheap = gp.TabulatedGPModel.from_model(exact)
+    exact, cheap = small_gp
     xs = dj.sample_positions(jax.random.key(14), 200, SCENE)
     dm = jax.vmap(cheap.mean)(xs) - jax.vmap(exact.mean)(xs)
     assert float(jnp.max(jnp.abs(dm))) < 1e-5
