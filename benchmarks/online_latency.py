@@ -73,13 +73,11 @@ class Method:
         *,
         fallback=None,
         nofallback=None,
-        fine_after_nofallback=None,
     ):
         self.name, self.kind = name, kind
         self.coarse, self.safeguard, self.fine = coarse, safeguard, fine
-        self.fallback = fallback  # (coarse_out) -> bool mask, or None
-        self.nofallback = nofallback  # (r, coarse_out) -> screened estimate without fallback
-        self.fine_after_nofallback = fine_after_nofallback  # (r, x) -> fine estimate
+        self.fallback = fallback  # (coarse_out, safeguard_out) -> bool mask, or None
+        self.nofallback = nofallback  # (r, coarse_out) -> safeguard output without fallback
 
     def run(self, r):
         c, t_c = timed(lambda: self.coarse(r))
@@ -112,7 +110,7 @@ def build_methods(off, scene, args):
                     r, screen, c, radius=rad, table=table, num_starts=8
                 ),
                 exact_fine,
-                fallback=lambda c, w=whole: np.full(c.shape[0], w),
+                fallback=lambda c, s, w=whole: np.full(c.shape[0], w),
             )
         )
     if "cells" in off.estimators:
@@ -138,9 +136,8 @@ def build_methods(off, scene, args):
                     coarse_cells,
                     guard,
                     lambda r, s, f=fine: f(r, s.x),
-                    fallback=lambda c: np.asarray(c[1]).sum(axis=1) < args.min_mass,
-                    nofallback=lambda r, c: guard(r, c, min_mass=0.0).x,
-                    fine_after_nofallback=fine,
+                    fallback=lambda c, s: np.asarray(s.fallback),
+                    nofallback=lambda r, c: guard(r, c, min_mass=0.0),
                 )
             )
     methods.append(
@@ -236,16 +233,15 @@ def main(argv=None) -> list[dict]:
         m.run(rt)  # compile, then the timed batched run
         c, s, f, (t_c, t_s, t_f) = m.run(rt)
         err = errors(f, xt)
-        x_screen = s.x if hasattr(s, "x") else s
         if m.kind == "learned":
             coarse = off.cells.cells.centre(c[0][:, 0])  # the most likely cell's centre
         elif m.kind == "screen":
-            coarse = x_screen  # no network: the screen's point
+            coarse = s  # no network: the screen's point
         else:
             coarse = c
-        fb = m.fallback(c) if m.fallback else np.zeros(len(rt), bool)
+        fb = m.fallback(c, s) if m.fallback else np.zeros(len(rt), bool)
         if m.nofallback is not None:
-            x_nf = np.asarray(m.fine_after_nofallback(rt, m.nofallback(rt, c)))
+            x_nf = np.asarray(m.fine(rt, m.nofallback(rt, c)))
         else:
             x_nf = np.asarray(f)
         # no recall where there is nothing without the fallback (every snapshot screened the

@@ -474,6 +474,8 @@ def bucketed(fn: Any, rows: np.ndarray, *arrays: Array) -> Array:
     so a new mix of confident and unsure snapshots rarely compiles anything.
     """
     n = rows.size
+    if n == 0:
+        raise ValueError("rows must name at least one row (skip an empty part instead)")
     size = bucket_size(n)
     padded = np.concatenate([rows, np.full(size - n, rows[-1])])
     out = fn(*(a[padded] for a in arrays))

@@ -124,6 +124,12 @@ def screened(model, r, gp_model=None):
     return np.asarray(out)
 
 
+def screened_errors(model, exact, r, x):
+    """Position errors (B,) of :func:`screened` against the truth x ((3,) or (B, 3)), and RMSE."""
+    e = np.linalg.norm(screened(model, r, exact) - np.asarray(x), axis=1)
+    return e, float(np.sqrt(np.mean(e**2)))
+
+
 def estimators_at(truth, args, power):
     """The believed models at one power: matched, mismatched, calibrated, GP."""
     x, r, nv = labeled(truth, 50, seed=1000 + int(power))
@@ -155,8 +161,7 @@ def sweep(args) -> list[dict]:
         )
         peb = float(dj.peb(x0, truth))
         for name, (model, exact) in models.items():
-            e = np.linalg.norm(screened(model, r, exact) - np.asarray(x0), axis=1)
-            rmse = float(np.sqrt(np.mean(e**2)))
+            e, rmse = screened_errors(model, exact, r, x0)
             rows.append(
                 dict(
                     method=name,
@@ -182,8 +187,7 @@ def random_ues(args) -> list[dict]:
     mean_peb = float(np.mean(np.asarray(dj.peb_map(xs, truth))))
     rows = []
     for name, (model, exact) in models.items():
-        e = np.linalg.norm(screened(model, r, exact) - np.asarray(xs), axis=1)
-        rmse = float(np.sqrt(np.mean(e**2)))
+        e, rmse = screened_errors(model, exact, r, xs)
         rows.append(
             dict(
                 method=name,

@@ -179,6 +179,8 @@ def test_bucketed_pads_to_a_few_sizes_and_returns_the_rows():
     for rows in (np.array([3]), np.array([0, 4, 9]), np.arange(5), np.arange(2, 37)):
         np.testing.assert_array_equal(pipeline.bucketed(fn, rows, a), 2 * np.asarray(a)[rows])
     assert seen == [1, 3, 5, 40]
+    with pytest.raises(ValueError, match="rows"):
+        pipeline.bucketed(fn, np.array([], int), a)
     sizes = {pipeline.bucket_size(n) for n in range(1, 1281)}
     assert len(sizes) <= 40  # a handful per octave, not one per batch size
     assert all(n <= pipeline.bucket_size(n) < 1.25 * n + 1 for n in range(1, 1281))
