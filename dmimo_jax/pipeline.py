@@ -286,15 +286,15 @@ def run_offline(
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     estimators, radii, info = {}, {}, {}
-    cells = None
+    cell_corners = None
     if "cells" in kinds:
-        settings = get_preset(preset).cells if cells is None else cells
-        net, meta, cells = _offline_cells(
+        settings = p.cells if cells is None else cells
+        net, meta, cell_corners = _offline_cells(
             folder, screen, scene, settings, seed, progress, on_epoch_end
         )
         estimators["cells"], radii["cells"], info["cells"] = net, float(meta["radius"]), meta
     if not [k for k in kinds if k != "cells"]:
-        return Offline(model, screen, table, estimators, radii, info, folder, cells)
+        return Offline(model, screen, table, estimators, radii, info, folder, cell_corners)
     data = make_training_set(folder / "data", jax.random.key(seed), model, num, progress=progress)
     n_val = max(1, int(round(p.train.val_fraction * num)))
     val = slice(num - min(n_val, 4096), num)
@@ -327,7 +327,7 @@ def run_offline(
         estimators[kind] = HIEstimator(net, scene) if kind == "hi" else net
         radii[kind] = float(meta["radius"])
         info[kind] = meta
-    return Offline(model, screen, table, estimators, radii, info, folder, cells)
+    return Offline(model, screen, table, estimators, radii, info, folder, cell_corners)
 
 
 def _offline_cells(folder, screen, scene, c, seed, progress, on_epoch_end):
