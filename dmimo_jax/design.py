@@ -12,7 +12,9 @@ Mounting surfaces are parametrized on the **unfolded box**: the ceiling
 AP can slide from the ceiling over an edge onto a wall. ``"ceiling"`` keeps the ceiling
 rectangle only. Each Adam step (optax) is followed by the Euclidean projection onto the net,
 a fresh batch of UEs is drawn every step (stochastic gradient of the expectation over the
-region), and the separation enters as a quadratic penalty on the violating pairs.
+region), and the separation enters as a quadratic penalty on the violating pairs. The
+smooth maximum is descended from the layout the mean objective reaches first
+(``mean_steps``): from a random layout it stalls higher.
 """
 
 from __future__ import annotations
@@ -288,7 +290,7 @@ def optimize_ap_positions(
             ``learning_rate``), before ``steps`` of ``objective`` at half that rate. Default:
             ``steps // 2`` for ``"max"`` (the smooth maximum descends poorly from a random
             layout: on ceiling and walls, p99 0.41x the paper's layout from random starts,
-            0.37x after a mean warm-up; docs/design.md), 0 for ``"mean"``.
+            0.37x after a mean warm-up; docs/calibration_design.md), 0 for ``"mean"``.
         progress: a tqdm bar.
 
     Returns:
