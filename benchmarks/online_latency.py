@@ -63,17 +63,7 @@ def stats(err):
 class Method:
     """A coarse stage + safeguard + fine stage, split so each stage can be timed."""
 
-    def __init__(
-        self,
-        name,
-        kind,
-        coarse,
-        safeguard,
-        fine,
-        *,
-        fallback=None,
-        nofallback=None,
-    ):
+    def __init__(self, name, kind, coarse, safeguard, fine, *, fallback=None, nofallback=None):
         self.name, self.kind = name, kind
         self.coarse, self.safeguard, self.fine = coarse, safeguard, fine
         self.fallback = fallback  # (coarse_out, safeguard_out) -> bool mask, or None

@@ -289,8 +289,9 @@ def optimize_ap_positions(
         mean_steps: steps of the ``"mean"`` objective run first on each start (at
             ``learning_rate``), before ``steps`` of ``objective`` at half that rate. Default:
             ``steps // 2`` for ``"max"`` (the smooth maximum descends poorly from a random
-            layout: on ceiling and walls, p99 0.41x the paper's layout from random starts,
-            0.37x after a mean warm-up; docs/calibration_design.md), 0 for ``"mean"``.
+            layout: on ceiling and walls, p99 0.41x the paper's layout without the warm-up,
+            0.38x with it in ``examples/ap_placement.py``; docs/calibration_design.md), 0
+            for ``"mean"``.
         progress: a tqdm bar.
 
     Returns:
@@ -354,24 +355,14 @@ def optimize_ap_positions(
     select = _ue_batch(k_select, scene, 2048, objective)  # one fixed batch ranks the starts
     best = None
     bar = tqdm(total=(mean_steps + steps) * num_starts, desc="AP layout", disable=not progress)
+    shared = (scene, rects, min_separation, penalty)
     for st in starts:
         history = []
         for phase, (name, n, optimizer) in enumerate(phases):
             opt_state = optimizer.init(st)
+            statics = (name, num_ue, optimizer, p)
             for k in jax.random.split(jax.random.fold_in(k_steps, phase), n):
-                st, opt_state, value = _step(
-                    st,
-                    opt_state,
-                    k,
-                    scene,
-                    rects,
-                    min_separation,
-                    penalty,
-                    name,
-                    num_ue,
-                    optimizer,
-                    p,
-                )
+                st, opt_state, value = _step(st, opt_state, k, *shared, *statics)
                 history.append(value)
                 bar.update()
         ap = net_to_room(st, jnp.asarray(size))

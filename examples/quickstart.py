@@ -6,8 +6,8 @@ coarse stage (a cell classifier over the 1 m cells of the UE region, beyond the 
 ``quick`` preset, cached: a second run loads it). Online, on random test snapshots: the
 16 most likely cells -> a two-tier screen of those cells (the first 4 when they hold
 99.9% of the probability) -> two refinement steps under the tabulated GP model of
-eq. (27) (no kernel evaluation online), next to the matched MLE (lambda/8 EGS + refinement with the true
-analytic model) and the PEB. The paper's POPT (MAE regression) is in
+eq. (27) (no kernel evaluation online), next to the matched MLE (lambda/8 EGS +
+refinement with the true analytic model) and the PEB. The paper's POPT (MAE regression) is in
 ``benchmarks/online_latency.py`` and ``examples/paper/``.
 
     python examples/quickstart.py
