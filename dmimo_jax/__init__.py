@@ -11,7 +11,19 @@ Each layer's main entry points are here (``dj.egs``, ``dj.refine``, ``dj.coarse_
 import importlib
 from typing import Any
 
-from dmimo_jax import bounds, estimators, gp, materials, measure, metrics, phase, physics, scene
+from dmimo_jax import (
+    antenna,
+    bounds,
+    estimators,
+    gp,
+    materials,
+    measure,
+    metrics,
+    phase,
+    physics,
+    scene,
+)
+from dmimo_jax.antenna import CosinePattern, DipolePattern, IsotropicPattern
 from dmimo_jax.bounds import (
     channel_fim,
     efim,
@@ -92,6 +104,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CosinePattern",
+    "DipolePattern",
+    "IsotropicPattern",
+    "antenna",
     "ITU_MATERIALS",
     "ImageSourceModel",
     "PhaseModel",

@@ -33,6 +33,7 @@ from dmimo_jax._checks import (
     is_concrete,
     warn_if_float32,
 )
+from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.physics import (
     PhaseModel,
     TwoRayModel,
@@ -175,8 +176,15 @@ def jacobian_analytic(x: ArrayLike, scene: Scene, *, paper_sign: bool = False) -
 
     TM polarization uses :math:`\partial\Gamma_{TM}/\partial\cos\gamma =
     2\varepsilon_r(\varepsilon_r-1)/(\zeta(\varepsilon_r\cos\gamma+\zeta)^2)` (same
-    derivation); a perfect conductor has :math:`\partial\Gamma = 0`.
+    derivation); a perfect conductor has :math:`\partial\Gamma = 0`. The Appendix is for
+    isotropic APs (an antenna pattern raises ``ValueError``: use :func:`phase_jacobian`); the
+    APs' phase offsets do not depend on ``x`` and drop out.
     """
+    if not is_isotropic(scene.antenna):
+        raise ValueError(
+            "jacobian_analytic implements the Appendix for isotropic APs; the scene has a "
+            f"{type(scene.antenna).__name__}: use phase_jacobian (autodiff) instead"
+        )
     check_positions("x", x, batched=False)
     x = jnp.asarray(x, scene.ap_positions.dtype)
     ap = scene.ap_positions

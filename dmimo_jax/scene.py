@@ -3,6 +3,10 @@ r"""The deployment: a :class:`Scene` pytree, unit helpers, AP sampling and the p
 Sec. II-A and Sec. VI of the paper: M single-antenna APs at known positions on the
 ceiling, a ground plane z = 0 with complex relative permittivity :math:`\varepsilon_r`,
 transmit power P and complex noise power :math:`\sigma_w^2 = k_B T W \cdot NF`.
+
+Beyond the paper, the deployment as it really is: each AP's static phase offset
+:math:`\delta_m` (imperfect phase synchronization; zero by default) and its antenna's
+field pattern (:mod:`dmimo_jax.antenna`; isotropic by default). Both default to the paper.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_finite, check_int, check_permittivity, is_concrete
+from dmimo_jax.antenna import AntennaPattern, IsotropicPattern, check_pattern, is_isotropic
 from dmimo_jax.materials import Convention, is_perfect_conductor, relative_permittivity
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
@@ -65,6 +70,13 @@ class Scene:
         noise_power: () complex noise power :math:`\sigma_w^2` in watts.
         ue_low, ue_high: (3,) corners of the box UE positions are drawn from (metres).
         room_size: (3,) room extent [0, Lx] x [0, Ly] x [0, Lz] in metres (the EGS search box).
+        ap_phase_offsets: (M,) static per-AP phase offsets :math:`\delta_m` in radians (default
+            zeros): every PhaseModel's mean is :math:`\theta_m(\mathbf x) + \delta_m`, so the
+            measured phase is :math:`\mathrm{wrap}(\theta_m + \delta_m + \phi + n_m)`. Only the
+            differences between APs are observable (a common part is the CPO); known
+            offsets leave the PEB unchanged.
+        antenna: the APs' field pattern (:mod:`dmimo_jax.antenna`): one pattern for all APs,
+            with per-AP parameters by broadcasting; default :class:`IsotropicPattern`.
         polarization: ``"TE"`` (paper) or ``"TM"``.
         perfect_conductor: ground is a perfect electric conductor, :math:`\Gamma = -1`.
 
@@ -79,6 +91,8 @@ class Scene:
     ue_low: Array
     ue_high: Array
     room_size: Array
+    ap_phase_offsets: Array
+    antenna: AntennaPattern
     polarization: Polarization = static_field()
     perfect_conductor: bool = static_field()
 
@@ -91,6 +105,7 @@ class Scene:
         "ue_low",
         "ue_high",
         "room_size",
+        "ap_phase_offsets",
     )
 
     def __init__(
@@ -104,6 +119,8 @@ class Scene:
         ue_low: ArrayLike,
         ue_high: ArrayLike,
         room_size: ArrayLike | None = None,
+        ap_phase_offsets: ArrayLike | None = None,
+        antenna: AntennaPattern | None = None,
         polarization: Polarization = "TE",
         perfect_conductor: bool = False,
         dtype: Any = None,
@@ -120,6 +137,15 @@ class Scene:
                 raise ValueError(f"{name} must have shape (3,), got {np.shape(v)}")
         if room_size is None:
             room_size = jnp.maximum(jnp.asarray(ue_high, fdt), jnp.max(ap, axis=0))
+        if ap_phase_offsets is None:
+            ap_phase_offsets = jnp.zeros(ap.shape[:1], fdt)
+        if np.shape(ap_phase_offsets) != ap.shape[:1]:
+            raise ValueError(
+                f"ap_phase_offsets must have shape ({ap.shape[0]},) (one offset per AP, rad), "
+                f"got {np.shape(ap_phase_offsets)}"
+            )
+        antenna = IsotropicPattern() if antenna is None else antenna
+        check_pattern("antenna", antenna, ap.shape[0])
         values = {
             "ap_positions": ap,
             "wavelength": jnp.asarray(wavelength, fdt),
@@ -129,9 +155,11 @@ class Scene:
             "ue_low": jnp.asarray(ue_low, fdt),
             "ue_high": jnp.asarray(ue_high, fdt),
             "room_size": jnp.asarray(room_size, fdt),
+            "ap_phase_offsets": jnp.asarray(ap_phase_offsets, fdt),
         }
         for k, v in values.items():
             object.__setattr__(self, k, v)
+        object.__setattr__(self, "antenna", antenna)
         object.__setattr__(self, "polarization", polarization)
         object.__setattr__(self, "perfect_conductor", bool(perfect_conductor))
         self._validate()
@@ -177,10 +205,33 @@ class Scene:
         """Carrier frequency c / lambda in Hz."""
         return SPEED_OF_LIGHT / self.wavelength
 
+    @property
+    def has_phase_offsets(self) -> bool:
+        """Whether any AP has a non-zero static phase offset (``True`` when traced)."""
+        if not is_concrete(self.ap_phase_offsets):
+            return True
+        return bool(np.any(np.asarray(self.ap_phase_offsets) != 0))
+
     def replace(self, **changes: Any) -> Scene:
-        """A copy with some fields replaced (validated like the constructor)."""
+        """A copy with some fields replaced (validated like the constructor).
+
+        New ``ap_positions`` with another number of APs reset all-zero phase offsets to
+        zeros of the new size; non-zero offsets must then be replaced too.
+        """
         kwargs = {k: getattr(self, k) for k in self._LEAVES}
-        kwargs.update(polarization=self.polarization, perfect_conductor=self.perfect_conductor)
+        kwargs.update(
+            polarization=self.polarization,
+            perfect_conductor=self.perfect_conductor,
+            antenna=self.antenna,
+        )
+        new_m = np.shape(changes.get("ap_positions", self.ap_positions))[0]
+        if new_m != self.num_aps and "ap_phase_offsets" not in changes:
+            if self.has_phase_offsets:
+                raise ValueError(
+                    f"ap_positions now has {new_m} APs but the scene has phase offsets for "
+                    f"{self.num_aps}: pass ap_phase_offsets too"
+                )
+            kwargs["ap_phase_offsets"] = None
         kwargs["dtype"] = self.ap_positions.dtype
         kwargs.update(changes)
         return Scene(**kwargs)
@@ -194,7 +245,9 @@ class Scene:
             f"Scene(M={self.num_aps}, wavelength={float(self.wavelength):.6g} m, "
             f"eps_r={complex(self.eps_r):.6g}, polarization={self.polarization!r}, "
             f"perfect_conductor={self.perfect_conductor}, "
-            f"tx_power={watt_to_dbm(float(self.tx_power)):.3g} dBm, "
+            + ("" if is_isotropic(self.antenna) else f"antenna={type(self.antenna).__name__}, ")
+            + ("phase offsets, " if self.has_phase_offsets else "")
+            + f"tx_power={watt_to_dbm(float(self.tx_power)):.3g} dBm, "
             f"noise_power={float(self.noise_power):.4g} W)"
             if is_concrete(self.wavelength, self.eps_r, self.tx_power, self.noise_power)
             else f"Scene(M={self.num_aps}, traced)"

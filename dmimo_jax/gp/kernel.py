@@ -30,8 +30,9 @@ from jax.typing import ArrayLike
 from tinygp import kernels, transforms
 
 from dmimo_jax._checks import check_finite, check_positions, is_concrete
+from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.phase import wrap
-from dmimo_jax.physics import geometry, noise_var_from_amplitude, safe_norm
+from dmimo_jax.physics import geometry, noise_var_from_amplitude, path_gains, safe_norm
 from dmimo_jax.scene import Scene
 
 __all__ = [
@@ -87,8 +88,10 @@ def features(x: ArrayLike, scene: Scene) -> Array:
 
 
 def los_phase(x: ArrayLike, scene: Scene) -> Array:
-    r"""LoS carrier phase :math:`2\pi d^{(1)}_m/\lambda` (M,), unwrapped."""
-    return 2 * jnp.pi / scene.wavelength * geometry(x, scene).d1
+    r"""LoS carrier phase :math:`2\pi d^{(1)}_m/\lambda + \delta_m` (M,), unwrapped, with the
+    APs' known static phase offsets :math:`\delta_m` (``scene.ap_phase_offsets``, zero in the
+    paper), so the GP learns the perturbation of eq. (20) alone."""
+    return 2 * jnp.pi / scene.wavelength * geometry(x, scene).d1 + scene.ap_phase_offsets
 
 
 def los_noise_var(x: ArrayLike, scene: Scene) -> Array:
@@ -97,7 +100,9 @@ def los_noise_var(x: ArrayLike, scene: Scene) -> Array:
     What a model that does not know :math:`\varepsilon_r` can say about the noise at a new
     position (the reflection changes the true amplitude by a factor :math:`|1+\rho|`).
     """
-    return noise_var_from_amplitude(scene.wavelength / (4 * jnp.pi * geometry(x, scene).d1), scene)
+    gain = 1.0 if is_isotropic(scene.antenna) else path_gains(x, scene)[:, 0]
+    alpha = gain * scene.wavelength / (4 * jnp.pi * geometry(x, scene).d1)
+    return noise_var_from_amplitude(alpha, scene)
 
 
 def build_kernel(params: GPParams, wavelength: ArrayLike) -> kernels.Kernel:

@@ -39,6 +39,11 @@ Conventions.
   front of it, and the edges of finite surfaces (diffraction, corners) are ignored.
 * **Mounted APs.** An AP on a surface (within 1 um of the plane) gets no bounce from it
   (its image coincides with it, and the grazing bounce would cancel the LoS).
+* **Deployment.** Each path's amplitude is multiplied by the AP antenna's field pattern in
+  the direction the ray leaves the AP (:mod:`dmimo_jax.antenna`: toward the specular point,
+  the unfolded direction mirrored back across each plane it crossed), and the AP's static
+  phase offset (``scene.ap_phase_offsets``) is added to the mean; with the defaults
+  (isotropic, zero offsets) nothing changes.
 * **Second order** (``order=2``) adds AP -> plane k -> plane l -> UE for every ordered pair
   of distinct planes whose reflection points exist on the infinite planes (checked by
   unfolding the path), with amplitude :math:`|\Gamma_k\Gamma_l|\lambda/(4\pi d)`.
@@ -66,6 +71,7 @@ from dmimo_jax._checks import (
     check_positions,
     is_concrete,
 )
+from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.physics.fresnel import reflection_coefficient
 from dmimo_jax.physics.two_ray import noise_var_from_amplitude, safe_norm
@@ -276,6 +282,7 @@ class ImagePaths(NamedTuple):
     path_difference: Array  # d - d1, metres
     gamma: Array  # complex product of the Fresnel coefficients along the path
     valid: Array  # bool: the path exists (AP not mounted on the plane, reflection points exist)
+    departure: Array | None = None  # (M, P, 3) unit direction leaving the AP (directions=True)
 
 
 def _stack(reflectors: Sequence[Reflector]):
@@ -296,13 +303,25 @@ def _gamma(cos_gamma: Array, eps: Array, pec: np.ndarray, polarization: str) -> 
     return jnp.where(jnp.asarray(pec), -1.0 + 0j, g) if pec.any() else g
 
 
+def _mirror(v: Array, n: Array) -> Array:
+    """Directions ``v`` (..., 3) mirrored across planes of unit normals ``n`` (..., 3)."""
+    return v - 2.0 * jnp.sum(v * n, axis=-1, keepdims=True) * n
+
+
 def image_paths(
-    x: ArrayLike, scene: Scene, reflectors: Sequence[Reflector], order: int = 1
+    x: ArrayLike,
+    scene: Scene,
+    reflectors: Sequence[Reflector],
+    order: int = 1,
+    *,
+    directions: bool = False,
 ) -> ImagePaths:
     r"""First-order (and with ``order=2`` second-order) image paths to UE ``x`` (3,).
 
     Columns: the K first-order bounces in reflector order, then (order 2) the K(K-1) ordered
     pairs (k, l), AP -> k -> l -> UE, k-major. See the module docstring for the formulas.
+    With ``directions=True`` the paths' departure directions at the APs are returned too
+    (``.departure``, for the antenna patterns).
     """
     x = jnp.asarray(x, scene.ap_positions.dtype)
     ap = scene.ap_positions  # (M, 3)
@@ -318,8 +337,10 @@ def image_paths(
     cos_g = (hx[None, :] + hp) * (1.0 / d)
     gamma = _gamma(cos_g, eps[None, :], pec, scene.polarization)
     valid = hp > MOUNT_TOLERANCE
+    # the ray leaves the AP along the unfolded direction mirrored back across the plane
+    departure = _mirror(-to_image / d[..., None], n[None]) if directions else None
     if order == 1:
-        return ImagePaths(d, diff, gamma, valid)
+        return ImagePaths(d, diff, gamma, valid, departure)
     num = len(reflectors)
     pairs = [(a, b) for a in range(num) for b in range(num) if a != b]
     k_idx, l_idx = np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
@@ -346,11 +367,15 @@ def image_paths(
     in_front_l = jnp.sum((r_k - ql[None]) * nl[None], axis=-1) >= 0.0
     valid2 = (hpk > MOUNT_TOLERANCE) & (h1l > MOUNT_TOLERANCE) & (s > 0.0) & in_front_l
     diff2 = (d2 * d2 - d1[:, None] ** 2) / (d2 + d1[:, None])
+    if directions:  # mirrored back across l, then across k
+        dep2 = _mirror(_mirror(-u, nl[None]), nk[None])
+        departure = jnp.concatenate([departure, dep2], axis=1)
     return ImagePaths(
         jnp.concatenate([d, d2], axis=1),
         jnp.concatenate([diff, diff2], axis=1),
         jnp.concatenate([gamma, g2], axis=1),
         jnp.concatenate([valid, valid2], axis=1),
+        departure,
     )
 
 
@@ -432,32 +457,51 @@ class ImageSourceModel:
                     )
 
     def relative_reflections(self, x: ArrayLike) -> tuple[Array, Array]:
-        r"""``(d1, rho)``: LoS lengths (M,) and :math:`\rho_{mk}` (M, P) (zero for absent paths)."""
+        r"""``(d1, rho)``: LoS lengths (M,) and :math:`\rho_{mk}` (M, P) (zero for absent paths),
+        each bounce weighted by its antenna gain relative to the LoS one (isotropic: 1)."""
+        return self._relative(x)[:2]
+
+    def _relative(self, x: ArrayLike) -> tuple[Array, Array, Array | None]:
+        """``(d1, rho, los_gain)``: rho of isotropic APs times the bounce's gain F_mk, and
+        the LoS gain F_m (None for isotropic APs, where both gains are 1)."""
         x = jnp.asarray(x, self.scene.ap_positions.dtype)
-        d1 = safe_norm(self.scene.ap_positions - x[None, :])
+        ap = self.scene.ap_positions
+        d1 = safe_norm(ap - x[None, :])
+        isotropic = is_isotropic(self.scene.antenna)
+        los_gain = None
+        if not isotropic:
+            u1 = (x[None, :] - ap) / d1[:, None]
+            los_gain = self.scene.antenna.field(u1[:, None, :])[:, 0]
         if not self.reflectors:
-            return d1, jnp.zeros((self.num_aps, 0), jnp.result_type(x, jnp.complex64))
-        paths = image_paths(x, self.scene, self.reflectors, self.order)
+            return d1, jnp.zeros((self.num_aps, 0), jnp.result_type(x, jnp.complex64)), los_gain
+        paths = image_paths(x, self.scene, self.reflectors, self.order, directions=not isotropic)
         k = 2 * jnp.pi / self.scene.wavelength
         phase = k * paths.path_difference
         ratio = d1[:, None] / paths.length  # real: folded into the phasor, one complex product
+        if not isotropic:
+            ratio = ratio * self.scene.antenna.field(paths.departure)
         rho = paths.gamma * lax.complex(ratio * jnp.cos(phase), -ratio * jnp.sin(phase))
-        return d1, jnp.where(paths.valid, rho, 0.0)
+        return d1, jnp.where(paths.valid, rho, 0.0), los_gain
 
     def phasor_ratio(self, x: ArrayLike) -> tuple[Array, Array]:
-        r"""``(d1, 1 + sum_k rho_mk)``, the total channel relative to the LoS one, (M,) each."""
+        r"""``(d1, s)``: the total channel relative to the isotropic LoS phasor (phase offset
+        excluded), :math:`s_m = F_m + \sum_k F_{mk}\rho_{mk}` (:math:`1+\sum_k\rho_{mk}` for
+        isotropic APs), (M,) each."""
         self._check_x(x)
-        d1, rho = self.relative_reflections(x)
-        return d1, 1.0 + jnp.sum(rho, axis=-1)
+        d1, rho, los_gain = self._relative(x)
+        total = jnp.sum(rho, axis=-1)
+        return d1, (1.0 if los_gain is None else los_gain) + total
 
     def perturbation(self, x: ArrayLike) -> Array:
-        r"""Phase moved by all bounces, :math:`-\arg(1+\sum_k\rho_{mk})`, (M,) radians."""
+        r"""Phase moved by all bounces, :math:`-\arg(1+\sum_k\rho_{mk})`, (M,) radians (the
+        AP's phase offset excluded)."""
         return _minus_arg(self.phasor_ratio(x)[1])
 
     def mean(self, x: ArrayLike) -> Array:
-        r""":math:`2\pi d^{(1)}_m/\lambda - \arg(1+\sum_k\rho_{mk})`, unwrapped by the LoS, (M,)."""
+        r""":math:`2\pi d^{(1)}_m/\lambda - \arg(1+\sum_k\rho_{mk}) + \delta_m`, unwrapped by the
+        LoS, (M,), with the AP's phase offset :math:`\delta_m` (zero by default)."""
         d1, s = self.phasor_ratio(x)
-        return 2 * jnp.pi / self.scene.wavelength * d1 + _minus_arg(s)
+        return 2 * jnp.pi / self.scene.wavelength * d1 + _minus_arg(s) + self.scene.ap_phase_offsets
 
     def amplitude(self, x: ArrayLike) -> Array:
         r"""Effective amplitude :math:`\frac{\lambda}{4\pi d^{(1)}_m}|1+\sum_k\rho_{mk}|`, (M,)."""

@@ -18,6 +18,13 @@ which is algebraically eq. (7b) (:math:`|\rho_m|<1` because :math:`|\Gamma|\le 1
 path difference :math:`d^{(2)}-d^{(1)} = 4 z z_m / (d^{(1)}+d^{(2)})` free of
 cancellation, and :math:`\cos\gamma = (z+z_m)/d^{(2)}` used directly (no ``acos``), so
 gradients are finite straight below an AP.
+
+Beyond the paper, the scene's deployment enters here: each path's amplitude is multiplied
+by the AP antenna's field pattern in the ray's departure direction
+(:mod:`dmimo_jax.antenna`; the phasor sum becomes :math:`F^{(1)}_m + F^{(2)}_m\rho_m`
+relative to the isotropic LoS phasor) and the AP's static phase offset :math:`\delta_m`
+(``scene.ap_phase_offsets``) is added to every path's phase. With the defaults (isotropic,
+zero offsets) every function is exactly the paper's.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_away_from_aps, check_positions
+from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics.fresnel import reflection_coefficient
 from dmimo_jax.pytree import pytree_dataclass
@@ -38,6 +46,8 @@ __all__ = [
     "Geometry",
     "PathParameters",
     "geometry",
+    "departure_directions",
+    "path_gains",
     "path_parameters",
     "relative_reflection",
     "effective_phasor",
@@ -98,12 +108,39 @@ def _gamma(geo: Geometry, scene: Scene) -> Array:
     )
 
 
-def path_parameters(x: ArrayLike, scene: Scene) -> PathParameters:
-    r"""Amplitudes and phases of the LoS and reflected paths, eq. (4) (unit antenna gains).
+def departure_directions(x: ArrayLike, scene: Scene) -> Array:
+    r"""Unit directions in which the two rays leave each AP, (M, 2, 3).
 
-    :math:`\alpha^{(1)} = \lambda/(4\pi d^{(1)})`, :math:`\theta^{(1)} = 2\pi d^{(1)}/\lambda`,
-    :math:`\alpha^{(2)} = |\Gamma|\lambda/(4\pi d^{(2)})`,
-    :math:`\theta^{(2)} = 2\pi d^{(2)}/\lambda - \angle\Gamma`. Phases are unwrapped.
+    Column 0: the LoS, :math:`(\mathbf x - \mathbf p_m)/d^{(1)}_m`; column 1: toward the
+    specular point on the ground, the unfolded direction :math:`(\mathbf x - \tilde{\mathbf
+    p}_m)/d^{(2)}_m` mirrored back across z = 0.
+    """
+    x = jnp.asarray(x, scene.ap_positions.dtype)
+    geo = geometry(x, scene)
+    delta = x[None, :] - scene.ap_positions
+    flip = jnp.asarray([1.0, 1.0, -1.0], delta.dtype)[None, :]
+    to_image = (x[None, :] - scene.ap_positions * flip) * flip  # mirrored back across z = 0
+    los = delta / geo.d1[:, None]
+    bounce = to_image / geo.d2[:, None]
+    return jnp.stack([los, bounce], axis=1)
+
+
+def path_gains(x: ArrayLike, scene: Scene) -> Array:
+    r"""Antenna field pattern of each AP in the departure direction of each ray, (M, 2).
+
+    :math:`[F_m(\mathbf u^{(1)}_m), F_m(\mathbf u^{(2)}_m)]`; ones for isotropic APs.
+    """
+    return scene.antenna.field(departure_directions(x, scene))
+
+
+def path_parameters(x: ArrayLike, scene: Scene) -> PathParameters:
+    r"""Amplitudes and phases of the LoS and reflected paths, eq. (4).
+
+    :math:`\alpha^{(1)} = F^{(1)}\lambda/(4\pi d^{(1)})`, :math:`\theta^{(1)} = 2\pi
+    d^{(1)}/\lambda + \delta`, :math:`\alpha^{(2)} = F^{(2)}|\Gamma|\lambda/(4\pi d^{(2)})`,
+    :math:`\theta^{(2)} = 2\pi d^{(2)}/\lambda - \angle\Gamma + \delta` with the antenna
+    gains :math:`F` (:func:`path_gains`; 1 for the paper's isotropic APs) and the AP's phase
+    offset :math:`\delta` (0 in the paper). Phases are unwrapped.
     """
     check_positions("x", x, batched=False)
     check_away_from_aps("x", x, scene.ap_positions)
@@ -111,17 +148,20 @@ def path_parameters(x: ArrayLike, scene: Scene) -> PathParameters:
     lam = scene.wavelength
     gamma = _gamma(geo, scene)
     k = 2 * jnp.pi / lam
+    gains = path_gains(x, scene)
+    offset = scene.ap_phase_offsets
     return PathParameters(
-        alpha1=lam / (4 * jnp.pi * geo.d1),
-        theta1=k * geo.d1,
-        alpha2=jnp.abs(gamma) * lam / (4 * jnp.pi * geo.d2),
-        theta2=k * geo.d2 - jnp.angle(gamma),
+        alpha1=gains[:, 0] * lam / (4 * jnp.pi * geo.d1),
+        theta1=k * geo.d1 + offset,
+        alpha2=gains[:, 1] * jnp.abs(gamma) * lam / (4 * jnp.pi * geo.d2),
+        theta2=k * geo.d2 - jnp.angle(gamma) + offset,
         gamma=gamma,
     )
 
 
 def relative_reflection(x: ArrayLike, scene: Scene) -> tuple[Geometry, Array]:
-    r""":math:`\rho_m = h^{(2)}_m / h^{(1)}_m`, the reflected phasor relative to the LoS one.
+    r""":math:`\rho_m = h^{(2)}_m / h^{(1)}_m` of isotropic APs, the reflected phasor relative to
+    the LoS one.
 
     Returns:
         ``(geometry, rho)`` with ``rho`` complex (M,), :math:`|\rho_m| < 1`.
@@ -133,18 +173,29 @@ def relative_reflection(x: ArrayLike, scene: Scene) -> tuple[Geometry, Array]:
     return geo, rho
 
 
+def _phasor_sum(x: ArrayLike, scene: Scene) -> tuple[Geometry, Array]:
+    r"""``(geometry, s)``: the channel relative to the isotropic LoS phasor (offset excluded),
+    :math:`s_m = F^{(1)}_m + F^{(2)}_m\rho_m` (:math:`1 + \rho_m` for isotropic APs)."""
+    geo, rho = relative_reflection(x, scene)
+    if is_isotropic(scene.antenna):
+        return geo, 1.0 + rho
+    gains = path_gains(x, scene)
+    return geo, gains[:, 0] + gains[:, 1] * rho
+
+
 def effective_phasor(x: ArrayLike, scene: Scene) -> Array:
     r"""Noise-free channel :math:`h_m = \sum_j \alpha^{(j)}_m e^{-j\theta^{(j)}_m} = \alpha_m e^{-j\theta_m}`.
 
-    Eq. (2) summed over the two paths; equals eq. (6) without :math:`\sqrt{P}`, CPO and noise.
-    Complex, shape (M,).
+    Eq. (2) summed over the two paths (with the antenna gains and the AP's phase offset);
+    equals eq. (6) without :math:`\sqrt{P}`, CPO and noise. Complex, shape (M,).
     """
     check_positions("x", x, batched=False)
     check_away_from_aps("x", x, scene.ap_positions)
-    geo, rho = relative_reflection(x, scene)
+    geo, s = _phasor_sum(x, scene)
     lam = scene.wavelength
-    h1 = (lam / (4 * jnp.pi * geo.d1)) * jnp.exp(-1j * (2 * jnp.pi / lam * geo.d1))
-    return h1 * (1.0 + rho)
+    phase = 2 * jnp.pi / lam * geo.d1 + scene.ap_phase_offsets
+    h1 = (lam / (4 * jnp.pi * geo.d1)) * jnp.exp(-1j * phase)
+    return h1 * s
 
 
 def effective_amplitude(x: ArrayLike, scene: Scene) -> Array:
@@ -155,29 +206,31 @@ def effective_amplitude(x: ArrayLike, scene: Scene) -> Array:
     """
     check_positions("x", x, batched=False)
     check_away_from_aps("x", x, scene.ap_positions)
-    geo, rho = relative_reflection(x, scene)
-    return scene.wavelength / (4 * jnp.pi * geo.d1) * jnp.abs(1.0 + rho)
+    geo, s = _phasor_sum(x, scene)
+    return scene.wavelength / (4 * jnp.pi * geo.d1) * jnp.abs(s)
 
 
 def phase_perturbation(x: ArrayLike, scene: Scene) -> Array:
     r"""Reflection-induced phase perturbation :math:`\theta_m - \theta^{(1)}_m = -\arg(1+\rho_m)`.
 
-    Bounded in :math:`(-\pi/2, \pi/2)`; this is the function the GP of Sec. III learns
-    (eq. 20). Shape (M,), radians.
+    Bounded in :math:`(-\pi/2, \pi/2)` for isotropic APs; this is the function the GP of
+    Sec. III learns (eq. 20). With an antenna pattern it is :math:`-\arg(F^{(1)}_m +
+    F^{(2)}_m\rho_m)`. The AP's phase offset is not part of it. Shape (M,), radians.
     """
     check_positions("x", x, batched=False)
     check_away_from_aps("x", x, scene.ap_positions)
-    _, rho = relative_reflection(x, scene)
-    return _perturbation(rho)
+    _, s = _phasor_sum(x, scene)
+    return _minus_arg(s)
 
 
-def _perturbation(rho: Array) -> Array:
-    """-arg(1 + rho) for |rho| < 1: smooth, in (-pi/2, pi/2)."""
-    return -jnp.arctan2(jnp.imag(rho), 1.0 + jnp.real(rho))
+def _minus_arg(s: Array) -> Array:
+    """-arg(s) of the relative phasor sum: smooth in (-pi/2, pi/2) when s = 1 + rho, |rho| < 1."""
+    return -jnp.arctan2(jnp.imag(s), jnp.real(s))
 
 
 def unwrapped_phase(x: ArrayLike, scene: Scene) -> Array:
-    r"""Effective phase without wrapping: :math:`2\pi d^{(1)}_m/\lambda` + perturbation.
+    r"""Effective phase without wrapping: :math:`2\pi d^{(1)}_m/\lambda` + perturbation
+    (+ the AP's phase offset :math:`\delta_m`, zero in the paper).
 
     Continuous in ``x``; ``wrap(unwrapped_phase(x))`` equals eq. (7b). Use it for
     Jacobians (eq. 14) and as the PhaseModel mean. Shape (M,), radians (~170 rad in
@@ -185,8 +238,8 @@ def unwrapped_phase(x: ArrayLike, scene: Scene) -> Array:
     """
     check_positions("x", x, batched=False)
     check_away_from_aps("x", x, scene.ap_positions)
-    geo, rho = relative_reflection(x, scene)
-    return 2 * jnp.pi / scene.wavelength * geo.d1 + _perturbation(rho)
+    geo, s = _phasor_sum(x, scene)
+    return 2 * jnp.pi / scene.wavelength * geo.d1 + _minus_arg(s) + scene.ap_phase_offsets
 
 
 def effective_phase(x: ArrayLike, scene: Scene) -> Array:
