@@ -428,7 +428,9 @@ class ImageSourceModel:
             raise ValueError("order=2 needs at least two reflectors")
         for r in reflectors:
             if is_concrete(r.point, r.normal, scene.ap_positions):
-                h = np.asarray(r.height(scene.ap_positions))
+                # in NumPy: under jit even operations on constants are traced
+                ap, point, normal = (np.asarray(v) for v in (scene.ap_positions, r.point, r.normal))
+                h = (ap - point) @ normal
                 if np.any(h < -MOUNT_TOLERANCE):
                     m = int(np.argmin(h))
                     raise ValueError(

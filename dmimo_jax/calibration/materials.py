@@ -1,5 +1,9 @@
 r"""Calibrate the reflecting surfaces from a few labeled snapshots (beyond the paper).
 
+:func:`fit_material` and :func:`fit_surfaces` are :func:`~dmimo_jax.calibration.calibrate`
+with ``fit=("surfaces", "polarization")``, repackaged; :func:`material_posterior` is the
+Bayesian view of the ground alone.
+
 The paper answers the MLE's sensitivity to the permittivity (Sec. VI, the :math:`\beta`
 curves) with a GP that ignores the physics. Here the physics is kept and its unknown
 parameters are learned from the same L labeled snapshots the GP is trained on: positions
@@ -32,23 +36,19 @@ compression of eq. (15)), beside :mod:`dmimo_jax.learning`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, warn_if_float32
-from dmimo_jax.estimators.lm import levenberg_marquardt
-from dmimo_jax.estimators.mle import compressed_residuals, cpo_estimate
-from dmimo_jax.gp.kernel import check_training_data
-from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
-from dmimo_jax.phase import wrap
-from dmimo_jax.physics import ImageSourceModel, PhaseModel, TwoRayModel
-from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
+from dmimo_jax.calibration.deployment import (
+    CALIBRATION_STARTS,
+    calibrate,
+    log_likelihood,
+    with_permittivities,
+)
+from dmimo_jax.physics import ImageSourceModel, TwoRayModel
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
@@ -62,9 +62,6 @@ __all__ = [
     "material_posterior",
     "with_permittivities",
 ]
-
-CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
-"""ITU-R P.2040 materials used as starting points (Table I of the paper, metal excepted)."""
 
 
 @pytree_dataclass
@@ -80,6 +77,8 @@ class MaterialFit:
         model: the calibrated PhaseModel (plugs into the MLE, the PEB, the pipeline).
         log_likelihood_by_polarization: (2,) best log-likelihood for TE and TM (``-inf``
             for a polarization that was not fitted).
+        reduced_chi2: () the fit's goodness of fit (about 1 when the model explains the data
+            to the noise; the standard errors are inflated by its square root above 1).
         polarization: the chosen polarization (static).
         surfaces: names of the calibrated surfaces (static).
     """
@@ -91,157 +90,40 @@ class MaterialFit:
     cpo: Array
     model: Any
     log_likelihood_by_polarization: Array
+    reduced_chi2: Array
     polarization: str = static_field()
     surfaces: tuple[str, ...] = static_field()
 
 
-def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[int]) -> Any:
-    """``model`` with the permittivity of the surfaces at indices ``surfaces`` replaced.
-
-    For a :class:`TwoRayModel` the only surface is the ground (index 0); for an
-    :class:`ImageSourceModel` the indices run over its reflectors. Works on tracers.
-    """
-    eps_r = jnp.atleast_1d(jnp.asarray(eps_r))
-    if isinstance(model, TwoRayModel):
-        return TwoRayModel(model.scene.replace(eps_r=eps_r[0]))
-    if isinstance(model, ImageSourceModel):
-        refl = list(model.reflectors)
-        for j, k in enumerate(surfaces):
-            refl[k] = refl[k].with_permittivity(eps_r[j])
-        return ImageSourceModel(model.scene, refl, model.order)
-    raise ValueError(
-        f"model must be a TwoRayModel or an ImageSourceModel, got {type(model).__name__}"
-    )
-
-
-def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike) -> Array:
-    """The CPO-profiled Gaussian log-likelihood of L labeled snapshots (module docstring)."""
-    x, r, noise_var = jnp.asarray(x), jnp.asarray(r), jnp.asarray(noise_var)
-    return _log_likelihood_of_mean(jax.vmap(model.mean)(x), r, noise_var)
-
-
-def _log_likelihood_of_mean(mean, r, noise_var):
-    e = _whiten(mean, r, noise_var)
-    return -0.5 * (jnp.sum(e * e) + jnp.sum(jnp.log(2 * jnp.pi * noise_var)))
-
-
-def _whiten(mean, r, noise_var):
-    return (compressed_residuals(r, mean, noise_var) / jnp.sqrt(noise_var)).reshape(-1)
-
-
-def _whitened_residuals(model, x, r, noise_var):
-    return _whiten(jax.vmap(model.mean)(x), r, noise_var)
-
-
-def _softplus_inv(y):
-    return y + jnp.log(-jnp.expm1(-y))
-
-
-def _to_eps(u):
-    k = u.shape[-1] // 2
-    return (1.0 + jax.nn.softplus(u[..., :k])) - 1j * jax.nn.softplus(u[..., k:])
-
-
-def _to_u(eps):
-    eps = jnp.asarray(eps)
-    # keep starts strictly inside the parametrization (eps' > 1, eps'' > 0)
-    re = jnp.maximum(jnp.real(eps) - 1.0, 1e-6)
-    im = jnp.maximum(-jnp.imag(eps), 1e-6)
-    return jnp.concatenate([_softplus_inv(re), _softplus_inv(im)], axis=-1)
-
-
-@partial(jax.jit, static_argnames=("surfaces", "num_steps"))
-def _fit_starts(model, x, r, noise_var, u0, surfaces, num_steps):
-    def residuals(u, _):
-        return _whitened_residuals(
-            with_permittivities(model, _to_eps(u), surfaces), x, r, noise_var
-        )
-
-    def one(u):
-        res = levenberg_marquardt(residuals, u, num_steps=num_steps, damping=1e-2)
-        return res.x, res.cost
-
-    u, cost = jax.vmap(one)(u0)
-    best = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf))
-    u_best = u[best]
-    eps = _to_eps(u_best)
-
-    def residuals_eps(parts):  # the same residuals in (eps', eps'') for the information
-        k = parts.shape[0] // 2
-        e = parts[:k] - 1j * parts[k:]
-        return _whitened_residuals(with_permittivities(model, e, surfaces), x, r, noise_var)
-
-    parts = jnp.concatenate([jnp.real(eps), -jnp.imag(eps)])
-    jac = jax.jacfwd(residuals_eps)(parts)
-    cov = jnp.linalg.pinv(jac.T @ jac)
-    se = jnp.sqrt(jnp.clip(jnp.diagonal(cov), 0.0))
-    mean = jax.vmap(with_permittivities(model, eps, surfaces).mean)(x)
-    ll = _log_likelihood_of_mean(mean, r, noise_var)
-    return eps, se[: eps.shape[0]], se[eps.shape[0] :], ll, wrap(cpo_estimate(r, mean, noise_var))
-
-
-def _starts(frequency_hz: float, starts: Sequence[complex | str] | None, num: int) -> Array:
-    starts = CALIBRATION_STARTS if starts is None else tuple(starts)
-    if not starts:
-        raise ValueError("starts must name at least one material or permittivity")
-    values = []
-    for s in starts:
-        if isinstance(s, str):
-            if is_perfect_conductor(s):
-                raise ValueError(f"starts: {s!r} is a perfect conductor, not a permittivity")
-            s = relative_permittivity(s, frequency_hz)
-        values.append(complex(s))
-    eps = np.repeat(np.asarray(values)[:, None], num, axis=1)  # (S, K): all surfaces alike
-    return _to_u(jnp.asarray(eps))
-
-
-def _polarizations(polarization: str | None) -> tuple[str, ...]:
-    if polarization is None:
-        return ("TE", "TM")
-    if polarization not in ("TE", "TM"):
+def _fit(model, x, r, noise_var, surfaces, polarization, starts, num_steps, squeeze):
+    if polarization is not None and polarization not in ("TE", "TM"):
         raise ValueError(f"polarization must be 'TE', 'TM' or None, got {polarization!r}")
-    return (polarization,)
-
-
-def _fit(model, x, r, noise_var, surfaces, polarization, starts, num_steps, names, squeeze):
-    check_training_data(x, r, noise_var, model.num_aps)
-    check_int("num_steps", num_steps, minimum=1)
-    warn_if_float32("calibration")
-    dtype = model.scene.ap_positions.dtype
-    x, r, noise_var = (jnp.asarray(v, dtype) for v in (x, r, noise_var))
-    u0 = _starts(float(model.scene.frequency), starts, len(surfaces))
-    pols = _polarizations(polarization)
-    best, lls = None, {"TE": -np.inf, "TM": -np.inf}
-    for pol in pols:
-        m = _with_polarization(model, pol)
-        out = _fit_starts(m, x, r, noise_var, u0, tuple(surfaces), num_steps)
-        lls[pol] = float(out[3])
-        if best is None or lls[pol] > float(best[1][3]):
-            best = (pol, out, m)
-    pol, (eps, se_re, se_im, ll, cpo), m = best
-    fitted = with_permittivities(m, eps, tuple(surfaces))
+    if polarization is not None and model.scene.polarization != polarization:
+        scene = model.scene.replace(polarization=polarization)
+        model = (
+            TwoRayModel(scene)
+            if isinstance(model, TwoRayModel)
+            else ImageSourceModel(scene, model.reflectors, model.order)
+        )
+    fit = ("surfaces",) if polarization is not None else ("surfaces", "polarization")
+    cal = calibrate(
+        model, x, r, noise_var, fit=fit, surfaces=surfaces, starts=starts, num_steps=num_steps
+    )
+    eps, se = cal.values["surfaces"], cal.stderr["surfaces"]
     if squeeze:
-        eps, se_re, se_im = eps[0], se_re[0], se_im[0]
+        eps, se = eps[0], se[0]
     return MaterialFit(
         eps_r=eps,
-        stderr_real=se_re,
-        stderr_imag=se_im,
-        log_likelihood=ll,
-        cpo=cpo,
-        model=fitted,
-        log_likelihood_by_polarization=jnp.asarray([lls["TE"], lls["TM"]]),
-        polarization=pol,
-        surfaces=tuple(names),
+        stderr_real=jnp.real(se),
+        stderr_imag=jnp.imag(se),
+        log_likelihood=cal.log_likelihood,
+        cpo=cal.cpo,
+        model=cal.model,
+        log_likelihood_by_polarization=cal.log_likelihood_by_polarization,
+        reduced_chi2=cal.reduced_chi2,
+        polarization=cal.polarization,
+        surfaces=cal.surfaces,
     )
-
-
-def _with_polarization(model, pol):
-    if model.scene.polarization == pol:
-        return model
-    scene = model.scene.replace(polarization=pol)
-    if isinstance(model, TwoRayModel):
-        return TwoRayModel(scene)
-    return ImageSourceModel(scene, model.reflectors, model.order)
 
 
 def fit_material(
@@ -292,18 +174,7 @@ def fit_material(
         raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
     if scene.perfect_conductor:
         raise ValueError("scene has a perfect-conductor ground: there is no eps_r to calibrate")
-    return _fit(
-        TwoRayModel(scene),
-        x,
-        r,
-        noise_var,
-        (0,),
-        polarization,
-        starts,
-        num_steps,
-        ("ground",),
-        True,
-    )
+    return _fit(TwoRayModel(scene), x, r, noise_var, None, polarization, starts, num_steps, True)
 
 
 def fit_surfaces(
@@ -335,43 +206,7 @@ def fit_surfaces(
     """
     if not isinstance(model, ImageSourceModel):
         raise ValueError(f"model must be an ImageSourceModel, got {type(model).__name__}")
-    names = [r_.name for r_ in model.reflectors]
-    seen = _seen_surfaces(model)
-    if surfaces is None:
-        surfaces = [
-            r_.name
-            for r_, ok in zip(model.reflectors, seen, strict=True)
-            if ok and not r_.perfect_conductor
-        ]
-    idx = []
-    for s in surfaces:
-        if s not in names:
-            raise ValueError(f"surfaces: no reflector named {s!r} (the model has {names})")
-        k = names.index(s)
-        if model.reflectors[k].perfect_conductor:
-            raise ValueError(f"surfaces: {s!r} is a perfect conductor, it has no eps_r to fit")
-        if not seen[k]:
-            raise ValueError(
-                f"surfaces: every AP is mounted on {s!r}, so no path bounces off it (order "
-                f"{model.order}) and its eps_r does not enter the phases"
-            )
-        idx.append(k)
-    if not idx:
-        raise ValueError("surfaces: nothing to calibrate")
-    return _fit(
-        model, x, r, noise_var, tuple(idx), polarization, starts, num_steps, surfaces, False
-    )
-
-
-def _seen_surfaces(model: ImageSourceModel) -> list[bool]:
-    """Whether some path bounces off each reflector: an AP in front of it, or (order 2) any
-    reflector at all, since a double bounce can reach a plane the APs are mounted on."""
-    ap = np.asarray(model.scene.ap_positions)
-    out = []
-    for r_ in model.reflectors:
-        in_front = bool(np.any(np.asarray(r_.height(ap)) > MOUNT_TOLERANCE))
-        out.append(in_front or model.order >= 2)
-    return out
+    return _fit(model, x, r, noise_var, surfaces, polarization, starts, num_steps, False)
 
 
 class MaterialPosterior(NamedTuple):

@@ -1,0 +1,42 @@
+"""Calibration of the physical model from L labeled snapshots (beyond the paper).
+
+* :mod:`~dmimo_jax.calibration.deployment`: :func:`calibrate`, maximum likelihood of any
+  group of the model's unknowns (AP phase centres, per-AP phase offsets, surfaces'
+  permittivities, the antenna exponent, the polarization), with honest standard errors and
+  the fit's reduced chi-square.
+* :mod:`~dmimo_jax.calibration.materials`: the surfaces alone (:func:`fit_material` for the
+  ground of the two-ray model, :func:`fit_surfaces` for a room) and the numpyro NUTS
+  posterior of the ground's permittivity (:func:`material_posterior`).
+"""
+
+from dmimo_jax.calibration.deployment import (
+    CALIBRATION_STARTS,
+    GROUPS,
+    Calibration,
+    calibrate,
+    offsets_closed_form,
+)
+from dmimo_jax.calibration.materials import (
+    MaterialFit,
+    MaterialPosterior,
+    fit_material,
+    fit_surfaces,
+    log_likelihood,
+    material_posterior,
+    with_permittivities,
+)
+
+__all__ = [
+    "CALIBRATION_STARTS",
+    "GROUPS",
+    "Calibration",
+    "MaterialFit",
+    "MaterialPosterior",
+    "calibrate",
+    "fit_material",
+    "fit_surfaces",
+    "log_likelihood",
+    "material_posterior",
+    "offsets_closed_form",
+    "with_permittivities",
+]

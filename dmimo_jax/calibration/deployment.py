@@ -1,0 +1,676 @@
+r"""Self-calibration of the whole physical model from L labeled snapshots (beyond the paper).
+
+A real deployment knows its AP phase centres to millimetres at best, its APs' oscillators
+leave a static phase offset each, its antennas have patterns and its room has walls of
+unknown materials. :func:`calibrate` learns any group of those unknowns, jointly, from the
+same L labeled snapshots (positions :math:`\mathbf x_l` known, CPOs :math:`\phi_l` unknown)
+the paper uses for its GP. It maximizes the CPO-profiled Gaussian likelihood of eq. (8),
+
+.. math::
+
+    \log p(\mathbf r\,|\,\boldsymbol\vartheta) = -\tfrac12\sum_{l,m}\Big[
+    \frac{\mathrm{wrap}(r_{lm} - \mu_m(\mathbf x_l;\boldsymbol\vartheta) - \hat\phi_l)^2}
+    {\sigma^2_{lm}} + \log 2\pi\sigma^2_{lm}\Big],
+
+with :math:`\hat\phi_l` the CPO of eq. (15) (wrap-corrected, as the MLE compresses it),
+by the package's one Levenberg-Marquardt solver on the whitened residuals with the
+autodiff Jacobian. The groups (``fit=``):
+
+* ``"ap_positions"``: the APs' phase centres. An AP mounted on a reflector of an
+  :class:`~dmimo_jax.physics.ImageSourceModel` (within ``MOUNT_TOLERANCE`` of its plane)
+  moves only within that plane; ``free_axes`` (M, 3) restricts the coordinates further.
+* ``"ap_phase_offsets"``: the static per-AP offsets :math:`\delta_m`. Only differences are
+  observable (a common part is the CPO), so AP 0 keeps the model's value (the gauge).
+  Offsets uniform in :math:`[-\pi,\pi)` are far outside any local basin, so the fit starts
+  from the closed form :math:`\hat\delta_m - \hat\delta_0 = \arg\sum_l e^{j(e_{lm}-e_{l0})}`
+  of the residuals :math:`e_{lm} = \mathrm{wrap}(r_{lm} - \mu_m(\mathbf x_l))` of the start.
+* ``"surfaces"``: :math:`\varepsilon_r` of every reflector of a room (or the ground of the
+  two-ray model), :math:`\varepsilon' = 1 + \mathrm{softplus}(a)`,
+  :math:`\varepsilon'' = \mathrm{softplus}(b)`, from several material starts
+  (:data:`CALIBRATION_STARTS`), the likeliest winning.
+* ``"antenna"``: the exponent :math:`q` of a :class:`~dmimo_jax.CosinePattern` (shared or
+  per AP), :math:`q = \mathrm{softplus}(c)`.
+* ``"polarization"``: TE or TM, by the likelihood of the whole fit under each.
+
+Staging: offsets from the closed form; then, when surfaces are fitted, surfaces and offsets
+from each material start (the best kept); then every group jointly.
+
+Honest uncertainty. Standard errors come from the Gauss-Newton information
+:math:`\mathbf J^\top\mathbf J` of the whitened residuals, inverted through its eigenvalues
+(a direction the data do not constrain gets an infinite or huge error, never a small one),
+carried to the natural parameters by the delta method, and inflated by
+:math:`\sqrt{\max(1, \chi^2_\nu)}` where :math:`\chi^2_\nu` is the reduced chi-square of the
+fit (``reduced_chi2``; about 1 when the model explains the data to the noise, dof = LM - L
+CPOs - parameters). A fit far above 1 warns, naming the figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_int, warn_if_float32
+from dmimo_jax.antenna import CosinePattern
+from dmimo_jax.estimators.lm import levenberg_marquardt
+from dmimo_jax.estimators.mle import compressed_residuals, cpo_estimate
+from dmimo_jax.gp.kernel import check_training_data
+from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
+from dmimo_jax.phase import wrap
+from dmimo_jax.physics import ImageSourceModel, PhaseModel, TwoRayModel
+from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
+from dmimo_jax.pytree import pytree_dataclass, static_field
+
+__all__ = [
+    "CALIBRATION_STARTS",
+    "GROUPS",
+    "Calibration",
+    "calibrate",
+    "log_likelihood",
+    "offsets_closed_form",
+    "with_permittivities",
+]
+
+CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
+"""ITU-R P.2040 materials used as starting points (Table I of the paper, metal excepted)."""
+
+GROUPS = ("ap_positions", "ap_phase_offsets", "surfaces", "antenna", "polarization")
+"""The groups of unknowns :func:`calibrate` can fit."""
+
+
+@pytree_dataclass
+class Calibration:
+    r"""Result of :func:`calibrate`.
+
+    Attributes:
+        model: the calibrated PhaseModel (its ``.scene.ap_positions`` are the fitted phase
+            centres, ``.scene.ap_phase_offsets`` the offsets, its reflectors the materials).
+        values: fitted values by group: ``"ap_positions"`` (M, 3) m, ``"ap_phase_offsets"``
+            (M,) rad (wrapped; AP 0 is the gauge), ``"surfaces"`` (K,) complex
+            :math:`\varepsilon_r`, ``"antenna"`` the exponent (() or (M,)).
+        stderr: standard errors, same keys and shapes (for ``"surfaces"`` a complex number
+            whose real part is the error of :math:`\mathrm{Re}\,\varepsilon_r` and imaginary
+            part that of :math:`\mathrm{Im}\,\varepsilon_r`; 0 for what the gauge or
+            ``free_axes`` hold fixed; ``inf`` for a direction the data cannot identify).
+        log_likelihood: () profiled log-likelihood at the estimate.
+        cpo: (L,) CPOs of the labeled snapshots, wrapped, rad.
+        reduced_chi2: () sum of squared whitened residuals / dof (about 1 for a model that
+            explains the data to the noise); the standard errors are inflated by
+            :math:`\sqrt{\max(1, \chi^2_\nu)}`.
+        log_likelihood_by_polarization: (2,) best log-likelihood for TE and TM (``-inf`` for
+            one not tried).
+        dof: degrees of freedom LM - L - number of parameters (static).
+        polarization: the model's polarization after the fit (static).
+        fit: the groups fitted (static).
+        surfaces: names of the calibrated surfaces (static; empty unless ``"surfaces"``).
+    """
+
+    model: Any
+    values: dict[str, Array]
+    stderr: dict[str, Array]
+    log_likelihood: Array
+    cpo: Array
+    reduced_chi2: Array
+    log_likelihood_by_polarization: Array
+    dof: int = static_field()
+    polarization: str = static_field()
+    fit: tuple[str, ...] = static_field()
+    surfaces: tuple[str, ...] = static_field()
+
+
+@pytree_dataclass
+class _Group:
+    """One group of unknowns: its name and layout (static), its arrays and its start.
+
+    ``data`` holds what the group's parametrization needs (a position basis, the gauge
+    offset, a boresight); keeping it a pytree leaf, not a closure, lets one compiled solver
+    serve every calibration of the same shapes."""
+
+    data: Any
+    u0: Array  # (n,) start in the unconstrained parametrization
+    name: str = static_field()
+    meta: Any = static_field()  # hashable: surface indices, the exponent's shape
+
+    @property
+    def size(self) -> int:
+        return self.u0.shape[0]
+
+    def apply(self, model: Any, u: Array) -> Any:
+        """The model with this group's unknowns set from ``u`` (traceable)."""
+        if self.name == "surfaces":
+            return with_permittivities(model, _eps(u), self.meta)
+        if self.name == "ap_positions":
+            return _with_scene(model, model.scene.replace(ap_positions=self._positions(u)))
+        if self.name == "ap_phase_offsets":
+            return _with_scene(model, model.scene.replace(ap_phase_offsets=self._offsets(u)))
+        pattern = CosinePattern(
+            exponent=jax.nn.softplus(u).reshape(self.meta), boresight=self.data["boresight"]
+        )
+        return _with_scene(model, model.scene.replace(antenna=pattern))
+
+    def natural(self, u: Array) -> Array:
+        """Flat real natural values (m, rad, Re/Im eps, exponent) of ``u``."""
+        if self.name == "surfaces":
+            return jnp.concatenate([jnp.real(_eps(u)), jnp.imag(_eps(u))])
+        if self.name == "ap_positions":
+            return self._positions(u).reshape(-1)
+        if self.name == "ap_phase_offsets":
+            return self._offsets(u)
+        return jax.nn.softplus(u)
+
+    def report(self, v: Array) -> Array:
+        """Flat natural values (or their errors) in the shape reported by :class:`Calibration`."""
+        if self.name == "surfaces":
+            k = v.shape[0] // 2
+            return v[:k] + 1j * v[k:]
+        if self.name == "ap_positions":
+            return v.reshape(-1, 3)
+        if self.name == "antenna":
+            return v.reshape(self.meta)
+        return v
+
+    def _positions(self, u: Array) -> Array:
+        start, basis = self.data["start"], self.data["basis"]
+        return start + (basis @ u).reshape(start.shape)
+
+    def _offsets(self, u: Array) -> Array:
+        return jnp.concatenate([self.data["first"], u])
+
+
+# ------------------------------------------------------------------ models and their leaves
+
+
+def _with_scene(model: Any, scene: Any) -> Any:
+    if isinstance(model, TwoRayModel):
+        return TwoRayModel(scene)
+    return ImageSourceModel(scene, model.reflectors, model.order)
+
+
+def _softplus_inv(y):
+    return y + np.log(-np.expm1(-y))
+
+
+def _eps(u: Array) -> Array:
+    k = u.shape[0] // 2
+    return (1.0 + jax.nn.softplus(u[:k])) - 1j * jax.nn.softplus(u[k:])
+
+
+def _mounts(model: Any) -> list[list[np.ndarray]]:
+    """Per AP, the unit normals of the reflectors it is mounted on."""
+    ap = np.asarray(model.scene.ap_positions, float)
+    out: list[list[np.ndarray]] = [[] for _ in range(ap.shape[0])]
+    if isinstance(model, ImageSourceModel):
+        for r in model.reflectors:
+            h = (ap - np.asarray(r.point)) @ np.asarray(r.normal)
+            for m in np.flatnonzero(np.abs(h) <= MOUNT_TOLERANCE):
+                out[m].append(np.asarray(r.normal, float))
+    return out
+
+
+def _position_basis(model: Any, free_axes: ArrayLike | None) -> np.ndarray:
+    """(3M, n) matrix A: positions.ravel() = start.ravel() + A @ u."""
+    num = model.num_aps
+    mounts = _mounts(model)
+    columns = []
+    if free_axes is None:
+        for m in range(num):
+            normals = np.array(mounts[m]).reshape(-1, 3)
+            # the orthogonal complement of the planes' normals: the directions the AP may move
+            _, s, vt = np.linalg.svd(np.vstack([normals, np.zeros((3, 3))]))
+            rank = int(np.sum(s > 1e-9))
+            for v in vt[rank:]:
+                col = np.zeros(3 * num)
+                col[3 * m : 3 * m + 3] = v
+                columns.append(col)
+    else:
+        mask = np.asarray(free_axes)
+        if mask.shape != (num, 3) or mask.dtype != bool:
+            raise ValueError(
+                f"free_axes must be a bool array of shape ({num}, 3) (which coordinates of "
+                f"each AP to fit), got {mask.dtype} {mask.shape}"
+            )
+        for m in range(num):
+            for axis in np.flatnonzero(mask[m]):
+                for n in mounts[m]:
+                    if abs(n[axis]) > 1e-9:
+                        raise ValueError(
+                            f"free_axes asks AP {m} to move along {'xyz'[axis]}, off the "
+                            f"surface it is mounted on (normal {np.round(n, 6).tolist()}): "
+                            "mounted APs move only within their surface"
+                        )
+                col = np.zeros(3 * num)
+                col[3 * m + axis] = 1.0
+                columns.append(col)
+    return np.stack(columns, axis=1) if columns else np.zeros((3 * num, 0))
+
+
+def _positions_group(model: Any, free_axes: ArrayLike | None) -> _Group:
+    start = jnp.asarray(model.scene.ap_positions)
+    basis = jnp.asarray(_position_basis(model, free_axes), start.dtype)
+    u0 = jnp.zeros(basis.shape[1], start.dtype)
+    return _Group({"start": start, "basis": basis}, u0, "ap_positions", None)
+
+
+def offsets_closed_form(model: Any, x: ArrayLike, r: ArrayLike) -> Array:
+    r"""Per-AP phase offsets from the residuals of ``model`` at L labeled snapshots, (M,).
+
+    :math:`\delta_m = \delta^{\rm model}_m + \arg\sum_l e^{j(e_{lm}-e_{l0})}` with
+    :math:`e_{lm} = \mathrm{wrap}(r_{lm} - \mu_m(\mathbf x_l))`: the circular mean of each
+    AP's residual relative to AP 0's, which removes the snapshots' CPOs. AP 0 keeps its
+    offset (the gauge). Valid whatever the offsets (no local basin), the start of
+    :func:`calibrate`.
+    """
+    mean = jax.vmap(model.mean)(jnp.asarray(x))
+    e = wrap(jnp.asarray(r) - mean)
+    rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - e[:, :1])), axis=0))
+    return model.scene.ap_phase_offsets + rel
+
+
+def _offsets_group(model: Any, x: Array, r: Array) -> _Group:
+    start = offsets_closed_form(model, x, r)
+    return _Group({"first": start[:1]}, start[1:], "ap_phase_offsets", None)
+
+
+def _surface_indices(model: Any, surfaces: Sequence[str] | None) -> tuple[list[int], list[str]]:
+    if isinstance(model, TwoRayModel):
+        if model.scene.perfect_conductor:
+            raise ValueError(
+                "fit: 'surfaces' of a two-ray model is the ground, and this one is a perfect "
+                "conductor (no eps_r to calibrate)"
+            )
+        if surfaces is not None and list(surfaces) != ["ground"]:
+            raise ValueError(f"surfaces: a two-ray model has only 'ground', got {surfaces}")
+        return [0], ["ground"]
+    names = [r.name for r in model.reflectors]
+    ap = np.asarray(model.scene.ap_positions)
+    seen = [
+        bool(np.any(np.asarray(r.height(ap)) > MOUNT_TOLERANCE)) or model.order >= 2
+        for r in model.reflectors
+    ]
+    if surfaces is None:
+        surfaces = [
+            r.name
+            for r, ok in zip(model.reflectors, seen, strict=True)
+            if ok and not r.perfect_conductor
+        ]
+    if len(set(surfaces)) != len(list(surfaces)):
+        raise ValueError(f"surfaces must not repeat a name, got {list(surfaces)}")
+    idx = []
+    for s in surfaces:
+        if s not in names:
+            raise ValueError(f"surfaces: no reflector named {s!r} (the model has {names})")
+        k = names.index(s)
+        if model.reflectors[k].perfect_conductor:
+            raise ValueError(f"surfaces: {s!r} is a perfect conductor, it has no eps_r to fit")
+        if not seen[k]:
+            raise ValueError(
+                f"surfaces: every AP is mounted on {s!r}, so no path bounces off it and its "
+                "eps_r does not enter the phases"
+            )
+        idx.append(k)
+    if not idx:
+        raise ValueError("fit: 'surfaces' asked, but the model has no dielectric surface to fit")
+    return idx, list(surfaces)
+
+
+def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[int]) -> Any:
+    """``model`` with the permittivity of the surfaces at indices ``surfaces`` replaced.
+
+    For a :class:`TwoRayModel` the only surface is the ground (index 0); for an
+    :class:`ImageSourceModel` the indices run over its reflectors. Works on tracers.
+    """
+    eps_r = jnp.atleast_1d(jnp.asarray(eps_r))
+    if isinstance(model, TwoRayModel):
+        return TwoRayModel(model.scene.replace(eps_r=eps_r[0]))
+    if isinstance(model, ImageSourceModel):
+        refl = list(model.reflectors)
+        for j, k in enumerate(surfaces):
+            refl[k] = refl[k].with_permittivity(eps_r[j])
+        return ImageSourceModel(model.scene, refl, model.order)
+    raise ValueError(
+        f"model must be a TwoRayModel or an ImageSourceModel, got {type(model).__name__}"
+    )
+
+
+def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike) -> Array:
+    """The CPO-profiled Gaussian log-likelihood of L labeled snapshots (module docstring)."""
+    x, r, noise_var = jnp.asarray(x), jnp.asarray(r), jnp.asarray(noise_var)
+    e = _whitened(model, x, r, noise_var)
+    return -0.5 * (jnp.sum(e * e) + jnp.sum(jnp.log(2 * jnp.pi * noise_var)))
+
+
+def _surfaces_group(model: Any, idx: Sequence[int], eps0: np.ndarray) -> _Group:
+    u0 = np.concatenate(
+        [
+            _softplus_inv(np.maximum(eps0.real - 1.0, 1e-6)),
+            _softplus_inv(np.maximum(-eps0.imag, 1e-6)),
+        ]
+    )
+    return _Group({}, jnp.asarray(u0), "surfaces", tuple(idx))
+
+
+def _antenna_group(model: Any) -> _Group:
+    pattern = model.scene.antenna
+    if not isinstance(pattern, CosinePattern):
+        raise ValueError(
+            f"fit: 'antenna' fits a CosinePattern's exponent; the model's antenna is a "
+            f"{type(pattern).__name__}"
+        )
+    q0 = np.atleast_1d(np.asarray(pattern.exponent, float))
+    u0 = jnp.asarray(_softplus_inv(np.maximum(q0, 1e-6)))
+    return _Group({"boresight": pattern.boresight}, u0, "antenna", tuple(pattern.exponent.shape))
+
+
+# ------------------------------------------------------------------------- the likelihood
+
+
+def _whitened(model: Any, x: Array, r: Array, noise_var: Array) -> Array:
+    mean = jax.vmap(model.mean)(x)
+    return (compressed_residuals(r, mean, noise_var) / jnp.sqrt(noise_var)).reshape(-1)
+
+
+def _split(groups: Sequence[_Group], u: Array) -> list[Array]:
+    out, i = [], 0
+    for g in groups:
+        out.append(u[i : i + g.size])
+        i += g.size
+    return out
+
+
+def _apply(model: Any, groups: Sequence[_Group], u: Array) -> Any:
+    for g, part in zip(groups, _split(groups, u), strict=True):
+        model = g.apply(model, part)
+    return model
+
+
+def _residuals(u, model, groups, x, r, noise_var):
+    return _whitened(_apply(model, groups, u), x, r, noise_var)
+
+
+@partial(jax.jit, static_argnames=("num_steps",))
+def _solve(model, groups, x, r, noise_var, u0, num_steps):
+    """LM over the concatenated groups from each row of ``u0`` (S, n): (u (S, n), cost (S,))."""
+
+    def one(u):
+        res = levenberg_marquardt(
+            lambda v, _: _residuals(v, model, groups, x, r, noise_var),
+            u,
+            num_steps=num_steps,
+            damping=1e-2,
+        )
+        return res.x, res.cost
+
+    return jax.vmap(one)(u0)
+
+
+@jax.jit
+def _information(model, groups, x, r, noise_var, u):
+    """(J^T J of the whitened residuals in u, d natural / d u, the cost) at ``u``."""
+    jac = jax.jacfwd(_residuals)(u, model, groups, x, r, noise_var)
+    nat = jax.jacfwd(
+        lambda v: jnp.concatenate(
+            [g.natural(p) for g, p in zip(groups, _split(groups, v), strict=True)]
+        )
+    )(u)
+    e = _residuals(u, model, groups, x, r, noise_var)
+    return jac.T @ jac, nat, jnp.sum(e * e)
+
+
+def _lm(model, groups, x, r, noise_var, u0, num_steps):
+    """The best of the LM runs from the rows of ``u0``: (u, cost)."""
+    u, cost = _solve(model, tuple(groups), x, r, noise_var, jnp.asarray(u0), num_steps)
+    cost = np.where(np.isfinite(np.asarray(cost)), np.asarray(cost), np.inf)
+    best = int(np.argmin(cost))
+    return np.asarray(u[best]), float(cost[best])
+
+
+def _stderr(info: np.ndarray, nat: np.ndarray, inflation: float) -> np.ndarray:
+    """Delta-method standard errors of the natural values from the eigen-inverted information:
+    a direction with (numerically) zero information gives an infinite error."""
+    lam, vec = np.linalg.eigh(info)
+    floor = max(float(lam.max()), 0.0) * 1e-14
+    ok = lam > floor
+    g = nat @ vec  # (n_nat, n): each natural value along the information's eigenvectors
+    var = (g[:, ok] ** 2) @ (1.0 / lam[ok])
+    # a natural value with a (non-rounding) component along an unconstrained direction
+    scale = np.linalg.norm(g, axis=1, keepdims=True)
+    free = np.any(np.abs(g[:, ~ok]) > 1e-8 * scale, axis=1)
+    return np.where(free, np.inf, np.sqrt(var)) * inflation
+
+
+# ------------------------------------------------------------------------------ calibrate
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, TwoRayModel | ImageSourceModel):
+        raise ValueError(
+            "model must be a TwoRayModel or an ImageSourceModel (a physical model whose "
+            f"unknowns can be calibrated), got {type(model).__name__}"
+        )
+
+
+def _check_fit(fit: Sequence[str] | str) -> tuple[str, ...]:
+    fit = (fit,) if isinstance(fit, str) else tuple(fit)
+    unknown = [f for f in fit if f not in GROUPS]
+    if unknown or not fit:
+        raise ValueError(f"fit must name groups among {GROUPS}, got {list(fit)}")
+    if len(set(fit)) != len(fit):
+        raise ValueError(f"fit must not repeat a group, got {list(fit)}")
+    if fit == ("polarization",):
+        raise ValueError("fit: 'polarization' needs at least one continuous group beside it")
+    return fit
+
+
+def _check_inside(model: Any, x: np.ndarray) -> None:
+    ap = np.asarray(model.scene.ap_positions)
+    d = np.linalg.norm(x[:, None, :] - ap[None], axis=-1)
+    if d.min() < 1e-6:
+        i, m = np.unravel_index(np.argmin(d), d.shape)
+        raise ValueError(f"x (row {i}) coincides with AP {m}: the channel is singular there")
+    if isinstance(model, ImageSourceModel):
+        for refl in model.reflectors:
+            h = (x - np.asarray(refl.point)) @ np.asarray(refl.normal)
+            if np.any(h <= 0):
+                i = int(np.argmin(h))
+                raise ValueError(
+                    f"x (row {i}) = {x[i].tolist()} is not strictly in front of reflector "
+                    f"{refl.name!r} (signed distance {h[i]:.3g} m): labeled positions must lie "
+                    "inside the room"
+                )
+
+
+def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.ndarray:
+    starts = CALIBRATION_STARTS if starts is None else tuple(starts)
+    if not starts:
+        raise ValueError("starts must name at least one material or permittivity")
+    values = []
+    for s in starts:
+        if isinstance(s, str):
+            if is_perfect_conductor(s):
+                raise ValueError(f"starts: {s!r} is a perfect conductor, not a permittivity")
+            s = relative_permittivity(s, frequency_hz)
+        e = complex(s)
+        if not (np.isfinite(e.real) and np.isfinite(e.imag) and e.real > 1.0 and e.imag < 0.0):
+            raise ValueError(
+                f"starts must be physical permittivities eps' - j eps'' with eps' > 1 and "
+                f"eps'' > 0 (inside the fit's parametrization), got {s!r}"
+            )
+        values.append(e)
+    return np.asarray(values)
+
+
+def _fit_one_polarization(model, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps):
+    """Staged fit under the model's polarization: (final groups, u, cost)."""
+    groups: dict[str, _Group] = {}
+    done: set[str] = set()  # groups already at their optimum (stage 2 fitted them jointly)
+    if "ap_phase_offsets" in fit:
+        groups["ap_phase_offsets"] = _offsets_group(model, x, r)
+    if "surfaces" in fit:
+        # stage 2: surfaces (and offsets) from every material start, all surfaces alike
+        first = [groups[g] for g in ("ap_phase_offsets",) if g in groups]
+        rows = []
+        for e in eps_starts:
+            s = _surfaces_group(model, idx, np.full(len(idx), e))
+            rows.append(np.concatenate([np.asarray(g.u0) for g in first] + [np.asarray(s.u0)]))
+        stage = first + [s]
+        u, _ = _lm(model, stage, x, r, noise_var, np.stack(rows), num_steps)
+        parts = _split(stage, jnp.asarray(u))
+        if first:
+            groups["ap_phase_offsets"] = dataclasses.replace(first[0], u0=parts[0])
+        groups["surfaces"] = dataclasses.replace(s, u0=parts[-1])
+        done = {g.name for g in stage}
+    if "ap_positions" in fit:
+        groups["ap_positions"] = _positions_group(model, free_axes)
+    if "antenna" in fit:
+        groups["antenna"] = _antenna_group(model)
+    final = [groups[g] for g in GROUPS if g in groups]
+    u0 = np.concatenate([np.asarray(g.u0) for g in final])
+    if {g.name for g in final} <= done:
+        residuals = _residuals(jnp.asarray(u0), model, tuple(final), x, r, noise_var)
+        return final, u0, float(jnp.sum(residuals**2))
+    u, cost = _lm(model, final, x, r, noise_var, u0[None], num_steps)
+    return final, u, cost
+
+
+def calibrate(
+    model: Any,
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    *,
+    fit: Sequence[str] | str = ("ap_positions", "ap_phase_offsets"),
+    surfaces: Sequence[str] | None = None,
+    free_axes: ArrayLike | None = None,
+    starts: Sequence[complex | str] | None = None,
+    num_steps: int = 40,
+    warn: bool = True,
+) -> Calibration:
+    r"""Maximum-likelihood calibration of a physical model from L labeled snapshots.
+
+    Args:
+        model: the nominal :class:`~dmimo_jax.TwoRayModel` or
+            :class:`~dmimo_jax.ImageSourceModel` (surveyed AP positions, guessed materials,
+            zero offsets, a pattern with a guessed exponent): the start of the fit, and the
+            values of everything not fitted.
+        x: (L, 3) labeled UE positions, m (inside the room for a room model).
+        r: (L, M) wrapped phases measured there.
+        noise_var: (L, M) phase-noise variances, rad^2.
+        fit: the groups to fit, among :data:`GROUPS` (module docstring).
+        surfaces: reflector names to calibrate with ``"surfaces"`` (default: every dielectric
+            surface some path bounces off).
+        free_axes: (M, 3) bool, the AP coordinates ``"ap_positions"`` fits (default: all
+            three, or the two within the surface for a mounted AP).
+        starts: materials or permittivities the ``"surfaces"`` fit starts from (default
+            :data:`CALIBRATION_STARTS`).
+        num_steps: Levenberg-Marquardt steps per stage.
+        warn: warn when the reduced chi-square says the model does not fit.
+
+    Returns:
+        A :class:`Calibration` (calibrated ``model``, ``values``, ``stderr``, goodness of fit).
+
+    Raises:
+        ValueError: an unknown group or one the model lacks, a mounted AP asked to leave its
+            surface, shapes that do not match (L, M), non-finite input, labeled positions
+            outside the room or on an AP, fewer residuals than unknowns.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, numpy as np
+        >>> jax.config.update("jax_enable_x64", True)
+        >>> import dmimo_jax as dj
+        >>> truth = dj.paper_scene(-10.0, convention="itu")
+        >>> offsets = np.random.default_rng(0).uniform(-np.pi, np.pi, truth.num_aps)
+        >>> world = dj.TwoRayModel(truth.replace(ap_phase_offsets=offsets))
+        >>> x = dj.sample_positions(jax.random.key(0), 20, truth)
+        >>> r = dj.simulate_phases_batch(jax.random.key(1), world, x, jnp.zeros(20))
+        >>> var = jax.vmap(world.variance)(x)
+        >>> cal = calibrate(dj.TwoRayModel(truth), x, r, var, fit="ap_phase_offsets")
+        >>> err = np.angle(np.exp(1j * (cal.values["ap_phase_offsets"] - (offsets - offsets[0]))))
+        >>> bool(np.max(np.abs(err)) < 1e-2)
+        True
+    """
+    _check_model(model)
+    fit = _check_fit(fit)
+    check_training_data(x, r, noise_var, model.num_aps)
+    check_int("num_steps", num_steps, minimum=1)
+    warn_if_float32("calibrate")
+    dtype = model.scene.ap_positions.dtype
+    _check_inside(model, np.asarray(x, float))
+    x, r, noise_var = (jnp.asarray(v, dtype) for v in (x, r, noise_var))
+    idx, names = ([], [])
+    eps_starts = np.zeros(0)
+    if "surfaces" in fit:
+        idx, names = _surface_indices(model, surfaces)
+        eps_starts = _starts(float(model.scene.frequency), starts)
+    elif surfaces is not None:
+        raise ValueError("surfaces= names reflectors to fit: add 'surfaces' to fit")
+    if free_axes is not None and "ap_positions" not in fit:
+        raise ValueError("free_axes= restricts 'ap_positions': add it to fit")
+    if "antenna" in fit:
+        _antenna_group(model)  # refuse a pattern with nothing to fit before any work
+    pols = ("TE", "TM") if "polarization" in fit else (model.scene.polarization,)
+    lls = {"TE": -np.inf, "TM": -np.inf}
+    best = None
+    for pol in pols:
+        m = (
+            model
+            if model.scene.polarization == pol
+            else _with_scene(model, model.scene.replace(polarization=pol))
+        )
+        groups, u, cost = _fit_one_polarization(
+            m, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps
+        )
+        ll = -0.5 * (cost + float(jnp.sum(jnp.log(2 * jnp.pi * noise_var))))
+        lls[pol] = ll
+        if best is None or ll > best[0]:
+            best = (ll, pol, m, groups, u, cost)
+    ll, pol, m, groups, u, cost = best
+    num_params = sum(g.size for g in groups)
+    num_l, num_m = r.shape
+    dof = num_l * num_m - num_l - num_params
+    if dof < 1:
+        raise ValueError(
+            f"{num_l * num_m} residuals cannot fit {num_params} parameters and {num_l} CPOs: "
+            "use more labeled snapshots"
+        )
+    chi2 = cost / dof
+    if warn and chi2 > 1.0 + 5.0 * np.sqrt(2.0 / dof):
+        warnings.warn(
+            f"calibrate: reduced chi-square {chi2:.3g} (expected 1 +- {np.sqrt(2.0 / dof):.2g} "
+            "for a model that explains the data to the noise): the model misses something; "
+            f"standard errors are inflated by sqrt({chi2:.3g})",
+            UserWarning,
+            stacklevel=2,
+        )
+    u = jnp.asarray(u)
+    info, nat, _ = _information(m, tuple(groups), x, r, noise_var, u)
+    se = _stderr(np.asarray(info), np.asarray(nat), np.sqrt(max(1.0, chi2)))
+    fitted = _apply(m, groups, u)
+    values, stderr, i = {}, {}, 0
+    for g, part in zip(groups, _split(groups, u), strict=True):
+        nat = g.natural(part)
+        values[g.name] = g.report(nat)
+        err = jnp.asarray(se[i : i + nat.shape[0]])
+        stderr[g.name] = g.report(err) if g.name != "ap_phase_offsets" else err
+        i += nat.shape[0]
+    mean = jax.vmap(fitted.mean)(x)
+    return Calibration(
+        model=fitted,
+        values=values,
+        stderr=stderr,
+        log_likelihood=jnp.asarray(ll),
+        cpo=wrap(cpo_estimate(r, mean, noise_var)),
+        reduced_chi2=jnp.asarray(chi2),
+        log_likelihood_by_polarization=jnp.asarray([lls["TE"], lls["TM"]]),
+        dof=int(dof),
+        polarization=pol,
+        fit=fit,
+        surfaces=tuple(names),
+    )

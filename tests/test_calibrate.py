@@ -1,0 +1,203 @@
+"""Self-calibration of the deployment (issue 22): every group recovered from noise-free data,
+standard errors that cover the truth at their stated rate, a fit that says when the model is
+wrong or the data cannot identify a parameter, and bad input refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax.calibration import calibrate, offsets_closed_form
+
+SCENE = dj.paper_scene(-10.0, convention="itu")
+M = SCENE.num_aps
+L = 30
+RNG = np.random.default_rng(11)
+OFFSETS = RNG.uniform(-np.pi, np.pi, M)
+X = np.asarray(dj.sample_positions(jax.random.key(0), L, SCENE))
+CPO = np.asarray(dj.random_cpos(jax.random.key(1), L))
+
+
+def _noise_free(model):
+    return dj.wrap(jax.vmap(model.mean)(jnp.asarray(X)) + CPO[:, None])
+
+
+def _wrap(a):
+    return (np.asarray(a) + np.pi) % (2 * np.pi) - np.pi
+
+
+def _two_ray_world():
+    ap = np.asarray(SCENE.ap_positions) + RNG.normal(0, 1e-2, (M, 3))
+    scene = SCENE.replace(
+        ap_positions=ap,
+        ap_phase_offsets=OFFSETS,
+        antenna=dj.CosinePattern(1.7),
+        polarization="TM",
+    )
+    nominal = SCENE.replace(eps_r=4.0 - 0.5j, antenna=dj.CosinePattern(1.0))
+    return dj.TwoRayModel(scene), dj.TwoRayModel(nominal)
+
+
+def _room_world():
+    ap = np.asarray(SCENE.ap_positions).copy()
+    ap[:, :2] += RNG.normal(0, 5e-3, (M, 2))
+    walls = {"x0": "brick", "x1": "wood", "y0": "glass", "y1": "concrete"}
+    scene = SCENE.replace(ap_positions=ap, ap_phase_offsets=OFFSETS)
+    truth = dj.room_model(scene, ceiling="plasterboard", walls=walls, floor="concrete")
+    nominal = dj.room_model(SCENE, ceiling=3.0 - 0.1j, walls=3.0 - 0.1j, floor=3.0 - 0.1j)
+    return truth, nominal
+
+
+def test_two_ray_every_group_noise_free():
+    truth, nominal = _two_ray_world()
+    fit = ("ap_positions", "ap_phase_offsets", "surfaces", "antenna", "polarization")
+    cal = calibrate(
+        nominal, X, _noise_free(truth), jax.vmap(truth.variance)(X), fit=fit, num_steps=60
+    )
+    assert cal.polarization == "TM"
+    assert cal.log_likelihood_by_polarization[1] > cal.log_likelihood_by_polarization[0]
+    np.testing.assert_allclose(cal.values["ap_positions"], truth.scene.ap_positions, atol=1e-6)
+    offsets = _wrap(cal.values["ap_phase_offsets"] - (OFFSETS - OFFSETS[0]))
+    np.testing.assert_array_less(np.abs(offsets), 1e-6)
+    assert abs(complex(cal.values["surfaces"][0]) - complex(truth.scene.eps_r)) < 1e-6
+    assert abs(float(cal.values["antenna"]) - 1.7) < 1e-6
+    assert float(cal.reduced_chi2) < 1e-6
+    # the calibrated model is the world (up to the common offset of AP 0, a CPO)
+    diff = jax.vmap(cal.model.mean)(X) - jax.vmap(truth.mean)(X)
+    np.testing.assert_array_less(np.abs(_wrap(diff + OFFSETS[0])), 1e-6)
+
+
+def test_room_every_group_noise_free_mounted_aps_stay_on_the_ceiling():
+    truth, nominal = _room_world()
+    fit = ("ap_positions", "ap_phase_offsets", "surfaces")
+    cal = calibrate(nominal, X, _noise_free(truth), jax.vmap(truth.variance)(X), fit=fit)
+    np.testing.assert_allclose(cal.values["ap_positions"], truth.scene.ap_positions, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(cal.values["ap_positions"])[:, 2], 4.0)
+    np.testing.assert_array_equal(np.asarray(cal.stderr["ap_positions"])[:, 2], 0.0)
+    offsets = _wrap(cal.values["ap_phase_offsets"] - (OFFSETS - OFFSETS[0]))
+    np.testing.assert_array_less(np.abs(offsets), 1e-6)
+    # every AP is on the ceiling: no first-order path sees it, so it is not fitted
+    assert cal.surfaces == ("floor", "wall_x0", "wall_x1", "wall_y0", "wall_y1")
+    want = [complex(r.eps_r) for r in truth.reflectors if r.name in cal.surfaces]
+    np.testing.assert_allclose(cal.values["surfaces"], want, rtol=1e-6)
+
+
+def test_standard_errors_cover_the_truth_at_their_stated_rate():
+    """30 noisy data sets: |estimate - truth| <= 1.96 s.e. for about 95% of the parameters."""
+    truth = dj.TwoRayModel(
+        SCENE.replace(
+            ap_positions=np.asarray(SCENE.ap_positions) + RNG.normal(0, 1e-2, (M, 3)),
+            ap_phase_offsets=OFFSETS,
+        )
+    )
+    var = jax.vmap(truth.variance)(X)
+    covered, total = 0, 0
+    for seed in range(30):
+        r = dj.simulate_phases_batch(jax.random.key(100 + seed), truth, X, CPO)
+        cal = calibrate(dj.TwoRayModel(SCENE), X, r, var, fit=("ap_positions", "ap_phase_offsets"))
+        err = np.concatenate(
+            [
+                np.ravel(cal.values["ap_positions"] - truth.scene.ap_positions),
+                _wrap(cal.values["ap_phase_offsets"] - (OFFSETS - OFFSETS[0]))[1:],
+            ]
+        )
+        se = np.concatenate(
+            [np.ravel(cal.stderr["ap_positions"]), np.asarray(cal.stderr["ap_phase_offsets"])[1:]]
+        )
+        covered += int(np.sum(np.abs(err) <= 1.96 * se))
+        total += err.size
+    assert 0.92 <= covered / total <= 0.98, covered / total
+
+
+def test_a_wrong_model_says_so():
+    """A two-ray model fitted to room data: reduced chi-square far above 1, a warning, and
+    standard errors inflated by its square root."""
+    truth, _ = _room_world()
+    r = dj.simulate_phases_batch(jax.random.key(5), truth, X, CPO)
+    var = jax.vmap(truth.variance)(X)
+    with pytest.warns(UserWarning, match="reduced chi-square"):
+        cal = calibrate(dj.TwoRayModel(SCENE), X, r, var, fit=("ap_phase_offsets", "surfaces"))
+    assert float(cal.reduced_chi2) > 10.0
+    quiet = calibrate(
+        dj.TwoRayModel(SCENE), X, r, var, fit=("ap_phase_offsets", "surfaces"), warn=False
+    )
+    assert float(quiet.reduced_chi2) == float(cal.reduced_chi2)
+
+
+def test_unidentifiable_directions_get_huge_errors():
+    """Every label at one spot: an AP's phase centre is seen along one line of sight only,
+    so the errors across it must be enormous, not micrometres."""
+    x = np.repeat(X[:1], L, axis=0)
+    truth = dj.TwoRayModel(SCENE)
+    r = dj.simulate_phases_batch(jax.random.key(6), truth, x, CPO)
+    cal = calibrate(truth, x, r, jax.vmap(truth.variance)(x), fit="ap_positions", warn=False)
+    assert float(np.min(np.max(np.asarray(cal.stderr["ap_positions"]), axis=1))) > 1.0
+
+
+def test_closed_form_offsets_start_anywhere():
+    world = dj.TwoRayModel(SCENE.replace(ap_phase_offsets=OFFSETS))
+    got = offsets_closed_form(dj.TwoRayModel(SCENE), X, _noise_free(world))
+    np.testing.assert_array_less(np.abs(_wrap(got - (OFFSETS - OFFSETS[0]))), 1e-12)
+
+
+def test_fit_material_is_calibrate_of_the_surfaces():
+    truth = dj.TwoRayModel(SCENE)
+    r = dj.simulate_phases_batch(jax.random.key(7), truth, X, CPO)
+    var = jax.vmap(truth.variance)(X)
+    old = dj.calibration.fit_material(X, r, var, SCENE, polarization="TE")
+    new = calibrate(truth, X, r, var, fit="surfaces")
+    assert abs(complex(old.eps_r) - complex(new.values["surfaces"][0])) < 1e-9
+    assert abs(float(old.log_likelihood) - float(new.log_likelihood)) < 1e-6
+
+
+_ROOM = dj.room_model(SCENE, ceiling=3.0, walls=3.0, floor=3.0)
+
+
+@pytest.mark.parametrize(
+    ("model", "kwargs", "match"),
+    [
+        (dj.TwoRayModel(SCENE), {"fit": "ap_heights"}, "fit must name groups"),
+        (dj.TwoRayModel(SCENE), {"fit": ()}, "fit must name groups"),
+        (dj.TwoRayModel(SCENE), {"fit": ("surfaces", "surfaces")}, "must not repeat"),
+        (dj.TwoRayModel(SCENE), {"fit": "polarization"}, "continuous group"),
+        (dj.TwoRayModel(SCENE), {"fit": "antenna"}, "CosinePattern's exponent"),
+        (dj.TwoRayModel(dj.paper_scene(material="metal")), {"fit": "surfaces"}, "perfect"),
+        (SCENE, {"fit": "surfaces"}, "TwoRayModel or an ImageSourceModel"),
+        (_ROOM, {"fit": "surfaces", "surfaces": ["floor", "floor"]}, "must not repeat"),
+        (_ROOM, {"fit": "surfaces", "surfaces": ["roof"]}, "no reflector named 'roof'"),
+        (_ROOM, {"fit": "surfaces", "surfaces": ["ceiling"]}, "every AP is mounted"),
+        (_ROOM, {"fit": "ap_phase_offsets", "surfaces": ["floor"]}, "add 'surfaces' to fit"),
+        (_ROOM, {"fit": "surfaces", "starts": [1.0]}, "starts must be physical"),
+        (_ROOM, {"fit": "surfaces", "starts": ["metal"]}, "perfect conductor"),
+        (_ROOM, {"fit": "surfaces", "starts": [np.nan]}, "starts must be physical"),
+        (
+            _ROOM,
+            {"fit": "ap_positions", "free_axes": np.ones((M, 3), bool)},
+            "off the surface it is mounted on",
+        ),
+        (_ROOM, {"fit": "ap_positions", "free_axes": np.ones((M, 2), bool)}, "free_axes must"),
+        (_ROOM, {"fit": "ap_phase_offsets", "free_axes": np.ones((M, 3), bool)}, "add it to fit"),
+        (_ROOM, {"fit": "ap_phase_offsets", "num_steps": 0}, "num_steps"),
+    ],
+)
+def test_bad_calibration_requests_are_refused(model, kwargs, match):
+    var = np.full((L, M), 1e-6)
+    with pytest.raises(ValueError, match=match):
+        calibrate(model, X, np.zeros((L, M)), var, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("x", "r", "var", "match"),
+    [
+        (X[:, :2], np.zeros((L, M)), np.ones((L, M)), r"x must have shape \(N, 3\)"),
+        (X, np.zeros((L, M - 1)), np.ones((L, M)), r"r must have shape"),
+        (X, np.full((L, M), np.nan), np.ones((L, M)), "r must be finite"),
+        (X, np.zeros((L, M)), -np.ones((L, M)), "noise_var must be positive"),
+        (X + np.array([0.0, 0.0, 10.0]), np.zeros((L, M)), np.ones((L, M)), "ceiling"),
+        (np.vstack([SCENE.ap_positions[:1], X[1:]]), np.zeros((L, M)), np.ones((L, M)), "AP 0"),
+    ],
+)
+def test_bad_calibration_data_are_refused(x, r, var, match):
+    with pytest.raises(ValueError, match=match):
+        calibrate(_ROOM, x, r, var, fit="ap_phase_offsets")
