@@ -35,6 +35,7 @@ __all__ = [
     "watt_to_dbm",
     "db_to_linear",
     "thermal_noise_power",
+    "perturb_deployment",
     "sample_ap_positions",
     "sample_positions",
     "paper_scene",
@@ -360,6 +361,40 @@ def sample_positions(key: Array, num: int, scene: Scene) -> Array:
     check_int("num", num)
     u = jax.random.uniform(key, (num, 3), dtype=scene.ue_low.dtype)
     return scene.ue_low[None, :] + u * (scene.ue_high - scene.ue_low)[None, :]
+
+
+def perturb_deployment(
+    key: Array,
+    scene: Scene,
+    *,
+    position_std: float = 5e-3,
+    axes: tuple[int, ...] = (0, 1, 2),
+    random_offsets: bool = True,
+) -> Scene:
+    r"""A deployment as it really is: the surveyed ``scene`` with each AP's phase centre off
+    by :math:`\mathcal N(0, \sigma^2)` along ``axes`` (e.g. ``(0, 1)``: lateral only, for APs
+    mounted on the ceiling) and, with ``random_offsets``, per-AP phase offsets uniform on
+    :math:`[-\pi, \pi)` (unsynchronized oscillators). Same key, same world.
+
+    Raises:
+        ValueError: a negative or non-finite ``position_std``, axes outside {0, 1, 2}, or a
+            perturbation that puts an AP below the ground.
+    """
+    if not (np.isfinite(position_std) and position_std >= 0):
+        raise ValueError(f"position_std must be finite and >= 0 (m), got {position_std!r}")
+    if not axes or any(a not in (0, 1, 2) for a in axes) or len(set(axes)) != len(axes):
+        raise ValueError(f"axes must be distinct coordinates among (0, 1, 2), got {axes!r}")
+    k_pos, k_off = jax.random.split(key)
+    m = scene.num_aps
+    dtype = scene.ap_positions.dtype
+    mask = jnp.zeros(3, dtype).at[jnp.asarray(axes)].set(1.0)
+    noise = position_std * jax.random.normal(k_pos, (m, 3), dtype) * mask[None, :]
+    offsets = (
+        jax.random.uniform(k_off, (m,), dtype, minval=-jnp.pi, maxval=jnp.pi)
+        if random_offsets
+        else scene.ap_phase_offsets
+    )
+    return scene.replace(ap_positions=scene.ap_positions + noise, ap_phase_offsets=offsets)
 
 
 def paper_scene_data() -> dict[str, Any]:

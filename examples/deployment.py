@@ -1,0 +1,326 @@
+"""From the paper's world to a real deployment: self-calibrate the whole model from L labeled
+snapshots, then position under the calibrated model.
+
+The world (generated, then hidden from every method): the paper's 17 ceiling APs in its
+10 x 10 x 4 m room, each phase centre off its surveyed position by N(0, 5 mm) laterally
+(mounted on the ceiling), per-AP phase offsets uniform in [-pi, pi) (unsynchronized
+oscillators), a concrete floor, a plasterboard ceiling and four walls of different materials
+(brick, wood, glass, concrete; ITU-R P.2040 at 800 MHz); with ``--patch``, every AP is also a
+downward patch of exponent q = 1.7 that the method believes to be q = 1.
+
+Every method gets the same L = 50 labeled snapshots (P = -10 dBm) and positions the same test
+UEs (random CPOs). Rows: the PEB of the world; the surveyed nominal room (every surface
+guessed concrete, surveyed positions, no offsets) + MLE; the paper's GP pipeline (GP on the
+labeled snapshots, its lambda/4 table screen + 2 exact GP steps); two rays calibrated
+(phase centres, offsets, ground; walls ignored) + MLE; the room calibrated
+(``dj.calibration.calibrate``: phase centres within the ceiling, offsets, the five surfaces
+a path bounces off) + MLE; the true world + MLE. Every MLE is the certified lambda/8 table
+search over the UE region (``dj.egs``, table built beforehand) + Levenberg-Marquardt
+refinement. Also the calibration table: truth, estimate and standard error per group.
+
+    python examples/deployment.py                 # 1280 test UEs
+    python examples/deployment.py --quick         # 256 test UEs
+    python examples/deployment.py --patch         # patch antennas of unknown exponent too
+
+Writes ``OUT.json`` (rows, calibration table) and ``OUT.png`` (error CDFs; needs matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _helpers import pyplot, save_figure, write_json  # noqa: E402
+
+import dmimo_jax as dj  # noqa: E402
+from dmimo_jax import estimators as est  # noqa: E402
+from dmimo_jax import gp, pipeline  # noqa: E402
+from dmimo_jax.calibration import calibrate  # noqa: E402
+
+WALLS = {"x0": "brick", "x1": "wood", "y0": "glass", "y1": "concrete"}
+TRUE_EXPONENT, BELIEVED_EXPONENT = 1.7, 1.0
+
+
+def world(args):
+    """(true room, surveyed scene): the deployment as it is, and as it was surveyed."""
+    surveyed = dj.paper_scene(args.power_dbm, "concrete", convention="itu")
+    if args.patch:
+        surveyed = surveyed.replace(antenna=dj.CosinePattern(BELIEVED_EXPONENT))
+    real = dj.perturb_deployment(
+        jax.random.key(args.seed + 1000), surveyed, position_std=5e-3, axes=(0, 1)
+    )
+    if args.patch:
+        real = real.replace(antenna=dj.CosinePattern(TRUE_EXPONENT))
+    truth = dj.room_model(real, ceiling="plasterboard", walls=WALLS, floor="concrete")
+    return truth, surveyed
+
+
+def snapshots(key, model, scene, num):
+    """Positions in the UE region, CPOs, the world's noisy phases and its noise variances."""
+    k_x, k_cpo, k_noise = jax.random.split(key, 3)
+    x = dj.sample_positions(k_x, num, scene)
+    r = dj.simulate_phases_batch(k_noise, model, x, dj.random_cpos(k_cpo, num))
+    return x, r, jax.vmap(model.variance)(x)
+
+
+def mle(model, r):
+    """lambda/8 table search over the UE region (table built first, not timed) + refinement."""
+    scene = model.scene
+    t0 = time.perf_counter()
+    table = est.phasor_table(model, est.search_grid(scene, float(scene.wavelength) / 8, "ue"))
+    jax.block_until_ready(table.data)
+    t_table = time.perf_counter() - t0
+
+    def run(r):
+        coarse = [dj.egs(r[i : i + 128], model, table).x for i in range(0, len(r), 128)]
+        return dj.refine_batch(jnp.concatenate(coarse), r, model).x
+
+    jax.block_until_ready(run(r[:128]))  # compile outside the timing
+    t0 = time.perf_counter()
+    fine = jax.block_until_ready(run(r))
+    return np.asarray(fine), time.perf_counter() - t0, t_table
+
+
+def gp_pipeline(x_l, r_l, nv_l, scene, r):
+    """The paper's GP on the labeled snapshots, its lambda/4 table screen + 2 exact GP steps."""
+    t0 = time.perf_counter()
+    gp_model = pipeline.fit_phase_model(x_l, r_l, nv_l, scene)
+    screen = gp.TabulatedGPModel.from_model(gp_model, variance=False)
+    table = est.phasor_table(screen, est.search_grid(scene, float(scene.wavelength) / 4, "ue"))
+    jax.block_until_ready(table.data)
+    t_off = time.perf_counter() - t0
+
+    def run(r):
+        return dj.refine_batch(est.coarse_to_fine(r, screen, table).x, r, gp_model, num_steps=2).x
+
+    jax.block_until_ready(run(r[:128]))  # compile outside the timing
+    t0 = time.perf_counter()
+    fine = jax.block_until_ready(run(r))
+    return np.asarray(fine), time.perf_counter() - t0, t_off
+
+
+def score(method, x, fine, seconds, mean_peb, **extra):
+    e = np.linalg.norm(fine - np.asarray(x), axis=1)
+    rmse = float(np.sqrt(np.mean(e**2)))
+    return dict(
+        method=method,
+        fine_rmse_m=rmse,
+        fine_over_peb=rmse / mean_peb,
+        p99_m=float(np.percentile(e, 99)),
+        max_m=float(e.max()),
+        ms_per_snapshot=1e3 * seconds / len(e),
+        errors_m=e.tolist(),
+        **extra,
+    )
+
+
+def calibration_table(cal, truth, fit) -> list[dict]:
+    """Truth, estimate and standard error per group (summaries for the APs)."""
+    rows = []
+    if "ap_positions" in fit:
+        err = np.linalg.norm(
+            np.asarray(cal.values["ap_positions"]) - truth.scene.ap_positions, axis=1
+        )
+        se = np.linalg.norm(np.asarray(cal.stderr["ap_positions"]), axis=1)
+        rows.append(
+            dict(
+                group="ap_positions",
+                what="phase-centre error |estimate - truth| (17 APs)",
+                median=float(np.median(err)),
+                max=float(err.max()),
+                median_stderr=float(np.median(se)),
+                unit="m",
+            )
+        )
+    if "ap_phase_offsets" in fit:
+        want = np.asarray(truth.scene.ap_phase_offsets)
+        err = np.abs(
+            np.angle(np.exp(1j * (np.asarray(cal.values["ap_phase_offsets"]) - (want - want[0]))))
+        )
+        rows.append(
+            dict(
+                group="ap_phase_offsets",
+                what="offset error (relative to AP 0, the gauge)",
+                median=float(np.median(err[1:])),
+                max=float(err.max()),
+                median_stderr=float(np.median(np.asarray(cal.stderr["ap_phase_offsets"])[1:])),
+                unit="rad",
+            )
+        )
+    if "surfaces" in fit:
+        true_eps = {r.name: complex(r.eps_r) for r in truth.reflectors}
+        for name, e, s in zip(
+            cal.surfaces, cal.values["surfaces"], cal.stderr["surfaces"], strict=True
+        ):
+            t = true_eps.get(name, complex(truth.scene.eps_r))  # two rays: the ground
+            if name == "ground":
+                t = true_eps["floor"]
+            rows.append(
+                dict(
+                    group="surfaces",
+                    what=name,
+                    truth=[t.real, t.imag],
+                    estimate=[float(np.real(e)), float(np.imag(e))],
+                    stderr=[float(np.real(s)), float(np.imag(s))],
+                    relative_error=float(abs(complex(e) / t - 1)),
+                )
+            )
+    if "antenna" in fit:
+        rows.append(
+            dict(
+                group="antenna",
+                what="cosine exponent q",
+                truth=TRUE_EXPONENT,
+                estimate=float(cal.values["antenna"]),
+                stderr=float(cal.stderr["antenna"]),
+            )
+        )
+    return rows
+
+
+def print_tables(result):
+    print(f"\n{'method':<62} {'fine RMSE':>10} {'/ PEB':>8} {'p99':>10} {'max':>10} {'ms/snap':>8}")
+    for row in result["rows"]:
+        print(
+            f"{row['method']:<62} {row['fine_rmse_m']:10.3e} {row['fine_over_peb']:8.2f} "
+            f"{row['p99_m']:10.3e} {row['max_m']:10.3e} {row['ms_per_snapshot']:8.2f}"
+        )
+    for name, table in result["calibration"].items():
+        print(
+            f"\ncalibration: {name} ({table['seconds']:.1f} s, reduced chi2 {table['reduced_chi2']:.3f})"
+        )
+        for row in table["groups"]:
+            if "median" in row:
+                print(
+                    f"  {row['group']:<17} {row['what']:<48} median {row['median']:.3g} "
+                    f"max {row['max']:.3g} (s.e. {row['median_stderr']:.2g}) {row['unit']}"
+                )
+            else:
+                print(
+                    f"  {row['group']:<17} {row['what']:<48} truth {row['truth']} estimate "
+                    f"{np.round(row['estimate'], 5).tolist()} s.e. {np.round(row['stderr'], 5).tolist()}"
+                )
+
+
+def plot(result, path):
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for row in result["rows"]:
+        e = np.sort(row["errors_m"])
+        ax.semilogx(e, np.arange(1, e.size + 1) / e.size, label=row["method"])
+    ax.axvline(result["mean_peb_m"], color="k", ls=":", label="mean PEB of the world")
+    ax.set(
+        xlabel="position error (m)",
+        ylabel="ECDF",
+        title="A deployment as it is: calibrate, then locate",
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    save_figure(fig, path)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--power-dbm", type=float, default=-10.0)
+    ap.add_argument("--num-train", type=int, default=50)
+    ap.add_argument("--num-test", type=int, default=1280)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--patch", action="store_true", help="patch antennas of unknown exponent")
+    ap.add_argument("--quick", action="store_true", help="256 test UEs")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/deployment"))
+    ap.add_argument("--json", type=pathlib.Path, default=None, help="default OUT.json")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.num_test = 256
+    json_path = args.json or args.out.with_suffix(".json")
+    truth, surveyed = world(args)
+    key_train, key_test = jax.random.split(jax.random.key(args.seed))
+    x_l, r_l, nv_l = snapshots(key_train, truth, surveyed, args.num_train)
+    x, r, _ = snapshots(key_test, truth, surveyed, args.num_test)
+    pebs = np.asarray(dj.peb_map(x, truth))
+    mean_peb = float(pebs.mean())
+    print(
+        f"world: {truth}; {truth.scene}\nmean PEB {mean_peb:.3e} m (p99 {np.percentile(pebs, 99):.3e})"
+    )
+
+    nominal = dj.room_model(surveyed, ceiling="concrete", walls="concrete", floor="concrete")
+    fit_room = ("ap_positions", "ap_phase_offsets", "surfaces") + (
+        ("antenna",) if args.patch else ()
+    )
+    fit_two = ("ap_positions", "ap_phase_offsets", "surfaces") + (
+        ("antenna",) if args.patch else ()
+    )
+    rows, tables = [], {}
+    rows.append(
+        score("surveyed nominal room (ITU guesses) + MLE", x, *mle(nominal, r)[:2], mean_peb)
+    )
+    fine, t, t_off = gp_pipeline(x_l, r_l, nv_l, surveyed, r)
+    rows.append(
+        score(
+            f"paper's GP (L={args.num_train}) + lambda/4 screen + 2 GP steps",
+            x,
+            fine,
+            t,
+            mean_peb,
+            offline_s=t_off,
+        )
+    )
+    for name, model, fit in (
+        ("two rays", dj.TwoRayModel(surveyed), fit_two),
+        ("room", nominal, fit_room),
+    ):
+        t0 = time.perf_counter()
+        cal = calibrate(model, x_l, r_l, nv_l, fit=fit, warn=False)
+        t_cal = time.perf_counter() - t0
+        tables[name] = dict(
+            seconds=t_cal,
+            reduced_chi2=float(cal.reduced_chi2),
+            fit=list(fit),
+            groups=calibration_table(cal, truth, fit),
+        )
+        fine, t, t_table = mle(cal.model, r)
+        rows.append(
+            score(
+                f"{name} calibrated from L={args.num_train} + MLE",
+                x,
+                fine,
+                t,
+                mean_peb,
+                calibration_s=t_cal,
+                table_s=t_table,
+            )
+        )
+    rows.append(score("true world + MLE", x, *mle(truth, r)[:2], mean_peb))
+    result = dict(
+        power_dbm=args.power_dbm,
+        num_train=args.num_train,
+        num_test=args.num_test,
+        seed=args.seed,
+        patch=args.patch,
+        mean_peb_m=mean_peb,
+        p99_peb_m=float(np.percentile(pebs, 99)),
+        rows=rows,
+        calibration=tables,
+    )
+    print_tables(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(json_path, result)
+    plot(result, args.out.with_suffix(".png"))
+    print(f"\nwrote {json_path} and {args.out.with_suffix('.png')}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
