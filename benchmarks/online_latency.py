@@ -21,6 +21,7 @@ of the same tabulated GP model, refined the same way (screen refinement + exact 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import statistics
 import time
@@ -77,57 +78,45 @@ class Method:
 
 
 def build_methods(off, scene, args):
-    model, screen, table = off.model, off.screen, off.table
-    cheap_fine = lambda r, s: dj.refine_batch(s, r, model, num_steps=CHEAP_FINE_STEPS).x
+    screen, table = off.screen, off.table
     # the tabulated eq. (27): cubic mean + tabulated variance, no kernel evaluation online
     table_fine = lambda r, s: dj.refine_batch(s, r, screen, num_steps=TABLE_FINE_STEPS).x
-    exact_fine = lambda r, s: dj.refine_batch(s, r, model, num_steps=FINE_STEPS_EXACT).x
     methods = []
     for kind, label in (("popt", "paper_popt"), ("mlp", "mlp"), ("hi", "hi")):
         if kind not in off.estimators:
             continue
-        net, radius = off.estimators[kind], off.radii[kind]
-        # window_search screens the whole table (the whole-region fallback) when the window
-        # would hold more than 1/16 of it: then every snapshot "falls back"
-        points = (2 * int(np.ceil(min(radius, 9.5) / (float(scene.wavelength) / 4))) + 1) ** 3
-        whole = 16 * points >= table.grid.size
+        # the library's online stage: its window screens the whole table (the whole-region
+        # fallback) when it would hold more than 1/16 of it
+        loc = pipeline.locator(off, kind, fine="model", fine_steps=FINE_STEPS_EXACT)
         methods.append(
             Method(
-                f"{kind.upper()} ({args.preset}) + window r={radius:.2f} m + exact GP",
+                f"{kind.upper()} ({args.preset}) + window r={off.radii[kind]:.2f} m + exact GP",
                 label,
-                lambda r, n=net: pipeline.coarse_estimate(n, r),
-                lambda r, c, rad=radius: dj.window_search(
-                    r, screen, c, radius=rad, table=table, num_starts=8
-                ),
-                exact_fine,
-                fallback=lambda c, s, w=whole: np.full(c.shape[0], w),
+                loc.coarse,
+                loc.screen,
+                lambda r, s, loc=loc: loc.fine_stage(r, s.x).x,
+                fallback=lambda c, s: np.asarray(s.fallback),
             )
         )
     if "cells" in off.estimators:
-        net, cells = off.estimators["cells"], off.cells
         k = args.num_cells
-
-        def coarse_cells(r, n=net):
-            return pipeline.cell_probabilities(n, r, k)
-
-        def guard(r, c, min_mass=args.min_mass):  # the whole CandidateScreen (tiers kept)
-            return pipeline.screen_candidates(
-                r, *c, screen, cells, fallback_table=table, min_mass=min_mass
-            )
-
-        for fine_name, fine in (
-            (f"{TABLE_FINE_STEPS} tabulated eq. (27) steps", table_fine),
-            (f"{CHEAP_FINE_STEPS} exact GP steps", cheap_fine),
+        for fine_name, fine, steps in (
+            (f"{TABLE_FINE_STEPS} tabulated eq. (27) steps", "screen", TABLE_FINE_STEPS),
+            (f"{CHEAP_FINE_STEPS} exact GP steps", "model", CHEAP_FINE_STEPS),
         ):
+            loc = pipeline.locator(
+                off, "cells", num_cells=k, min_mass=args.min_mass, fine=fine, fine_steps=steps
+            )
+            unsure_too = dataclasses.replace(loc, min_mass=0.0)  # the screen without fallback
             methods.append(
                 Method(
                     f"cells top-{k} ({args.preset}) + two-tier cell screen + {fine_name}",
                     "learned",
-                    coarse_cells,
-                    guard,
-                    lambda r, s, f=fine: f(r, s.x),
+                    loc.coarse,
+                    loc.screen,
+                    lambda r, s, loc=loc: loc.fine_stage(r, s.x).x,
                     fallback=lambda c, s: np.asarray(s.fallback),
-                    nofallback=lambda r, c: guard(r, c, min_mass=0.0),
+                    nofallback=unsure_too.screen,
                 )
             )
     methods.append(
@@ -176,7 +165,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--methods", nargs="*", default=["popt", "cells", "mlp", "hi"])
     ap.add_argument("--num-cells", type=int, default=16)
     ap.add_argument("--min-mass", type=float, default=0.5)
-    ap.add_argument("--cache", type=pathlib.Path, default=pathlib.Path("cache"))
+    ap.add_argument(
+        "--cache", type=pathlib.Path, default=None, help="default: the user cache directory"
+    )
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)

@@ -160,30 +160,23 @@ class MLE:
 
 
 class Learned:
-    """A trained coarse estimator + the safeguard + GP refinement (the online stage)."""
+    """A trained coarse estimator + the safeguard window + exact GP refinement: the paper's
+    online stage, as the library's :class:`~dmimo_jax.pipeline.Locator` (timed per stage)."""
 
     def __init__(self, offline, kind):
-        self.off, self.kind = offline, kind
-        self.est = offline.estimators[kind]
+        self.loc = pipeline.locator(offline, kind, fine="model")
 
     def __call__(self, r):
-        coarse, t_coarse = _timed(lambda: pipeline.coarse_estimate(self.est, r))
-        out, t_all = _timed(
-            lambda: pipeline.locate(
-                r,
-                self.est,
-                self.off.model,
-                screen=self.off.screen,
-                radius=self.off.radii[self.kind],
-                table=self.off.table,
-            )
-        )
-        return np.asarray(coarse), np.asarray(out.fine), t_coarse, t_all - t_coarse
+        coarse, t_coarse = _timed(lambda: self.loc.coarse(r))
+        found, t_screen = _timed(lambda: self.loc.screen(r, coarse))
+        fine, t_fine = _timed(lambda: self.loc.fine_stage(r, found.x))
+        return np.asarray(coarse), np.asarray(fine.x), t_coarse, t_screen + t_fine
 
 
 class Candidates:
     """The cell classifier + the two-tier candidate screen + the fine stage on the tabulated
-    GP model of eq. (27) (beyond the paper), one stage at a time so each can be timed.
+    GP model of eq. (27) (beyond the paper): the library's :class:`~dmimo_jax.pipeline.Locator`,
+    one stage at a time so each can be timed.
 
     Per-stage times (coarse, safeguard, fine), the fallback and narrow-tier fractions and
     the cell recall (true cell among the K candidates) of the last call are kept in
@@ -191,30 +184,16 @@ class Candidates:
     """
 
     def __init__(self, offline, *, num_cells=16, min_mass=0.5, fine_steps=2):
-        self.off, self.num_cells, self.min_mass = offline, num_cells, min_mass
-        self.fine_steps = fine_steps
-        self.net = offline.estimators["cells"]
+        self.loc = pipeline.locator(
+            offline, "cells", num_cells=num_cells, min_mass=min_mass, fine_steps=fine_steps
+        )
         self.stats = {}
 
     def __call__(self, r, x_true=None):
-        off = self.off
-        (idx, probs), t_coarse = _timed(
-            lambda: pipeline.cell_probabilities(self.net, r, self.num_cells)
-        )
-        found, t_guard = _timed(
-            lambda: pipeline.screen_candidates(
-                r,
-                idx,
-                probs,
-                off.screen,
-                off.cells,
-                fallback_table=off.table,
-                min_mass=self.min_mass,
-            )
-        )
-        fine, t_fine = _timed(
-            lambda: refine_batch(found.x, r, off.screen, num_steps=self.fine_steps).x
-        )
+        loc = self.loc
+        coarse, t_coarse = _timed(lambda: loc.coarse(r))
+        found, t_guard = _timed(lambda: loc.screen(r, coarse))
+        fine, t_fine = _timed(lambda: loc.fine_stage(r, found.x).x)
         n = r.shape[0]
         self.stats = dict(
             ms_coarse=1e3 * t_coarse / n,
@@ -223,12 +202,12 @@ class Candidates:
             fallback_fraction=float(np.mean(np.asarray(found.fallback))),
             narrow_fraction=float(np.mean(np.asarray(found.narrow))),
         )
+        cells = loc.offline.cells.cells
         if x_true is not None:
-            true_cell = np.asarray(off.cells.cells.index(jnp.asarray(x_true)))
-            hit = np.any(np.asarray(idx) == true_cell[:, None], axis=1)
+            true_cell = np.asarray(cells.index(jnp.asarray(x_true)))
+            hit = np.any(np.asarray(coarse[0]) == true_cell[:, None], axis=1)
             self.stats["cell_recall"] = float(np.mean(hit))
-        coarse = np.asarray(off.cells.cells.centre(idx[:, 0]))
-        return coarse, np.asarray(fine), t_coarse, t_guard + t_fine
+        return np.asarray(loc.coarse_position(coarse)), np.asarray(fine), t_coarse, t_guard + t_fine
 
 
 def row(method, x, coarse, fine, t_coarse, t_fine, pebs, wall_s):

@@ -58,7 +58,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--num-cells", type=int, default=16, help="candidate cells per snapshot")
     ap.add_argument("--min-mass", type=float, default=0.5, help="fallback below this mass")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache", type=pathlib.Path, default=pathlib.Path("cache"))
+    ap.add_argument(
+        "--cache", type=pathlib.Path, default=None, help="default: the user cache directory"
+    )
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/quickstart"))
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)

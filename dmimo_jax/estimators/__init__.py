@@ -42,7 +42,7 @@ from dmimo_jax.estimators.mle import (
     refine_multistart,
     wrap_corrected_residuals,
 )
-from dmimo_jax.estimators.window import window_search
+from dmimo_jax.estimators.window import window_covers_table, window_search
 
 __all__ = [
     "CandidateResult",
@@ -73,6 +73,7 @@ __all__ = [
     "refine_batch",
     "refine_multistart",
     "search_grid",
+    "window_covers_table",
     "window_search",
     "wrap_corrected_residuals",
 ]

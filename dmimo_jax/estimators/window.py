@@ -13,6 +13,7 @@ the estimate in the right basin whenever the coarse error is below the radius.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,13 +26,32 @@ from dmimo_jax.estimators.grid import PhasorTable, coarse_to_fine
 from dmimo_jax.estimators.mle import check_lm_settings, compressed_residuals, refine_multistart
 from dmimo_jax.physics import PhaseModel
 
-__all__ = ["window_search"]
+__all__ = ["window_covers_table", "window_search"]
 
 
 def _window_offsets(radius: float, spacing: float) -> np.ndarray:
     n = int(np.ceil(radius / spacing))
     axis = np.arange(-n, n + 1) * spacing
     return np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)
+
+
+def window_points(radius: float, spacing: float, low: ArrayLike, high: ArrayLike) -> int:
+    """Points of a window cube of half-width ``radius`` (capped at the box's extent)."""
+    radius = min(float(radius), float(np.max(np.asarray(high) - np.asarray(low))))
+    return (2 * int(np.ceil(radius / spacing)) + 1) ** 3
+
+
+def window_covers_table(
+    scene: Any, radius: float, table: PhasorTable | None, spacing: float | None = None
+) -> bool:
+    """Whether :func:`window_search` screens the whole ``table`` instead of a window of
+    ``radius`` (the window would hold at least 1/16 of the table's points; the default
+    region and spacing): the coarse stage then adds nothing, a fallback to the region."""
+    if table is None:
+        return False
+    spacing = float(scene.wavelength) / 4 if spacing is None else float(spacing)
+    low, high = np.asarray(scene.ue_low) - 0.25, np.asarray(scene.ue_high) + 0.25
+    return 16 * window_points(radius, spacing, low, high) >= table.grid.size
 
 
 def window_search(
@@ -98,7 +118,7 @@ def window_search(
     check_lm_settings(num_steps, 1e-3)
     # a window wider than the region adds nothing: cap the radius at the region's extent
     radius = min(float(radius), float(jnp.max(high - low)))
-    count = (2 * int(np.ceil(radius / spacing)) + 1) ** 3
+    count = window_points(radius, spacing, low, high)
     if not (isinstance(num_starts, int) and 1 <= num_starts <= count):
         raise ValueError(f"num_starts must be an int in [1, {count}], got {num_starts!r}")
     # the table's coherence screen costs ~1/30 of a direct model evaluation per point

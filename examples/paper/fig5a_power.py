@@ -57,7 +57,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--num-samples", type=int, default=None)
     ap.add_argument("--preset", default="cpu", choices=["cpu", "paper"])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache", type=pathlib.Path, default=pathlib.Path("cache"))
+    ap.add_argument(
+        "--cache", type=pathlib.Path, default=None, help="default: the user cache directory"
+    )
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/fig5a_power"))
     args = ap.parse_args(argv)
     n = args.realizations or (256 if args.quick else 1280)

@@ -1,38 +1,15 @@
-r"""The offline/online positioning framework of Fig. 1, one function per stage.
+"""The online stage of Fig. 1: coarse estimate -> safeguard screen -> fine refinement.
 
-Offline (Steps 1-4):
-
-1. :func:`fit_phase_model`: L labeled snapshots -> the shared GP PhaseModel (Sec. III).
-2. :func:`make_training_set`: the GP PhaseModel -> a synthetic set on disk (Sec. III-C).
-3. :func:`train_estimator`: the synthetic set -> POPT (or the MLP / HI benchmarks) (Sec. IV).
-4. :func:`search_radius`: the trained estimator's validation errors -> the safeguard radius.
-
-Online (for every snapshot, batched):
-
-1. :func:`coarse_estimate`: the learned estimator's position (float32 network, returned
-   as float64).
-2. :func:`~dmimo_jax.estimators.window_search` (the safeguard): the LS cost of eq. (17)
-   on a :math:`\lambda/4` grid in a cube of half-width ``radius`` around the coarse
-   estimate, with the tabulated GP mean (:class:`~dmimo_jax.gp.TabulatedGPModel`),
-   then a multi-start refinement under the same cheap model.
-3. :func:`~dmimo_jax.estimators.refine_batch` with the exact GP PhaseModel (eq. 27 in
-   place of the analytic model): the fine estimate.
-
-:func:`locate` runs the three online steps.
-
-Beyond the paper, :func:`locate_candidates` replaces the regression network by a cell
-classifier: its most likely cells -> the two-tier candidate screen
-(:func:`screen_candidates`, the whole region only when the classifier itself is unsure)
--> refinement under the tabulated GP model of eq. (27) (``Offline.screen``: mean and
-variance read from tables, no kernel evaluation online).
+:func:`locate` (a regression network's position, the safeguard window, refinement) and, beyond
+the paper, :func:`locate_candidates` (a cell classifier's candidates, the two-tier candidate
+screen, the fine stage) compose the stages; :class:`Locator` holds one trained coarse stage
+with its screen and fine models and runs them one at a time (so each can be timed) or all at
+once.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import pathlib
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -49,122 +26,12 @@ from dmimo_jax.estimators import (
     CellTable,
     PhasorTable,
     candidate_search,
-    cell_grid,
-    cell_table,
     coarse_to_fine,
-    phasor_table,
     refine_batch,
-    search_grid,
+    window_covers_table,
     window_search,
 )
-from dmimo_jax.learning.cells import CellClassifier
-from dmimo_jax.learning.data import load_dataset, write_dataset
-from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator
-from dmimo_jax.learning.io import load_model, save_model
-from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
-from dmimo_jax.learning.popt import POPT, POPTConfig
-from dmimo_jax.learning.presets import CellsPreset, get_preset
-from dmimo_jax.learning.train import TrainConfig, train
 from dmimo_jax.physics import PhaseModel
-from dmimo_jax.scene import Scene
-
-__all__ = [
-    "CandidateOnlineResult",
-    "CandidateScreen",
-    "screen_candidates",
-    "HIEstimator",
-    "bucket_size",
-    "bucketed",
-    "cell_probabilities",
-    "locate_candidates",
-    "Offline",
-    "run_offline",
-    "OnlineResult",
-    "coarse_estimate",
-    "fit_phase_model",
-    "locate",
-    "make_training_set",
-    "search_radius",
-    "train_estimator",
-    "window_search",  # re-exported from dmimo_jax.estimators (its home)
-]
-
-
-# ----------------------------------------------------------------------------- offline
-
-#: the coarse estimators run_offline trains
-KINDS = ("popt", "mlp", "hi", "cells")
-
-
-def fit_phase_model(
-    x: ArrayLike, r: ArrayLike, noise_var: ArrayLike, scene: Scene, **fit_kwargs: Any
-) -> gp.GPPhaseModel:
-    """Step 1: fit the shared GP on L labeled snapshots (eqs. 23-24) and condition it (eq. 25).
-
-    ``scene`` supplies the geometry and wavelength only; its permittivity is not used.
-    """
-    result = gp.fit(x, r, noise_var, scene, **fit_kwargs)
-    return gp.GPPhaseModel.from_fit(result, x, r, noise_var, scene)
-
-
-def make_training_set(
-    path: str | pathlib.Path,
-    key: Array,
-    model: PhaseModel,
-    num: int,
-    *,
-    chunk_size: int = 8192,
-    progress: bool = True,
-):
-    """Step 2: write ``num`` synthetic snapshots of ``model`` to ``path`` (resumable) and
-    return them as memory-mapped arrays (``.x``, ``.r``, ``.cpo``)."""
-    write_dataset(path, key, model, num, chunk_size=chunk_size, progress=progress)
-    return load_dataset(path)
-
-
-def train_estimator(
-    kind: str,
-    data: Any,
-    scene: Scene,
-    *,
-    preset: str = "cpu",
-    config: TrainConfig | None = None,
-    network: POPTConfig | MLPConfig | None = None,
-    checkpoint_dir: str | pathlib.Path | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    on_epoch_end: Any = None,
-):
-    """Step 3: build and train ``kind`` in ``{"popt", "mlp", "hi", "cells"}`` on ``data``.
-
-    ``preset`` picks POPT's network and the loop settings (:data:`~dmimo_jax.learning.presets.PRESETS`);
-    ``config`` / ``network`` override them. Returns the :class:`~dmimo_jax.learning.train.TrainResult`.
-    """
-    p = get_preset(preset)
-    config = config or p.train
-    rngs = nnx.Rngs(seed)
-    low, high = scene.ue_low, scene.ue_high
-    if kind == "popt":
-        net = POPT(scene.num_aps, network or p.popt, low=low, high=high, rngs=rngs)
-    elif kind == "mlp":
-        net = MLPRegressor(scene.num_aps, network or MLPConfig(), low=low, high=high, rngs=rngs)
-    elif kind == "hi":
-        net = AmbiguityClassifier.for_scene(scene, network or MLPConfig(), rngs=rngs)
-    elif kind == "cells":
-        c = p.cells
-        cells = cell_grid(scene, c.cell_size)
-        net = CellClassifier(scene.num_aps, network or c.network, cells=cells, rngs=rngs)
-        config = config if config is not None and config is not p.train else c.train
-    else:
-        raise ValueError(f"kind must be 'popt', 'mlp', 'hi' or 'cells', got {kind!r}")
-    return train(
-        net,
-        data,
-        config,
-        checkpoint_dir=checkpoint_dir,
-        progress=progress,
-        on_epoch_end=on_epoch_end,
-    )
 
 
 def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
@@ -190,188 +57,6 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
 @partial(jax.jit, static_argnums=(0,))
 def _apply_network(graphdef: Any, state: Any, r: Array) -> Array:
     return nnx.merge(graphdef, state)(r)
-
-
-def search_radius(
-    estimator: Any,
-    r: ArrayLike,
-    x: ArrayLike,
-    *,
-    quantile: float = 1.0,
-    factor: float = 1.5,
-    minimum: float = 0.1,
-) -> float:
-    """Step 4: the safeguard radius from held-out errors: ``factor`` x their ``quantile``.
-
-    With the default (1.5 x the largest validation error, at least 10 cm) the window
-    covers every coarse error seen in validation with margin.
-    """
-    err = np.linalg.norm(np.asarray(coarse_estimate(estimator, r)) - np.asarray(x), axis=-1)
-    return float(max(minimum, factor * np.quantile(err, quantile)))
-
-
-class Offline(NamedTuple):
-    """Everything the online stage needs, from :func:`run_offline`."""
-
-    model: gp.GPPhaseModel  # the exact GP PhaseModel (fine refinement)
-    screen: gp.TabulatedGPModel  # mean and variance tables, eq. (27): screens, cheap fine
-    table: PhasorTable  # lambda/4 phasor table of ``screen`` over the UE region (wide windows)
-    estimators: dict  # kind -> coarse estimator (POPT / MLP network, HIEstimator)
-    radii: dict  # kind -> safeguard radius, m
-    info: dict  # kind -> training record (history, validation RMSE and max, radius)
-    cache: pathlib.Path  # the folder of this configuration
-    cells: CellTable | None = None  # the cell table of the "cells" estimator's screen
-
-
-def _config_key(scene: Scene, x: Array, r: Array, config: dict) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps(config, sort_keys=True).encode())
-    for a in (scene.ap_positions, scene.wavelength, x, r):
-        h.update(np.ascontiguousarray(np.asarray(a, np.float64)).tobytes())
-    return h.hexdigest()[:16]
-
-
-def run_offline(
-    x: ArrayLike,
-    r: ArrayLike,
-    noise_var: ArrayLike,
-    scene: Scene,
-    *,
-    kinds: tuple[str, ...] = ("popt",),
-    preset: str = "cpu",
-    num_samples: int | None = None,
-    cache_dir: str | pathlib.Path = "cache",
-    seed: int = 0,
-    progress: bool = True,
-    on_epoch_end: Any = None,
-    cells: CellsPreset | None = None,
-) -> Offline:
-    """Steps 1-4 for the estimators ``kinds``, cached by a key of their configuration.
-
-    The cache folder ``cache_dir/<key>`` (the key hashes the training snapshots, the scene
-    geometry, the preset, the sample count and the seed) holds the synthetic set and one
-    folder per estimator with its orbax checkpoints and final model. A finished model is
-    loaded instead of retrained; an interrupted synthesis or training resumes.
-
-    Args:
-        x, r, noise_var: the L labeled snapshots (positions, wrapped phases, noise variances).
-        scene: geometry and wavelength (its permittivity is not used).
-        kinds: estimators to train, from ``{"popt", "mlp", "hi"}``.
-        preset: ``"cpu"`` or ``"paper"`` (:data:`~dmimo_jax.learning.presets.PRESETS`).
-        num_samples: synthetic set size (default: the preset's).
-        cache_dir: root of the cache.
-        seed: seeds the synthetic set and the initializations.
-        progress: tqdm bars.
-        on_epoch_end: passed to :func:`~dmimo_jax.learning.train` (e.g. to stop at an
-            epoch boundary when a time budget is spent; the next call resumes).
-        cells: the cell classifier's settings (default: the preset's ``cells``).
-    """
-    p = get_preset(preset)
-    for kind in kinds:
-        if kind not in KINDS:
-            raise ValueError(f"kinds must be from {KINDS}, got {kind!r}")
-    num = p.num_samples if num_samples is None else int(num_samples)
-    x, r = jnp.asarray(x), jnp.asarray(r)
-    model = fit_phase_model(x, r, noise_var, scene)
-    screen = gp.TabulatedGPModel.from_model(model)
-    table = phasor_table(screen, search_grid(scene, float(scene.wavelength) / 4, region="ue"))
-    config = dict(
-        preset=preset,
-        num_samples=num,
-        seed=seed,
-        train=dataclasses.asdict(p.train),
-        popt=dataclasses.asdict(p.popt),
-    )
-    folder = pathlib.Path(cache_dir) / _config_key(scene, x, r, config)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    estimators, radii, info = {}, {}, {}
-    cell_corners = None
-    if "cells" in kinds:
-        settings = p.cells if cells is None else cells
-        net, meta, cell_corners = _offline_cells(
-            folder, screen, scene, settings, seed, progress, on_epoch_end
-        )
-        estimators["cells"], radii["cells"], info["cells"] = net, float(meta["radius"]), meta
-    if not [k for k in kinds if k != "cells"]:
-        return Offline(model, screen, table, estimators, radii, info, folder, cell_corners)
-    data = make_training_set(folder / "data", jax.random.key(seed), model, num, progress=progress)
-    n_val = max(1, int(round(p.train.val_fraction * num)))
-    val = slice(num - min(n_val, 4096), num)
-    for kind in (k for k in kinds if k != "cells"):
-        out = folder / kind / "model"
-        if (out / "spec.json").is_file():
-            net, meta = load_model(out)
-        else:
-            res = train_estimator(
-                kind,
-                data,
-                scene,
-                preset=preset,
-                checkpoint_dir=folder / kind / "ckpt",
-                seed=seed,
-                progress=progress,
-                on_epoch_end=on_epoch_end,
-            )
-            net = res.model
-            meta = dict(history=res.history)
-            est = HIEstimator(net, scene) if kind == "hi" else net
-            xv, rv = np.asarray(data.x[val]), np.asarray(data.r[val])
-            err = np.linalg.norm(np.asarray(coarse_estimate(est, rv)) - xv, axis=-1)
-            meta.update(
-                radius=search_radius(est, rv, xv),
-                val_rmse_m=float(np.sqrt(np.mean(err**2))),
-                val_max_m=float(err.max()),
-            )
-            save_model(out, net, meta=meta)
-        estimators[kind] = HIEstimator(net, scene) if kind == "hi" else net
-        radii[kind] = float(meta["radius"])
-        info[kind] = meta
-    return Offline(model, screen, table, estimators, radii, info, folder, cell_corners)
-
-
-def _offline_cells(folder, screen, scene, c, seed, progress, on_epoch_end):
-    """The cell classifier of settings ``c`` (its own synthetic set from the tabulated GP
-    mean, cached under ``folder/cells-<hash of its settings>``) and the cell table."""
-    settings = dataclasses.asdict(c)
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    sub = folder / f"cells-{digest}"
-    sub.mkdir(parents=True, exist_ok=True)
-    (sub / "config.json").write_text(json.dumps(settings, indent=1))
-    out = sub / "model"
-    if (out / "spec.json").is_file():
-        net, meta = load_model(out)
-    else:
-        # the tabulated GP mean synthesizes ~100x faster than the exact GP (same mean to
-        # ~1e-5 rad): the classifier needs about a million samples
-        data = make_training_set(
-            sub / "data",
-            jax.random.key(seed + 1),
-            screen.without_variance(),  # the GP mean + the LoS phase noise
-            c.num_samples,
-            chunk_size=65536,
-            progress=progress,
-        )
-        net = CellClassifier(
-            scene.num_aps, c.network, cells=cell_grid(scene, c.cell_size), rngs=nnx.Rngs(seed)
-        )
-        res = train(
-            net,
-            data,
-            c.train,
-            checkpoint_dir=sub / "ckpt",
-            progress=progress,
-            on_epoch_end=on_epoch_end,
-        )
-        net = res.model
-        n_val = max(1, int(round(c.train.val_fraction * c.num_samples)))
-        xv = np.asarray(data.x[c.num_samples - n_val :])
-        rv = np.asarray(data.r[c.num_samples - n_val :])
-        miss = np.asarray(net.error(rv, xv))
-        meta = dict(history=res.history, val_top_k_miss=float(miss.mean()), radius=c.cell_size)
-        save_model(out, net, meta=meta)
-    table = cell_table(screen, cell_grid(scene, c.cell_size))  # float64 corners
-    return net, meta, table
 
 
 # ----------------------------------------------------------------------------- online
@@ -648,3 +333,164 @@ def locate_candidates(
     return CandidateOnlineResult(
         cells, found.mass, found.fallback, found.narrow, found.x, fine.x, fine.cost, fine.cpo
     )
+
+
+# ----------------------------------------------------------------------------- one Locator
+
+
+class LocatorResult(NamedTuple):
+    """Output of :class:`Locator` (leading batch axis B)."""
+
+    x: Array  # (B, 3) the fine estimates, m
+    fallback: Array  # (B,) bool: the whole region was screened (the coarse stage was unsure)
+    coarse: Array  # (B, 3) the coarse position (for cells: the most likely cell's centre)
+    screened: Array  # (B, 3) the screen's refined best point
+    cost: Array  # (B,) ML cost (eq. 17) of ``x`` under the fine model
+    cpo: Array  # (B,) CPO estimate at ``x``
+
+
+@dataclasses.dataclass(frozen=True)
+class Locator:
+    """The online stage of one trained coarse estimator: coarse -> screen -> fine.
+
+    Build it with :func:`locator`. Each stage is a method, so a benchmark can time them one
+    at a time; ``locator(r)`` runs all three and equals :func:`locate_candidates` (cells) or
+    :func:`locate` (POPT, MLP, HI) with the same settings.
+
+    Attributes:
+        offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
+        kind: ``"cells"``, ``"popt"``, ``"mlp"`` or ``"hi"`` (one of ``offline.estimators``).
+        num_cells, first_cells, first_mass, min_mass: the candidate screen's tiers (cells,
+            :func:`screen_candidates`).
+        num_starts: refinement starts of the screen (default 4 for cells, 8 for a window).
+        screen_steps: LM steps of each start (default 4 for cells, 15 for a window).
+        fine_steps: LM steps of the fine stage (default 2 for cells, 15 for a window).
+        fine: ``"screen"`` (default: the screen's model; for the GP its tables of eq. 27, no
+            kernel online) or ``"model"`` (``offline.model``: the exact GP).
+    """
+
+    offline: Any
+    kind: str = "cells"
+    num_cells: int = 16
+    first_cells: int | None = None
+    first_mass: float = 0.999
+    min_mass: float = 0.5
+    num_starts: int | None = None
+    screen_steps: int | None = None
+    fine_steps: int | None = None
+    fine: str = "screen"
+
+    def __post_init__(self):
+        estimators = getattr(self.offline, "estimators", None)
+        if estimators is None:
+            raise ValueError(
+                f"offline must be run_offline's result, got {type(self.offline).__name__}"
+            )
+        if self.kind not in estimators:
+            raise ValueError(
+                f"kind={self.kind!r} was not trained in this offline stage (it has "
+                f"{sorted(estimators)}): pass it in run_offline(kinds=...)"
+            )
+        if self.fine not in ("screen", "model"):
+            raise ValueError(f"fine must be 'screen' or 'model', got {self.fine!r}")
+        cells = self.kind == "cells"
+        defaults = dict(
+            num_starts=4 if cells else 8,
+            screen_steps=4 if cells else 15,
+            fine_steps=2 if cells else 15,
+        )
+        for name, default in defaults.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, default)
+            check_int(name, getattr(self, name), minimum=1)
+        if cells:
+            check_int("num_cells", self.num_cells, minimum=1)
+            own = self.estimator.cells.num_cells
+            if self.num_cells > own:
+                raise ValueError(f"num_cells={self.num_cells} exceeds the classifier's {own} cells")
+
+    @property
+    def estimator(self) -> Any:
+        """The trained coarse estimator."""
+        return self.offline.estimators[self.kind]
+
+    @property
+    def fine_model(self) -> PhaseModel:
+        """The model of the fine stage."""
+        return self.offline.screen if self.fine == "screen" else self.offline.model
+
+    def _snapshots(self, r: ArrayLike) -> Array:
+        r = jnp.asarray(r)
+        r = r[None, :] if r.ndim == 1 else r
+        check_phases("r", r, self.offline.screen.num_aps, batched=True)
+        return r.astype(jnp.result_type(float))
+
+    def coarse(self, r: ArrayLike) -> Any:
+        """Stage 1: ``(cells, probs)`` (B, K) for the classifier, else positions (B, 3)."""
+        r = self._snapshots(r)
+        if self.kind == "cells":
+            return cell_probabilities(self.estimator, r, self.num_cells)
+        return coarse_estimate(self.estimator, r)
+
+    def screen(self, r: ArrayLike, coarse: Any) -> CandidateScreen:
+        """Stage 2, the safeguard: the candidate screen (cells) or the window (regression)."""
+        r = self._snapshots(r)
+        off = self.offline
+        if self.kind == "cells":
+            cells, probs = coarse
+            return screen_candidates(
+                r,
+                cells,
+                probs,
+                off.screen,
+                off.cells,
+                fallback_table=off.table,
+                first_cells=self.first_cells,
+                first_mass=self.first_mass,
+                min_mass=self.min_mass,
+                num_starts=self.num_starts,
+                screen_steps=self.screen_steps,
+            )
+        radius = off.radii[self.kind]
+        xs = window_search(
+            r,
+            off.screen,
+            coarse,
+            radius=radius,
+            num_starts=self.num_starts,
+            num_steps=self.screen_steps,
+            table=off.table,
+        )
+        whole = window_covers_table(off.screen.scene, radius, off.table)
+        n = r.shape[0]
+        return CandidateScreen(
+            xs, jnp.zeros(n, bool), jnp.full(n, whole), jnp.full(n, jnp.nan, xs.dtype)
+        )
+
+    def fine_stage(self, r: ArrayLike, screened: ArrayLike) -> Any:
+        """Stage 3: ``fine_steps`` Levenberg-Marquardt steps under :attr:`fine_model`."""
+        r = self._snapshots(r)
+        return refine_batch(
+            jnp.asarray(screened, r.dtype), r, self.fine_model, num_steps=self.fine_steps
+        )
+
+    def coarse_position(self, coarse: Any) -> Array:
+        """The coarse stage's position (B, 3): the most likely cell's centre for cells."""
+        if self.kind == "cells":
+            return self.offline.cells.cells.centre(coarse[0][:, 0])
+        return coarse
+
+    def __call__(self, r: ArrayLike) -> LocatorResult:
+        """All three stages on (M,) or (B, M) wrapped phases."""
+        r = self._snapshots(r)
+        coarse = self.coarse(r)
+        found = self.screen(r, coarse)
+        fine = self.fine_stage(r, found.x)
+        return LocatorResult(
+            fine.x, found.fallback, self.coarse_position(coarse), found.x, fine.cost, fine.cpo
+        )
+
+
+def locator(offline: Any, kind: str = "cells", **settings: Any) -> Locator:
+    """The :class:`Locator` of ``offline``'s estimator ``kind`` (settings as its attributes)."""
+    return Locator(offline, kind, **settings)

@@ -1,0 +1,93 @@
+r"""The offline/online positioning framework of Fig. 1, one function per stage.
+
+Offline (Steps 1-4):
+
+1. :func:`fit_phase_model`: L labeled snapshots -> the shared GP PhaseModel (Sec. III).
+2. :func:`make_training_set`: the GP PhaseModel -> a synthetic set on disk (Sec. III-C).
+3. :func:`train_estimator`: the synthetic set -> POPT (or the MLP / HI benchmarks) (Sec. IV).
+4. :func:`search_radius`: the trained estimator's validation errors -> the safeguard radius.
+
+Online (for every snapshot, batched):
+
+1. :func:`coarse_estimate`: the learned estimator's position (float32 network, returned
+   as float64).
+2. :func:`~dmimo_jax.estimators.window_search` (the safeguard): the LS cost of eq. (17)
+   on a :math:`\lambda/4` grid in a cube of half-width ``radius`` around the coarse
+   estimate, with the tabulated GP mean (:class:`~dmimo_jax.gp.TabulatedGPModel`),
+   then a multi-start refinement under the same cheap model.
+3. :func:`~dmimo_jax.estimators.refine_batch` with the exact GP PhaseModel (eq. 27 in
+   place of the analytic model): the fine estimate.
+
+:func:`locate` runs the three online steps.
+
+Beyond the paper, :func:`locate_candidates` replaces the regression network by a cell
+classifier: its most likely cells -> the two-tier candidate screen
+(:func:`screen_candidates`, the whole region only when the classifier itself is unsure)
+-> refinement under the tabulated GP model of eq. (27) (``Offline.screen``: mean and
+variance read from tables, no kernel evaluation online).
+
+Beyond the paper too, every step runs on **any PhaseModel**: ``run_offline(..., model=m)``
+with a calibrated two-ray or room model (:func:`~dmimo_jax.calibration.calibrate`) fits no
+GP and trains, screens and refines under ``m``. :func:`locator` gives the one online object
+(:class:`Locator`: ``coarse``, ``screen``, ``fine_stage`` and ``__call__``).
+
+Modules: :mod:`~dmimo_jax.pipeline.offline` (steps 1-4), :mod:`~dmimo_jax.pipeline.online`
+(the stages and the Locator), :mod:`~dmimo_jax.pipeline.cache` (where the offline work is
+kept and the key that names it).
+"""
+
+from dmimo_jax.estimators import window_search
+from dmimo_jax.learning.hi import HIEstimator
+from dmimo_jax.pipeline.cache import CACHE_ENV, cache_key, default_cache_dir
+from dmimo_jax.pipeline.offline import (
+    KINDS,
+    Offline,
+    fit_phase_model,
+    make_training_set,
+    run_offline,
+    search_radius,
+    train_estimator,
+)
+from dmimo_jax.pipeline.online import (
+    CandidateOnlineResult,
+    CandidateScreen,
+    Locator,
+    LocatorResult,
+    OnlineResult,
+    bucket_size,
+    bucketed,
+    cell_probabilities,
+    coarse_estimate,
+    locate,
+    locate_candidates,
+    locator,
+    screen_candidates,
+)
+
+__all__ = [
+    "CACHE_ENV",
+    "KINDS",
+    "CandidateOnlineResult",
+    "CandidateScreen",
+    "HIEstimator",
+    "Locator",
+    "LocatorResult",
+    "Offline",
+    "OnlineResult",
+    "bucket_size",
+    "bucketed",
+    "cache_key",
+    "cell_probabilities",
+    "coarse_estimate",
+    "default_cache_dir",
+    "fit_phase_model",
+    "locate",
+    "locate_candidates",
+    "locator",
+    "make_training_set",
+    "run_offline",
+    "screen_candidates",
+    "search_radius",
+    "train_estimator",
+    "window_search",  # re-exported from dmimo_jax.estimators (its home)
+]

@@ -1,0 +1,343 @@
+"""The offline stage of Fig. 1: labeled snapshots -> phase model -> synthetic set -> networks.
+
+:func:`run_offline` runs every step for the requested coarse estimators, cached on disk by a
+key of everything that determines the result (:mod:`~dmimo_jax.pipeline.cache`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax import gp
+from dmimo_jax.estimators import (
+    CellTable,
+    PhasorTable,
+    cell_grid,
+    cell_table,
+    phasor_table,
+    search_grid,
+)
+from dmimo_jax.gp.kernel import check_training_data
+from dmimo_jax.learning.cells import CellClassifier
+from dmimo_jax.learning.data import load_dataset, write_dataset
+from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator
+from dmimo_jax.learning.io import load_model, save_model
+from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
+from dmimo_jax.learning.popt import POPT, POPTConfig
+from dmimo_jax.learning.presets import CellsPreset, get_preset
+from dmimo_jax.learning.train import TrainConfig, train
+from dmimo_jax.physics import PhaseModel
+from dmimo_jax.pipeline.cache import cache_key, default_cache_dir
+from dmimo_jax.pipeline.online import coarse_estimate
+from dmimo_jax.scene import Scene
+
+# ----------------------------------------------------------------------------- offline
+
+#: the coarse estimators run_offline trains
+KINDS = ("popt", "mlp", "hi", "cells")
+
+
+def fit_phase_model(
+    x: ArrayLike, r: ArrayLike, noise_var: ArrayLike, scene: Scene, **fit_kwargs: Any
+) -> gp.GPPhaseModel:
+    """Step 1: fit the shared GP on L labeled snapshots (eqs. 23-24) and condition it (eq. 25).
+
+    ``scene`` supplies the geometry and wavelength only; its permittivity is not used.
+    """
+    result = gp.fit(x, r, noise_var, scene, **fit_kwargs)
+    return gp.GPPhaseModel.from_fit(result, x, r, noise_var, scene)
+
+
+def make_training_set(
+    path: str | pathlib.Path,
+    key: Array,
+    model: PhaseModel,
+    num: int,
+    *,
+    chunk_size: int = 8192,
+    progress: bool = True,
+):
+    """Step 2: write ``num`` synthetic snapshots of ``model`` to ``path`` (resumable) and
+    return them as memory-mapped arrays (``.x``, ``.r``, ``.cpo``)."""
+    write_dataset(path, key, model, num, chunk_size=chunk_size, progress=progress)
+    return load_dataset(path)
+
+
+def train_estimator(
+    kind: str,
+    data: Any,
+    scene: Scene,
+    *,
+    preset: str = "cpu",
+    config: TrainConfig | None = None,
+    network: POPTConfig | MLPConfig | None = None,
+    checkpoint_dir: str | pathlib.Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    on_epoch_end: Any = None,
+):
+    """Step 3: build and train ``kind`` in ``{"popt", "mlp", "hi", "cells"}`` on ``data``.
+
+    ``preset`` picks POPT's network and the loop settings (:data:`~dmimo_jax.learning.presets.PRESETS`);
+    ``config`` / ``network`` override them. Returns the :class:`~dmimo_jax.learning.train.TrainResult`.
+    """
+    p = get_preset(preset)
+    config = config or p.train
+    rngs = nnx.Rngs(seed)
+    low, high = scene.ue_low, scene.ue_high
+    if kind == "popt":
+        net = POPT(scene.num_aps, network or p.popt, low=low, high=high, rngs=rngs)
+    elif kind == "mlp":
+        net = MLPRegressor(scene.num_aps, network or MLPConfig(), low=low, high=high, rngs=rngs)
+    elif kind == "hi":
+        net = AmbiguityClassifier.for_scene(scene, network or MLPConfig(), rngs=rngs)
+    elif kind == "cells":
+        c = p.cells
+        cells = cell_grid(scene, c.cell_size)
+        net = CellClassifier(scene.num_aps, network or c.network, cells=cells, rngs=rngs)
+        config = config if config is not None and config is not p.train else c.train
+    else:
+        raise ValueError(f"kind must be 'popt', 'mlp', 'hi' or 'cells', got {kind!r}")
+    return train(
+        net,
+        data,
+        config,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        on_epoch_end=on_epoch_end,
+    )
+
+
+def search_radius(
+    estimator: Any,
+    r: ArrayLike,
+    x: ArrayLike,
+    *,
+    quantile: float = 1.0,
+    factor: float = 1.5,
+    minimum: float = 0.1,
+) -> float:
+    """Step 4: the safeguard radius from held-out errors: ``factor`` x their ``quantile``.
+
+    With the default (1.5 x the largest validation error, at least 10 cm) the window
+    covers every coarse error seen in validation with margin.
+    """
+    err = np.linalg.norm(np.asarray(coarse_estimate(estimator, r)) - np.asarray(x), axis=-1)
+    return float(max(minimum, factor * np.quantile(err, quantile)))
+
+
+class Offline(NamedTuple):
+    """Everything the online stage needs, from :func:`run_offline`."""
+
+    model: PhaseModel  # the fine stage's model: the exact GP (eq. 27), or the given model
+    screen: PhaseModel  # the screens' model: the GP's tables (eq. 27), or the given model
+    table: PhasorTable  # lambda/4 phasor table of ``screen`` over the UE region (wide windows)
+    estimators: dict  # kind -> coarse estimator (POPT / MLP network, HIEstimator)
+    radii: dict  # kind -> safeguard radius, m
+    info: dict  # kind -> training record (history, validation RMSE and max, radius)
+    cache: pathlib.Path  # the folder of this configuration
+    cells: CellTable | None = None  # the cell table of the "cells" estimator's screen
+
+
+def _check_model(model: Any, scene: Scene, num_aps: int) -> None:
+    if isinstance(model, str):
+        if model != "gp":
+            raise ValueError(f"model must be 'gp' or a PhaseModel, got {model!r}")
+        return
+    missing = [a for a in ("mean", "variance", "scene", "num_aps") if not hasattr(model, a)]
+    if missing:
+        raise ValueError(
+            f"model must be 'gp' or a PhaseModel (mean, variance, scene, num_aps), got "
+            f"{type(model).__name__} (missing {', '.join(missing)})"
+        )
+    if model.num_aps != num_aps or scene.num_aps != num_aps:
+        raise ValueError(
+            f"model has {model.num_aps} APs and scene {scene.num_aps}, the snapshots r have "
+            f"{num_aps} columns: they must agree"
+        )
+    leaves = jax.tree_util.tree_leaves(model)
+    if not leaves or not all(
+        isinstance(v, jax.Array | np.ndarray | float | int | complex) for v in leaves
+    ):
+        raise ValueError(
+            f"model must be a pytree of arrays (its leaves enter the cache key), got "
+            f"{type(model).__name__} with leaves of types {sorted({type(v).__name__ for v in leaves})}"
+        )
+
+
+def run_offline(
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    scene: Scene,
+    *,
+    model: str | PhaseModel = "gp",
+    kinds: tuple[str, ...] = ("popt",),
+    preset: str = "cpu",
+    num_samples: int | None = None,
+    cache_dir: str | pathlib.Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    on_epoch_end: Any = None,
+    cells: CellsPreset | None = None,
+) -> Offline:
+    """Steps 1-4 for the estimators ``kinds``, cached by a key of everything that determines them.
+
+    With ``model="gp"`` (the paper) step 1 fits the shared GP on the labeled snapshots; its
+    tables (:class:`~dmimo_jax.gp.TabulatedGPModel`, eq. 27) serve the screens and the cell
+    classifier's synthetic set. With a PhaseModel (typically
+    ``calibration.calibrate(...).model``, a calibrated two-ray or room model) no GP is
+    fitted: synthesis, every network, the screens (its phasor tables over the UE region) and
+    the fine stage all use that model, and the labeled snapshots only enter the cache key.
+
+    The cache folder ``cache_dir/<key>`` (:func:`~dmimo_jax.pipeline.cache.cache_key` of the
+    labeled snapshots, every leaf of ``scene`` and ``model``, the preset, the sample count and
+    the seed) holds the synthetic sets and one folder per estimator with its orbax
+    checkpoints and final model. A finished model is loaded instead of retrained; an
+    interrupted synthesis or training resumes.
+
+    Args:
+        x, r, noise_var: the L labeled snapshots (positions, wrapped phases, noise variances).
+        scene: the deployment: UE region (what the networks cover), geometry, wavelength,
+            powers (with ``model="gp"``, its permittivity is not used).
+        model: ``"gp"`` or a PhaseModel of ``scene``'s M APs.
+        kinds: estimators to train, from ``{"popt", "mlp", "hi", "cells"}``.
+        preset: ``"cpu"`` or ``"paper"`` (:data:`~dmimo_jax.learning.presets.PRESETS`).
+        num_samples: synthetic set size (default: the preset's).
+        cache_dir: root of the cache (default :func:`~dmimo_jax.pipeline.cache.default_cache_dir`).
+        seed: seeds the synthetic set and the initializations.
+        progress: tqdm bars.
+        on_epoch_end: passed to :func:`~dmimo_jax.learning.train` (e.g. to stop at an
+            epoch boundary when a time budget is spent; the next call resumes).
+        cells: the cell classifier's settings (default: the preset's ``cells``).
+
+    Raises:
+        ValueError: an unknown kind, a model that is neither ``"gp"`` nor a PhaseModel of the
+            same M, bad labeled snapshots.
+    """
+    p = get_preset(preset)
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"kinds must be from {KINDS}, got {kind!r}")
+    check_training_data(x, r, noise_var, scene.num_aps)
+    _check_model(model, scene, np.shape(r)[1])
+    num = p.num_samples if num_samples is None else int(num_samples)
+    x, r, noise_var = (jnp.asarray(v) for v in (x, r, noise_var))
+    if isinstance(model, str):
+        fine = fit_phase_model(x, r, noise_var, scene)
+        screen = gp.TabulatedGPModel.from_model(fine)
+        cell_data_model = screen.without_variance()  # the GP mean + the LoS phase noise
+    else:
+        fine = screen = cell_data_model = model
+    table = phasor_table(screen, search_grid(scene, float(scene.wavelength) / 4, region="ue"))
+    config = dict(
+        model=model if isinstance(model, str) else type(model).__name__,
+        preset=preset,
+        num_samples=num,
+        seed=seed,
+        train=dataclasses.asdict(p.train),
+        popt=dataclasses.asdict(p.popt),
+    )
+    trees = (scene, x, r, noise_var) + (() if isinstance(model, str) else (model,))
+    root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
+    folder = root / cache_key(config, *trees)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    estimators, radii, info = {}, {}, {}
+    cell_corners = None
+    if "cells" in kinds:
+        settings = p.cells if cells is None else cells
+        net, meta, cell_corners = _offline_cells(
+            folder, cell_data_model, screen, scene, settings, seed, progress, on_epoch_end
+        )
+        estimators["cells"], radii["cells"], info["cells"] = net, float(meta["radius"]), meta
+    if not [k for k in kinds if k != "cells"]:
+        return Offline(fine, screen, table, estimators, radii, info, folder, cell_corners)
+    data = make_training_set(folder / "data", jax.random.key(seed), fine, num, progress=progress)
+    n_val = max(1, int(round(p.train.val_fraction * num)))
+    val = slice(num - min(n_val, 4096), num)
+    for kind in (k for k in kinds if k != "cells"):
+        out = folder / kind / "model"
+        if (out / "spec.json").is_file():
+            net, meta = load_model(out)
+        else:
+            res = train_estimator(
+                kind,
+                data,
+                scene,
+                preset=preset,
+                checkpoint_dir=folder / kind / "ckpt",
+                seed=seed,
+                progress=progress,
+                on_epoch_end=on_epoch_end,
+            )
+            net = res.model
+            meta = dict(history=res.history)
+            est = HIEstimator(net, scene) if kind == "hi" else net
+            xv, rv = np.asarray(data.x[val]), np.asarray(data.r[val])
+            err = np.linalg.norm(np.asarray(coarse_estimate(est, rv)) - xv, axis=-1)
+            meta.update(
+                radius=search_radius(est, rv, xv),
+                val_rmse_m=float(np.sqrt(np.mean(err**2))),
+                val_max_m=float(err.max()),
+            )
+            save_model(out, net, meta=meta)
+        estimators[kind] = HIEstimator(net, scene) if kind == "hi" else net
+        radii[kind] = float(meta["radius"])
+        info[kind] = meta
+    return Offline(fine, screen, table, estimators, radii, info, folder, cell_corners)
+
+
+def _offline_cells(folder, data_model, screen, scene, c, seed, progress, on_epoch_end):
+    """The cell classifier of settings ``c`` (its own synthetic set from ``data_model``,
+    cached under ``folder/cells-<hash of its settings>``) and the cell table of ``screen``."""
+    settings = dataclasses.asdict(c)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    sub = folder / f"cells-{digest}"
+    sub.mkdir(parents=True, exist_ok=True)
+    (sub / "config.json").write_text(json.dumps(settings, indent=1))
+    out = sub / "model"
+    if (out / "spec.json").is_file():
+        net, meta = load_model(out)
+    else:
+        # the classifier needs about a million samples: for the GP, its tabulated mean
+        # synthesizes ~100x faster than the exact GP (same mean to ~1e-5 rad)
+        data = make_training_set(
+            sub / "data",
+            jax.random.key(seed + 1),
+            data_model,
+            c.num_samples,
+            chunk_size=65536,
+            progress=progress,
+        )
+        net = CellClassifier(
+            scene.num_aps, c.network, cells=cell_grid(scene, c.cell_size), rngs=nnx.Rngs(seed)
+        )
+        res = train(
+            net,
+            data,
+            c.train,
+            checkpoint_dir=sub / "ckpt",
+            progress=progress,
+            on_epoch_end=on_epoch_end,
+        )
+        net = res.model
+        n_val = max(1, int(round(c.train.val_fraction * c.num_samples)))
+        xv = np.asarray(data.x[c.num_samples - n_val :])
+        rv = np.asarray(data.r[c.num_samples - n_val :])
+        miss = np.asarray(net.error(rv, xv))
+        meta = dict(history=res.history, val_top_k_miss=float(miss.mean()), radius=c.cell_size)
+        save_model(out, net, meta=meta)
+    table = cell_table(screen, cell_grid(scene, c.cell_size))  # float64 corners
+    return net, meta, table

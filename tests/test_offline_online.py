@@ -1,0 +1,195 @@
+"""The pipeline on any PhaseModel (issue 22): run_offline for every kind under a physical
+model, the cache key that covers everything, and the one Locator equal to the composed stages."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax import pipeline
+from dmimo_jax.learning import CellConfig, TrainConfig
+from dmimo_jax.learning.presets import CellsPreset
+
+# a 0.6 m x 0.6 m x 0.4 m UE region: small tables, 0.2 m cells
+SCENE = dj.paper_scene(-10.0, convention="itu").replace(
+    ue_low=jnp.array([5.0, 5.0, 1.5]),
+    ue_high=jnp.array([5.6, 5.6, 1.9]),
+    ap_phase_offsets=np.random.default_rng(0).uniform(-np.pi, np.pi, 17),
+)
+MODEL = dj.TwoRayModel(SCENE)
+CELLS = CellsPreset(
+    CellConfig(hidden=(64, 64), top_k=2),
+    TrainConfig(epochs=2, batch_size=200, peak_lr=3e-3, val_fraction=0.1),
+    4000,
+    cell_size=0.2,
+)
+
+
+def _labeled(num=20, seed=0, model=MODEL):
+    k_x, k_c, k_n = jax.random.split(jax.random.key(seed), 3)
+    x = dj.sample_positions(k_x, num, model.scene)
+    r = dj.simulate_phases_batch(k_n, model, x, dj.random_cpos(k_c, num))
+    return x, r, jax.vmap(model.variance)(x)
+
+
+LABELED = _labeled()
+
+
+def _offline(tmp, *, scene=SCENE, model=MODEL, labeled=LABELED, kinds=(), **kw):
+    kw = {"num_samples": 400, "cells": CELLS, "progress": False, **kw}
+    return pipeline.run_offline(*labeled, scene, model=model, kinds=kinds, cache_dir=tmp, **kw)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cache")
+    return tmp, _offline(tmp, kinds=("popt", "mlp", "hi", "cells"))
+
+
+def test_run_offline_trains_every_kind_under_the_given_model(trained):
+    tmp, off = trained
+    assert set(off.estimators) == {"popt", "mlp", "hi", "cells"}
+    assert off.model is MODEL and off.screen is MODEL  # no GP was fitted
+    for kind in ("popt", "mlp", "hi"):
+        assert off.radii[kind] >= 0.1 and np.isfinite(off.info[kind]["val_rmse_m"])
+    assert off.cache.parent == tmp
+    # a second call loads every network from the cache
+    again = _offline(tmp, kinds=("popt", "mlp", "hi", "cells"))
+    assert again.cache == off.cache
+    r = _labeled(4, seed=9)[1]
+    for kind in ("popt", "mlp"):
+        np.testing.assert_allclose(
+            pipeline.coarse_estimate(again.estimators[kind], r),
+            pipeline.coarse_estimate(off.estimators[kind], r),
+            rtol=1e-6,
+        )
+
+
+def test_cells_locator_equals_the_composed_stages(trained):
+    _, off = trained
+    x, r, _ = _labeled(16, seed=3)
+    loc = pipeline.locator(off, "cells", num_cells=4, first_cells=2)
+    out = loc(r)
+    ref = pipeline.locate_candidates(
+        r,
+        off.estimators["cells"],
+        MODEL,
+        screen=off.screen,
+        table=off.cells,
+        fallback_table=off.table,
+        num_cells=4,
+        first_cells=2,
+    )
+    np.testing.assert_array_equal(np.asarray(out.x), np.asarray(ref.fine))
+    np.testing.assert_array_equal(np.asarray(out.fallback), np.asarray(ref.fallback))
+    assert out.x.shape == (16, 3) and out.coarse.shape == (16, 3)
+    # stage by stage, as a benchmark times them
+    coarse = loc.coarse(r)
+    found = loc.screen(r, coarse)
+    np.testing.assert_array_equal(np.asarray(loc.fine_stage(r, found.x).x), np.asarray(out.x))
+    # the physical model's tables put the estimate in the right basin
+    assert float(np.max(np.linalg.norm(np.asarray(out.x) - np.asarray(x), axis=1))) < 1e-3
+
+
+@pytest.mark.parametrize("kind", ["popt", "mlp", "hi"])
+def test_window_locator_equals_locate(trained, kind):
+    _, off = trained
+    r = _labeled(8, seed=4)[1]
+    out = pipeline.locator(off, kind, fine="model")(r)
+    ref = pipeline.locate(
+        r,
+        off.estimators[kind],
+        off.model,
+        screen=off.screen,
+        radius=off.radii[kind],
+        table=off.table,
+    )
+    np.testing.assert_array_equal(np.asarray(out.x), np.asarray(ref.fine))
+    np.testing.assert_array_equal(np.asarray(out.coarse), np.asarray(ref.coarse))
+    assert out.fallback.shape == (8,)
+
+
+def _folder(tmp, **changes):
+    labeled = changes.pop("labeled", LABELED)
+    model = changes.pop("model", MODEL)
+    return _offline(tmp, model=model, labeled=labeled, **changes).cache
+
+
+def test_the_cache_key_covers_everything_that_determines_the_result(tmp_path):
+    base = _folder(tmp_path)
+    assert _folder(tmp_path) == base
+    x, r, nv = LABELED
+    other_region = SCENE.replace(ue_high=jnp.array([5.6, 5.6, 2.0]))
+    changed = {
+        "region": dict(scene=other_region, model=dj.TwoRayModel(other_region)),
+        "noise": dict(labeled=(x, r, 2 * nv)),
+        "phases": dict(labeled=(x, r + 1e-3, nv)),
+        "power": dict(model=dj.TwoRayModel(SCENE.replace(tx_power=2 * SCENE.tx_power))),
+        "offsets": dict(model=dj.TwoRayModel(SCENE.replace(ap_phase_offsets=np.zeros(17)))),
+        "antenna": dj.TwoRayModel(SCENE.replace(antenna=dj.CosinePattern(1.0))),
+        "polarization": dj.TwoRayModel(SCENE.replace(polarization="TM")),
+        "room": dj.room_model(SCENE, walls="concrete"),
+        "seed": dict(seed=1),
+        "samples": dict(num_samples=500),
+        "preset": dict(preset="quick"),
+    }
+    folders = {}
+    for name, change in changed.items():
+        kwargs = change if isinstance(change, dict) else dict(model=change)
+        folders[name] = _folder(tmp_path, **kwargs)
+    assert base not in folders.values()
+    assert len(set(folders.values())) == len(folders), folders
+
+
+def test_cache_key_of_trees_and_settings():
+    key = pipeline.cache_key({"a": 1}, MODEL)
+    assert key == pipeline.cache_key({"a": 1}, dj.TwoRayModel(SCENE))
+    assert key != pipeline.cache_key({"a": 1}, dj.TwoRayModel(SCENE.replace(eps_r=5.0 - 0.5j)))
+    assert key != pipeline.cache_key({"a": 2}, MODEL)
+    assert key != pipeline.cache_key({"a": 1}, dj.room_model(SCENE))  # same numbers, other class
+
+
+def test_the_default_cache_is_the_users_not_the_working_directory(monkeypatch, tmp_path):
+    monkeypatch.delenv(pipeline.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert pipeline.default_cache_dir() == tmp_path / "xdg" / "dmimo_jax"
+    monkeypatch.setenv(pipeline.CACHE_ENV, str(tmp_path / "mine"))
+    assert pipeline.default_cache_dir() == tmp_path / "mine"
+    off = pipeline.run_offline(*LABELED, SCENE, model=MODEL, kinds=(), progress=False)
+    assert off.cache.parent == tmp_path / "mine"
+
+
+class _NotAModel:
+    scene = SCENE
+    num_aps = 17
+
+
+@pytest.mark.parametrize(
+    ("model", "match"),
+    [
+        ("gpx", "model must be 'gp' or a PhaseModel"),
+        (_NotAModel(), "missing mean, variance"),
+        (
+            dj.TwoRayModel(dj.paper_scene().replace(ap_positions=SCENE.ap_positions[:16])),
+            "must agree",
+        ),
+    ],
+)
+def test_run_offline_refuses_a_bad_model(tmp_path, model, match):
+    with pytest.raises(ValueError, match=match):
+        _offline(tmp_path, model=model)
+
+
+def test_locator_refuses_bad_settings(trained):
+    _, off = trained
+    with pytest.raises(ValueError, match="was not trained"):
+        pipeline.locator(off._replace(estimators={}), "cells")
+    with pytest.raises(ValueError, match="fine must be"):
+        pipeline.locator(off, "cells", fine="gp")
+    with pytest.raises(ValueError, match="num_cells=99 exceeds"):
+        pipeline.locator(off, "cells", num_cells=99)
+    with pytest.raises(ValueError, match="offline must be"):
+        pipeline.locator(object(), "cells")
+    with pytest.raises(ValueError, match=r"r must have shape"):
+        pipeline.locator(off, "cells", num_cells=4)(jnp.zeros((2, 16)))
