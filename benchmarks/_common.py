@@ -64,13 +64,14 @@ def write_json(path: pathlib.Path | None, rows: list[dict[str, Any]]) -> None:
     print(f"wrote {path}")
 
 
-def labeled_snapshots(scene: Any, num: int, seed: int, salt: int = 0):
-    """``num`` snapshots of the true two-ray channel: positions (num, 3), phases (num, M),
-    noise variances (num, M); ``salt`` separates training draws (0) from test draws."""
+def labeled_snapshots(scene: Any, num: int, seed: int, salt: int = 0, model: Any = None):
+    """``num`` snapshots of the true channel (``model``, default the scene's two-ray model) in
+    the scene's UE region: positions (num, 3), phases (num, M), noise variances (num, M);
+    ``salt`` separates training draws (0) from test draws."""
     import dmimo_jax as dj
 
     k_x, k_cpo, k_noise = jax.random.split(jax.random.key(salt + seed), 3)
-    truth = dj.TwoRayModel(scene)
+    truth = dj.TwoRayModel(scene) if model is None else model
     x = dj.sample_positions(k_x, num, scene)
     r = dj.simulate_phases_batch(k_noise, truth, x, dj.random_cpos(k_cpo, num))
     return x, r, jax.vmap(truth.variance)(x)

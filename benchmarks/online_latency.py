@@ -35,8 +35,8 @@ import numpy as np  # noqa: E402
 from _common import device_name, labeled_snapshots, print_table, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
+from dmimo_jax import calibration, pipeline  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
-from dmimo_jax import pipeline  # noqa: E402
 
 FINE_STEPS_EXACT = 15  # the paper pipeline's refinement with the exact GP model
 CHEAP_FINE_STEPS = 2  # exact steps after the tabulated-model refinement
@@ -77,7 +77,9 @@ class Method:
         return c, s, f, (t_c, t_s, t_f)
 
 
-def build_methods(off, scene, args):
+def build_methods(off, scene, args, mle_model=None):
+    """The methods of one run; ``mle_model`` (default: the matched two-ray model over the
+    room, the paper's world) is the model of the lambda/8 MLE row."""
     screen, table = off.screen, off.table
     # the tabulated eq. (27): cubic mean + tabulated variance, no kernel evaluation online
     table_fine = lambda r, s: dj.refine_batch(s, r, screen, num_steps=TABLE_FINE_STEPS).x
@@ -100,10 +102,14 @@ def build_methods(off, scene, args):
         )
     if "cells" in off.estimators:
         k = args.num_cells
-        for fine_name, fine, steps in (
-            (f"{TABLE_FINE_STEPS} tabulated eq. (27) steps", "screen", TABLE_FINE_STEPS),
-            (f"{CHEAP_FINE_STEPS} exact GP steps", "model", CHEAP_FINE_STEPS),
-        ):
+        fines = [(f"{TABLE_FINE_STEPS} tabulated eq. (27) steps", "screen", TABLE_FINE_STEPS)]
+        if mle_model is None:  # the GP: its tables or the exact GP (one model otherwise)
+            fines.append((f"{CHEAP_FINE_STEPS} exact GP steps", "model", CHEAP_FINE_STEPS))
+        else:
+            fines = [
+                (f"{TABLE_FINE_STEPS} steps of the calibrated model", "screen", TABLE_FINE_STEPS)
+            ]
+        for fine_name, fine, steps in fines:
             loc = pipeline.locator(
                 off, "cells", num_cells=k, min_mass=args.min_mass, fine=fine, fine_steps=steps
             )
@@ -119,20 +125,25 @@ def build_methods(off, scene, args):
                     nofallback=unsure_too.screen,
                 )
             )
+    what = "GP" if mle_model is None else "calibrated model's"
     methods.append(
         Method(
-            "screen: lambda/4 GP table + 8 starts (no network)",
+            f"screen: lambda/4 {what} table + 8 starts (no network)",
             "screen",
             lambda r: jnp.zeros((r.shape[0], 3)),
             lambda r, c: est.coarse_to_fine(r, screen, table).x,
             table_fine,
         )
     )
-    truth = dj.TwoRayModel(scene)
-    mle_table = est.phasor_table(truth, est.search_grid(scene, float(scene.wavelength) / 8))
+    if mle_model is None:  # the paper's world: the matched two-ray model, the room's grid
+        truth, region, label = dj.TwoRayModel(scene), "room", "matched two-ray"
+    else:  # the same calibrated model as the learned stage, over the UE region
+        truth, region, label = mle_model, "ue", "the calibrated model, UE region"
+    grid = est.search_grid(scene, float(scene.wavelength) / 8, region)
+    mle_table = est.phasor_table(truth, grid)
     methods.append(
         Method(
-            "MLE: lambda/8 EGS + refinement (matched two-ray)",
+            f"MLE: lambda/8 EGS + refinement ({label})",
             "mle",
             lambda r: dj.egs(r, truth, mle_table).x,
             lambda r, c: c,
@@ -162,7 +173,14 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--num-test", type=int, default=1280)
     ap.add_argument("--num-single", type=int, default=20)
     ap.add_argument("--preset", default="cpu", choices=["cpu", "paper"])
-    ap.add_argument("--methods", nargs="*", default=["popt", "cells", "mlp", "hi"])
+    ap.add_argument("--methods", nargs="*", default=None, help="default popt cells mlp hi")
+    ap.add_argument(
+        "--world",
+        default="paper",
+        choices=["paper", "deployment"],
+        help="deployment: calibration.synthetic_deployment's room, calibrated from the L "
+        "labeled snapshots; every stage then runs under the calibrated room",
+    )
     ap.add_argument("--num-cells", type=int, default=16)
     ap.add_argument("--min-mass", type=float, default=0.5)
     ap.add_argument(
@@ -173,8 +191,21 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     if args.quick:
         args.num_test, args.num_single = min(args.num_test, 256), min(args.num_single, 10)
-    scene = dj.paper_scene(args.power_dbm, args.material)
-    x, r, nv = labeled_snapshots(scene, args.L, args.seed)
+    model, truth, cal_s = "gp", None, None
+    if args.world == "deployment":
+        world = calibration.synthetic_deployment(args.power_dbm, seed=args.seed)
+        truth, scene = world.truth, world.surveyed
+        x, r, nv = labeled_snapshots(scene, args.L, args.seed, model=truth)
+        t0 = time.perf_counter()
+        fit = ("ap_positions", "ap_phase_offsets", "surfaces")
+        model = calibration.calibrate(world.nominal, x, r, nv, fit=fit).model
+        cal_s = time.perf_counter() - t0
+        print(f"calibrated {fit} from L = {args.L} in {cal_s:.1f} s")
+        args.methods = ["cells"] if args.methods is None else args.methods
+    else:
+        scene = dj.paper_scene(args.power_dbm, args.material)
+        x, r, nv = labeled_snapshots(scene, args.L, args.seed)
+    args.methods = ["popt", "cells", "mlp", "hi"] if args.methods is None else args.methods
     # one offline run per coarse stage, timed here (the library returns no timings);
     # a stage already in the cache loads in seconds (train_s then measures the loading)
     off, train_s = None, {}
@@ -185,6 +216,7 @@ def main(argv=None) -> list[dict]:
             r,
             nv,
             scene,
+            model=model,
             kinds=(kind,),
             preset=args.preset,
             cache_dir=args.cache,
@@ -201,14 +233,22 @@ def main(argv=None) -> list[dict]:
                 off = off._replace(cells=o.cells)
     if off is None:
         off = pipeline.run_offline(
-            x, r, nv, scene, kinds=(), preset=args.preset, cache_dir=args.cache, seed=args.seed
+            x,
+            r,
+            nv,
+            scene,
+            model=model,
+            kinds=(),
+            preset=args.preset,
+            cache_dir=args.cache,
+            seed=args.seed,
         )
     print(f"offline seconds per stage (GP fit included): {train_s}")
-    xt, rt, _ = labeled_snapshots(scene, args.num_test, args.seed, salt=10_000)
-    pebs = np.asarray(dj.peb_map(xt, scene))
+    xt, rt, _ = labeled_snapshots(scene, args.num_test, args.seed, salt=10_000, model=truth)
+    pebs = np.asarray(dj.peb_map(xt, scene if truth is None else truth))
     print(f"{args.num_test} test UEs; mean PEB {pebs.mean():.3e} m")
     x_ref = np.asarray(reference(rt, off, scene))
-    methods = build_methods(off, scene, args)
+    methods = build_methods(off, scene, args, None if truth is None else model)
     rows = []
     for m in methods:
         m.run(rt)  # compile, then the timed batched run
@@ -253,6 +293,8 @@ def main(argv=None) -> list[dict]:
             ms_per_snapshot_single=statistics.median(single),
             ms_single_std=statistics.stdev(single) if len(single) > 1 else 0.0,
             train_s=train_s.get({"paper_popt": "popt", "learned": "cells"}.get(m.kind, m.kind)),
+            calibration_s=cal_s,
+            world=args.world,
             num_test=n,
             **stats(err),
         )
@@ -279,7 +321,8 @@ def main(argv=None) -> list[dict]:
         ("ms_per_snapshot_single", "ms single", ".2f"),
         ("speedup_vs_mle", "x MLE", ".1f"),
     ]
-    print(f"device {device_name()}; {args.material}, P = {args.power_dbm} dBm, L = {args.L}")
+    where = args.material if args.world == "paper" else "deployment world (calibrated room)"
+    print(f"device {device_name()}; {where}, P = {args.power_dbm} dBm, L = {args.L}")
     print_table(rows, cols)
     write_json(args.json, rows)
     return rows

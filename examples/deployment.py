@@ -14,13 +14,17 @@ guessed concrete, surveyed positions, no offsets) + MLE; the paper's GP pipeline
 labeled snapshots, its lambda/4 table screen + 2 exact GP steps); two rays calibrated
 (phase centres, offsets, ground; walls ignored) + MLE; the room calibrated
 (``dj.calibration.calibrate``: phase centres within the ceiling, offsets, the five surfaces
-a path bounces off) + MLE; the true world + MLE. Every MLE is the certified lambda/8 table
+a path bounces off) + MLE; the calibrated room + the learned online stage (a cell classifier
+trained on the calibrated room, ``pipeline.run_offline(model=...)``: 16 candidate cells ->
+two-tier screen of the room's tables -> 2 refinement steps under the calibrated room); the
+true world + MLE. Every MLE is the certified lambda/8 table
 search over the UE region (``dj.egs``, table built beforehand) + Levenberg-Marquardt
 refinement. Also the calibration table: truth, estimate and standard error per group.
 
     python examples/deployment.py                 # 1280 test UEs
     python examples/deployment.py --quick         # 256 test UEs
     python examples/deployment.py --patch         # patch antennas of unknown exponent too
+    python examples/deployment.py --world two-ray --patch   # free APs off by N(0, 1 cm) in 3-D
 
 Writes ``OUT.json`` (rows, calibration table) and ``OUT.png`` (error CDFs; needs matplotlib).
 """
@@ -28,6 +32,7 @@ Writes ``OUT.json`` (rows, calibration table) and ``OUT.png`` (error CDFs; needs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import sys
 import time
@@ -45,24 +50,15 @@ from _helpers import pyplot, save_figure, write_json  # noqa: E402
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
 from dmimo_jax import gp, pipeline  # noqa: E402
-from dmimo_jax.calibration import calibrate  # noqa: E402
+from dmimo_jax.calibration import calibrate, synthetic_deployment  # noqa: E402
+from dmimo_jax.learning import get_preset  # noqa: E402
 
-WALLS = {"x0": "brick", "x1": "wood", "y0": "glass", "y1": "concrete"}
-TRUE_EXPONENT, BELIEVED_EXPONENT = 1.7, 1.0
+TRUE_EXPONENT = 1.7  # synthetic_deployment's default
 
 
 def world(args):
-    """(true room, surveyed scene): the deployment as it is, and as it was surveyed."""
-    surveyed = dj.paper_scene(args.power_dbm, "concrete", convention="itu")
-    if args.patch:
-        surveyed = surveyed.replace(antenna=dj.CosinePattern(BELIEVED_EXPONENT))
-    real = dj.perturb_deployment(
-        jax.random.key(args.seed + 1000), surveyed, position_std=5e-3, axes=(0, 1)
-    )
-    if args.patch:
-        real = real.replace(antenna=dj.CosinePattern(TRUE_EXPONENT))
-    truth = dj.room_model(real, ceiling="plasterboard", walls=WALLS, floor="concrete")
-    return truth, surveyed
+    """(true world, surveyed scene, nominal model): ``calibration.synthetic_deployment``."""
+    return synthetic_deployment(args.power_dbm, seed=args.seed, world=args.world, patch=args.patch)
 
 
 def snapshots(key, model, scene, num):
@@ -73,11 +69,12 @@ def snapshots(key, model, scene, num):
     return x, r, jax.vmap(model.variance)(x)
 
 
-def mle(model, r):
+def mle(model, r, spacing_div=8):
     """lambda/8 table search over the UE region (table built first, not timed) + refinement."""
     scene = model.scene
     t0 = time.perf_counter()
-    table = est.phasor_table(model, est.search_grid(scene, float(scene.wavelength) / 8, "ue"))
+    spacing = float(scene.wavelength) / spacing_div
+    table = est.phasor_table(model, est.search_grid(scene, spacing, "ue"))
     jax.block_until_ready(table.data)
     t_table = time.perf_counter() - t0
 
@@ -107,6 +104,50 @@ def gp_pipeline(x_l, r_l, nv_l, scene, r):
     t0 = time.perf_counter()
     fine = jax.block_until_ready(run(r))
     return np.asarray(fine), time.perf_counter() - t0, t_off
+
+
+def learned(model, x_l, r_l, nv_l, x, r, args):
+    """The learned online stage trained on ``model`` (no GP): cells -> screen -> 2 steps."""
+    cells = get_preset(args.preset).cells
+    if args.num_samples is not None:  # a smaller synthetic set (and minibatch) for smoke runs
+        n = args.num_samples
+        train = dataclasses.replace(cells.train, batch_size=min(cells.train.batch_size, n // 10))
+        cells = dataclasses.replace(cells, num_samples=n, train=train)
+    t0 = time.perf_counter()
+    off = pipeline.run_offline(
+        x_l,
+        r_l,
+        nv_l,
+        model.scene,
+        model=model,
+        kinds=("cells",),
+        preset=args.preset,
+        cells=cells,
+        cache_dir=args.cache,
+        seed=args.seed,
+    )
+    t_off = time.perf_counter() - t0
+    loc = pipeline.locator(off, "cells")
+    jax.block_until_ready(loc(r).x)  # compile outside the timing
+    t0 = time.perf_counter()
+    coarse = jax.block_until_ready(loc.coarse(r))
+    t_coarse = time.perf_counter() - t0
+    found = jax.block_until_ready(loc.screen(r, coarse))
+    t_screen = time.perf_counter() - t0 - t_coarse
+    fine = jax.block_until_ready(loc.fine_stage(r, found.x).x)
+    t = time.perf_counter() - t0
+    true_cell = np.asarray(off.cells.cells.index(jnp.asarray(x)))
+    recall = np.any(np.asarray(coarse[0]) == true_cell[:, None], axis=1)
+    n = len(r)
+    extra = dict(
+        offline_s=t_off,
+        cell_recall=float(recall.mean()),
+        fallback_fraction=float(np.mean(np.asarray(found.fallback))),
+        ms_coarse=1e3 * t_coarse / n,
+        ms_screen=1e3 * t_screen / n,
+        ms_fine=1e3 * (t - t_coarse - t_screen) / n,
+    )
+    return np.asarray(fine), t, extra
 
 
 def score(method, x, fine, seconds, mean_peb, **extra):
@@ -195,6 +236,15 @@ def print_tables(result):
             f"{row['method']:<62} {row['fine_rmse_m']:10.3e} {row['fine_over_peb']:8.2f} "
             f"{row['p99_m']:10.3e} {row['max_m']:10.3e} {row['ms_per_snapshot']:8.2f}"
         )
+    for row in result["rows"]:
+        if "cell_recall" in row:
+            print(
+                f"learned stage: cell recall {row['cell_recall']:.4f}, fallback "
+                f"{row['fallback_fraction']:.4f}, agrees with the calibrated MLE within 1 mm "
+                f"{row['agrees_with_calibrated_mle']:.4f}; ms per snapshot coarse "
+                f"{row['ms_coarse']:.3f}, screen {row['ms_screen']:.3f}, fine {row['ms_fine']:.3f}; "
+                f"offline {row['offline_s']:.0f} s + calibration {row['calibration_s']:.1f} s"
+            )
     for name, table in result["calibration"].items():
         print(
             f"\ncalibration: {name} ({table['seconds']:.1f} s, reduced chi2 {table['reduced_chi2']:.3f})"
@@ -237,15 +287,22 @@ def main(argv=None) -> dict:
     ap.add_argument("--num-train", type=int, default=50)
     ap.add_argument("--num-test", type=int, default=1280)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--world", default="room", choices=["room", "two-ray"])
     ap.add_argument("--patch", action="store_true", help="patch antennas of unknown exponent")
     ap.add_argument("--quick", action="store_true", help="256 test UEs")
+    ap.add_argument("--preset", default="cpu", choices=["quick", "cpu", "paper"])
+    ap.add_argument("--spacing-div", type=int, default=8, help="MLE grid: lambda / this")
+    ap.add_argument("--num-samples", type=int, default=None, help="cells' synthetic set")
+    ap.add_argument(
+        "--cache", type=pathlib.Path, default=None, help="default: the user cache directory"
+    )
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/deployment"))
     ap.add_argument("--json", type=pathlib.Path, default=None, help="default OUT.json")
     args = ap.parse_args(argv)
     if args.quick:
         args.num_test = 256
     json_path = args.json or args.out.with_suffix(".json")
-    truth, surveyed = world(args)
+    truth, surveyed, nominal = world(args)
     key_train, key_test = jax.random.split(jax.random.key(args.seed))
     x_l, r_l, nv_l = snapshots(key_train, truth, surveyed, args.num_train)
     x, r, _ = snapshots(key_test, truth, surveyed, args.num_test)
@@ -255,16 +312,15 @@ def main(argv=None) -> dict:
         f"world: {truth}; {truth.scene}\nmean PEB {mean_peb:.3e} m (p99 {np.percentile(pebs, 99):.3e})"
     )
 
-    nominal = dj.room_model(surveyed, ceiling="concrete", walls="concrete", floor="concrete")
-    fit_room = ("ap_positions", "ap_phase_offsets", "surfaces") + (
-        ("antenna",) if args.patch else ()
-    )
-    fit_two = ("ap_positions", "ap_phase_offsets", "surfaces") + (
-        ("antenna",) if args.patch else ()
-    )
+    fit = ("ap_positions", "ap_phase_offsets", "surfaces") + (("antenna",) if args.patch else ())
     rows, tables = [], {}
     rows.append(
-        score("surveyed nominal room (ITU guesses) + MLE", x, *mle(nominal, r)[:2], mean_peb)
+        score(
+            f"surveyed nominal {args.world} (ITU guesses) + MLE",
+            x,
+            *mle(nominal, r, args.spacing_div)[:2],
+            mean_peb,
+        )
     )
     fine, t, t_off = gp_pipeline(x_l, r_l, nv_l, surveyed, r)
     rows.append(
@@ -277,10 +333,10 @@ def main(argv=None) -> dict:
             offline_s=t_off,
         )
     )
-    for name, model, fit in (
-        ("two rays", dj.TwoRayModel(surveyed), fit_two),
-        ("room", nominal, fit_room),
-    ):
+    calibrations = [("two rays", dj.TwoRayModel(surveyed))]
+    if args.world == "room":
+        calibrations.append(("room", nominal))
+    for name, model in calibrations:
         t0 = time.perf_counter()
         cal = calibrate(model, x_l, r_l, nv_l, fit=fit, warn=False)
         t_cal = time.perf_counter() - t0
@@ -290,7 +346,7 @@ def main(argv=None) -> dict:
             fit=list(fit),
             groups=calibration_table(cal, truth, fit),
         )
-        fine, t, t_table = mle(cal.model, r)
+        fine, t, t_table = mle(cal.model, r, args.spacing_div)
         rows.append(
             score(
                 f"{name} calibrated from L={args.num_train} + MLE",
@@ -302,12 +358,28 @@ def main(argv=None) -> dict:
                 table_s=t_table,
             )
         )
-    rows.append(score("true world + MLE", x, *mle(truth, r)[:2], mean_peb))
+    # the learned online stage under the last calibrated model: cells -> screen -> 2 steps
+    fine_learned, t, extra = learned(cal.model, x_l, r_l, nv_l, x, r, args)
+    agree = np.linalg.norm(fine_learned - fine, axis=1) < 1e-3  # vs the calibrated room's MLE
+    rows.append(
+        score(
+            f"{name} calibrated + learned cells -> screen -> 2 steps",
+            x,
+            fine_learned,
+            t,
+            mean_peb,
+            agrees_with_calibrated_mle=float(agree.mean()),
+            calibration_s=t_cal,
+            **extra,
+        ),
+    )
+    rows.append(score("true world + MLE", x, *mle(truth, r, args.spacing_div)[:2], mean_peb))
     result = dict(
         power_dbm=args.power_dbm,
         num_train=args.num_train,
         num_test=args.num_test,
         seed=args.seed,
+        world=args.world,
         patch=args.patch,
         mean_peb_m=mean_peb,
         p99_peb_m=float(np.percentile(pebs, 99)),

@@ -193,3 +193,23 @@ def test_ap_placement_example_tiny(tmp_path, monkeypatch):
     assert res["optimized"]["mean_m"] < res["paper"]["mean_m"]
     assert res["optimized_min_separation_m"] >= 1.0 * (1 - 1e-3)
     assert out.with_suffix(".png").exists()
+
+
+def test_deployment_example_tiny(tmp_path, monkeypatch):
+    """Calibration of a generated deployment, the learned stage on the calibrated room."""
+    out = tmp_path / "dep.json"
+    argv = ["--num-test", "16", "--num-samples", "2000", "--preset", "quick", "--spacing-div", "2"]
+    argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "d"), "--json", str(out)]
+    _run("examples/deployment.py", argv, monkeypatch)
+    result = json.loads(out.read_text())
+    rows = {r["method"].split(" + ")[0]: r for r in result["rows"]}
+    keys = {"fine_rmse_m", "fine_over_peb", "p99_m", "max_m", "ms_per_snapshot"}
+    assert all(keys <= set(r) for r in rows.values())
+    # the calibrated room is the world to the noise; the nominal room misses by metres
+    room = result["calibration"]["room"]
+    assert abs(room["reduced_chi2"] - 1) < 0.2
+    assert rows["room calibrated from L=50"]["fine_rmse_m"] < 1e-3
+    assert rows["surveyed nominal room (ITU guesses)"]["fine_rmse_m"] > 0.1
+    learned = rows["room calibrated"]
+    assert {"cell_recall", "fallback_fraction", "agrees_with_calibrated_mle"} <= set(learned)
+    assert (tmp_path / "cache").is_dir()

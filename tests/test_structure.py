@@ -105,6 +105,12 @@ def _public_pytrees():
         "CellTable": estimators.cell_table(SCENE, estimators.cell_grid(SCENE, 3.0), spacing=0.5),
         "Reflector": dj.Reflector((0.0, 0.0, 4.0), (0.0, 0.0, -1.0), 2.7 - 0.15j, name="ceiling"),
         "ImageSourceModel": dj.room_model(SCENE, walls="concrete"),
+        "IsotropicPattern": dj.IsotropicPattern(),
+        "CosinePattern": dj.CosinePattern(exponent=np.linspace(1.0, 2.0, 17)),
+        "DipolePattern": dj.DipolePattern(axis=(1.0, 0.0, 0.0)),
+        "Scene(deployment)": SCENE.replace(
+            antenna=dj.CosinePattern(1.5), ap_phase_offsets=np.linspace(-1.0, 1.0, 17)
+        ),
     }
 
 

@@ -13,8 +13,10 @@ from dmimo_jax.calibration.deployment import (
     CALIBRATION_STARTS,
     GROUPS,
     Calibration,
+    SyntheticDeployment,
     calibrate,
     offsets_closed_form,
+    synthetic_deployment,
 )
 from dmimo_jax.calibration.materials import (
     MaterialFit,
@@ -30,6 +32,7 @@ __all__ = [
     "CALIBRATION_STARTS",
     "GROUPS",
     "Calibration",
+    "SyntheticDeployment",
     "MaterialFit",
     "MaterialPosterior",
     "calibrate",
@@ -38,5 +41,6 @@ __all__ = [
     "log_likelihood",
     "material_posterior",
     "offsets_closed_form",
+    "synthetic_deployment",
     "with_permittivities",
 ]

@@ -50,7 +50,7 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,11 +65,14 @@ from dmimo_jax.estimators.mle import compressed_residuals, cpo_estimate
 from dmimo_jax.gp.kernel import check_training_data
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import wrap
-from dmimo_jax.physics import ImageSourceModel, PhaseModel, TwoRayModel
+from dmimo_jax.physics import ImageSourceModel, PhaseModel, TwoRayModel, room_model
 from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
 from dmimo_jax.pytree import pytree_dataclass, static_field
+from dmimo_jax.scene import Scene, paper_scene, perturb_deployment
 
 __all__ = [
+    "SyntheticDeployment",
+    "synthetic_deployment",
     "CALIBRATION_STARTS",
     "GROUPS",
     "Calibration",
@@ -674,3 +677,62 @@ def calibrate(
         fit=fit,
         surfaces=tuple(names),
     )
+
+
+# ------------------------------------------------------------------ a world to calibrate
+
+
+class SyntheticDeployment(NamedTuple):
+    """Output of :func:`synthetic_deployment`."""
+
+    truth: Any  # the world as it is (hidden from the methods)
+    surveyed: Scene  # the deployment as surveyed: nominal positions, no offsets
+    nominal: Any  # the model a user writes down from the survey (ITU guesses)
+
+
+ROOM_WALLS = {"x0": "brick", "x1": "wood", "y0": "glass", "y1": "concrete"}
+"""The walls of :func:`synthetic_deployment`'s room (ITU-R P.2040 names)."""
+
+
+def synthetic_deployment(
+    power_dbm: float = -10.0,
+    *,
+    seed: int = 0,
+    world: str = "room",
+    patch: bool = False,
+    true_exponent: float = 1.7,
+    believed_exponent: float = 1.0,
+) -> SyntheticDeployment:
+    """The paper's deployment as it would really be: the benchmark world of the calibration.
+
+    The paper's 17 APs (:func:`~dmimo_jax.paper_scene`, concrete ground, ITU convention) with
+    per-AP phase offsets uniform on [-pi, pi) and
+
+    * ``world="room"``: APs mounted on the ceiling, phase centres off by N(0, 5 mm)
+      laterally; the room's floor concrete, ceiling plasterboard and walls
+      :data:`ROOM_WALLS`. The nominal model guesses every surface concrete.
+    * ``world="two-ray"``: free-standing APs off by N(0, 1 cm) in 3-D, the two-ray channel.
+      The nominal model is the surveyed two-ray model.
+
+    With ``patch``, the APs are downward patches (:class:`~dmimo_jax.CosinePattern`) of
+    exponent ``true_exponent`` that the survey believes to be ``believed_exponent``.
+    Same seed, same world.
+    """
+    if world not in ("room", "two-ray"):
+        raise ValueError(f"world must be 'room' or 'two-ray', got {world!r}")
+    check_int("seed", seed)
+    surveyed = paper_scene(power_dbm, "concrete", convention="itu")
+    if patch:
+        surveyed = surveyed.replace(antenna=CosinePattern(believed_exponent))
+    key = jax.random.key(seed + 1000)
+    if world == "two-ray":
+        real = perturb_deployment(key, surveyed, position_std=1e-2)
+    else:
+        real = perturb_deployment(key, surveyed, position_std=5e-3, axes=(0, 1))
+    if patch:
+        real = real.replace(antenna=CosinePattern(true_exponent))
+    if world == "two-ray":
+        return SyntheticDeployment(TwoRayModel(real), surveyed, TwoRayModel(surveyed))
+    truth = room_model(real, ceiling="plasterboard", walls=ROOM_WALLS, floor="concrete")
+    nominal = room_model(surveyed, ceiling="concrete", walls="concrete", floor="concrete")
+    return SyntheticDeployment(truth, surveyed, nominal)
