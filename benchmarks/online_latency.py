@@ -114,14 +114,20 @@ def build_methods(off, scene, args, mle_model=None):
                 off, "cells", num_cells=k, min_mass=args.min_mass, fine=fine, fine_steps=steps
             )
             unsure_too = dataclasses.replace(loc, min_mass=0.0)  # the screen without fallback
+            last = {}  # the cost gate's recoveries of the latest run (they count as fallbacks)
+
+            def certified(r, s, loc=loc, last=last):
+                _, out, last["recovered"] = loc.certify(r, s.x, loc.fine_stage(r, s.x))
+                return out.x
+
             methods.append(
                 Method(
                     f"cells top-{k} ({args.preset}) + two-tier cell screen + {fine_name}",
                     "learned",
                     loc.coarse,
                     loc.screen,
-                    lambda r, s, loc=loc: loc.fine_stage(r, s.x).x,
-                    fallback=lambda c, s: np.asarray(s.fallback),
+                    certified,
+                    fallback=lambda c, s, last=last: np.asarray(s.fallback) | last["recovered"],
                     nofallback=unsure_too.screen,
                 )
             )

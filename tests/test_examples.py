@@ -205,11 +205,15 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
     rows = {r["method"].split(" + ")[0]: r for r in result["rows"]}
     keys = {"fine_rmse_m", "fine_over_peb", "p99_m", "max_m", "ms_per_snapshot"}
     assert all(keys <= set(r) for r in rows.values())
-    # the calibrated room is the world to the noise; the nominal room misses by metres
+    # the calibrated room is the world to the noise; the nominal room misses by metres (the
+    # MLE rows' lambda/2 grid is too coarse to trust here: the learned stage's cost gate
+    # re-screens its misses over the whole region at lambda/4)
     room = result["calibration"]["room"]
     assert abs(room["reduced_chi2"] - 1) < 0.2
-    assert rows["room calibrated from L=50"]["fine_rmse_m"] < 1e-3
-    assert rows["surveyed nominal room (ITU guesses)"]["fine_rmse_m"] > 0.1
+    positions = next(g for g in room["groups"] if g["group"] == "ap_positions")
+    assert positions["max"] < 1e-4
     learned = rows["room calibrated"]
-    assert {"cell_recall", "fallback_fraction", "agrees_with_calibrated_mle"} <= set(learned)
+    assert learned["fine_rmse_m"] < 1e-3
+    assert rows["surveyed nominal room (ITU guesses)"]["fine_rmse_m"] > 0.1
+    assert {"cell_recall", "fallback_fraction", "recovered_fraction"} <= set(learned)
     assert (tmp_path / "cache").is_dir()

@@ -193,3 +193,18 @@ def test_locator_refuses_bad_settings(trained):
         pipeline.locator(object(), "cells")
     with pytest.raises(ValueError, match=r"r must have shape"):
         pipeline.locator(off, "cells", num_cells=4)(jnp.zeros((2, 16)))
+
+
+def test_the_cost_gate_recovers_wrong_cells(trained):
+    """Screen only the most likely cell: where the classifier is wrong the answer's cost is
+    far above chi-square, and the whole-region search recovers it."""
+    _, off = trained
+    x, r, _ = _labeled(64, seed=8)
+    blind = pipeline.locator(off, "cells", num_cells=1, min_mass=0.0, cost_gate=None)
+    err = np.linalg.norm(np.asarray(blind(r).x) - np.asarray(x), axis=1)
+    assert np.any(err > 1e-3)  # the top cell alone misses some
+    out = pipeline.locator(off, "cells", num_cells=1, min_mass=0.0)(r)
+    err_gated = np.linalg.norm(np.asarray(out.x) - np.asarray(x), axis=1)
+    assert float(err_gated.max()) < 1e-3
+    np.testing.assert_array_equal(np.asarray(out.recovered), err > 1e-3)
+    assert np.all(np.asarray(out.fallback)[np.asarray(out.recovered)])

@@ -342,11 +342,12 @@ class LocatorResult(NamedTuple):
     """Output of :class:`Locator` (leading batch axis B)."""
 
     x: Array  # (B, 3) the fine estimates, m
-    fallback: Array  # (B,) bool: the whole region was screened (the coarse stage was unsure)
+    fallback: Array  # (B,) bool: the whole region was screened (unsure, or recovered)
     coarse: Array  # (B, 3) the coarse position (for cells: the most likely cell's centre)
     screened: Array  # (B, 3) the screen's refined best point
     cost: Array  # (B,) ML cost (eq. 17) of ``x`` under the fine model
     cpo: Array  # (B,) CPO estimate at ``x``
+    recovered: Array  # (B,) bool: the first answer failed the cost gate and was re-screened
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,6 +368,12 @@ class Locator:
         fine_steps: LM steps of the fine stage (default 2 for cells, 15 for a window).
         fine: ``"screen"`` (default: the screen's model; for the GP its tables of eq. 27, no
             kernel online) or ``"model"`` (``offline.model``: the exact GP).
+        cost_gate: the likelihood check of ``__call__``: an answer whose ML cost (eq. 17,
+            about chi-square with M - 4 degrees of freedom at the right position) exceeds
+            ``cost_gate * (M - 4)`` is in a wrong cell or lobe (its residuals are radians,
+            not the noise), and is re-screened over the whole region. ``None`` turns it off.
+            The default 100 sits far above the chi-square (and above the paper GP's worst
+            right answer, docs/deployment.md) and far below a wrong answer's cost.
     """
 
     offline: Any
@@ -379,6 +386,7 @@ class Locator:
     screen_steps: int | None = None
     fine_steps: int | None = None
     fine: str = "screen"
+    cost_gate: float | None = 100.0
 
     def __post_init__(self):
         estimators = getattr(self.offline, "estimators", None)
@@ -393,6 +401,8 @@ class Locator:
             )
         if self.fine not in ("screen", "model"):
             raise ValueError(f"fine must be 'screen' or 'model', got {self.fine!r}")
+        if self.cost_gate is not None:
+            check_scalar("cost_gate", self.cost_gate, positive=True)
         cells = self.kind == "cells"
         defaults = dict(
             num_starts=4 if cells else 8,
@@ -480,14 +490,45 @@ class Locator:
             return self.offline.cells.cells.centre(coarse[0][:, 0])
         return coarse
 
+    def whole_region(self, r: ArrayLike) -> tuple[Array, Any]:
+        """The fallback: the screen's whole-region search (its phasor table over the UE
+        region, :func:`~dmimo_jax.estimators.coarse_to_fine`) + the fine stage."""
+        r = self._snapshots(r)
+        screened = coarse_to_fine(r, self.offline.screen, self.offline.table).x
+        return screened, self.fine_stage(r, screened)
+
+    def certify(self, r: ArrayLike, screened: Array, fine: Any) -> tuple[Array, Any, np.ndarray]:
+        """The cost gate: re-screen over the whole region (:meth:`whole_region`) every answer
+        of ``fine`` (a :class:`~dmimo_jax.estimators.RefineResult`) whose ML cost exceeds
+        ``cost_gate * (M - 4)``. Returns ``(screened, fine, recovered)`` with those rows
+        replaced and the (B,) mask of them."""
+        recovered = np.zeros(np.shape(fine.cost), bool)
+        if self.cost_gate is None:
+            return screened, fine, recovered
+        r = self._snapshots(r)
+        dof = max(self.offline.screen.num_aps - 4, 1)
+        recovered = np.asarray(fine.cost > self.cost_gate * dof)
+        rows = np.flatnonzero(recovered)
+        if rows.size:
+            again, out = bucketed(self.whole_region, rows, r)
+            screened = screened.at[rows].set(again)
+            fine = jax.tree.map(lambda a, b: a.at[rows].set(b), fine, out)
+        return screened, fine, recovered
+
     def __call__(self, r: ArrayLike) -> LocatorResult:
-        """All three stages on (M,) or (B, M) wrapped phases."""
+        """All three stages on (M,) or (B, M) wrapped phases, then the cost gate."""
         r = self._snapshots(r)
         coarse = self.coarse(r)
         found = self.screen(r, coarse)
-        fine = self.fine_stage(r, found.x)
+        screened, fine, recovered = self.certify(r, found.x, self.fine_stage(r, found.x))
         return LocatorResult(
-            fine.x, found.fallback, self.coarse_position(coarse), found.x, fine.cost, fine.cpo
+            fine.x,
+            jnp.asarray(found.fallback) | jnp.asarray(recovered),
+            self.coarse_position(coarse),
+            screened,
+            fine.cost,
+            fine.cpo,
+            jnp.asarray(recovered),
         )
 
 
