@@ -199,6 +199,7 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
     """Calibration of a generated deployment, the learned stage on the calibrated room."""
     out = tmp_path / "dep.json"
     argv = ["--num-test", "16", "--num-samples", "2000", "--preset", "quick", "--spacing-div", "2"]
+    argv += ["--no-baselines"]
     argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "d"), "--json", str(out)]
     _run("examples/deployment.py", argv, monkeypatch)
     result = json.loads(out.read_text())

@@ -50,6 +50,7 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from functools import partial
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import jax
@@ -690,7 +691,7 @@ class SyntheticDeployment(NamedTuple):
     nominal: Any  # the model a user writes down from the survey (ITU guesses)
 
 
-ROOM_WALLS = {"x0": "brick", "x1": "wood", "y0": "glass", "y1": "concrete"}
+ROOM_WALLS = MappingProxyType({"x0": "brick", "x1": "wood", "y0": "glass", "y1": "concrete"})
 """The walls of :func:`synthetic_deployment`'s room (ITU-R P.2040 names)."""
 
 
