@@ -45,7 +45,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _helpers import pyplot, save_figure, write_json  # noqa: E402
+from _helpers import pyplot, repeat_style, save_figure, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
@@ -273,9 +273,11 @@ def plot(result, path):
     if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    drawn = []
     for row in result["rows"]:
         e = np.sort(row["errors_m"])
-        ax.semilogx(e, np.arange(1, e.size + 1) / e.size, label=row["method"])
+        label, style = repeat_style(drawn, row["method"], row["errors_m"])
+        ax.semilogx(e, np.arange(1, e.size + 1) / e.size, label=label, **style)
     ax.axvline(result["mean_peb_m"], color="k", ls=":", label="mean PEB of the world")
     ax.set(
         xlabel="position error (m)",
