@@ -355,8 +355,9 @@ class Locator:
     """The online stage of one trained coarse estimator: coarse -> screen -> fine.
 
     Build it with :func:`locator`. Each stage is a method, so a benchmark can time them one
-    at a time; ``locator(r)`` runs all three and equals :func:`locate_candidates` (cells) or
-    :func:`locate` (POPT, MLP, HI) with the same settings.
+    at a time; ``locator(r)`` runs all three, then the cost gate (:meth:`certify`), and
+    equals :func:`locate_candidates` (cells) or :func:`locate` (POPT, MLP, HI) with the same
+    settings wherever the gate does not trip.
 
     Attributes:
         offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
