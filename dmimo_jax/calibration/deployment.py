@@ -59,7 +59,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, warn_if_float32
+from dmimo_jax._checks import check_away_from_aps, check_int, warn_if_float32
 from dmimo_jax.antenna import CosinePattern
 from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.estimators.mle import compressed_residuals, cpo_estimate
@@ -474,11 +474,7 @@ def _check_fit(fit: Sequence[str] | str) -> tuple[str, ...]:
 
 
 def _check_inside(model: Any, x: np.ndarray) -> None:
-    ap = np.asarray(model.scene.ap_positions)
-    d = np.linalg.norm(x[:, None, :] - ap[None], axis=-1)
-    if d.min() < 1e-6:
-        i, m = np.unravel_index(np.argmin(d), d.shape)
-        raise ValueError(f"x (row {i}) coincides with AP {m}: the channel is singular there")
+    check_away_from_aps("x", x, model.scene.ap_positions)
     if isinstance(model, ImageSourceModel):
         for refl in model.reflectors:
             h = (x - np.asarray(refl.point)) @ np.asarray(refl.normal)
