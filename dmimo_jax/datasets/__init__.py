@@ -1,0 +1,28 @@
+"""Real measurements (beyond the paper): loaders that return the package's conventions.
+
+* :mod:`~dmimo_jax.datasets.techtile`: the Techtile ELLIIIT carrier-phase measurements
+  (42 ceiling antennas, 920 MHz, motion-capture truth): :func:`load_techtile`, a
+  :class:`~dmimo_jax.scene.Scene` and a nominal room from its files.
+
+The data are never shipped with the package: every loader takes a folder.
+"""
+
+from dmimo_jax.datasets.techtile import (
+    SPEED_OF_LIGHT,
+    TECHTILE_FREQUENCY_HZ,
+    TechtileExperiment,
+    list_experiments,
+    load_techtile,
+    techtile_room_model,
+    techtile_scene,
+)
+
+__all__ = [
+    "SPEED_OF_LIGHT",
+    "TECHTILE_FREQUENCY_HZ",
+    "TechtileExperiment",
+    "list_experiments",
+    "load_techtile",
+    "techtile_room_model",
+    "techtile_scene",
+]

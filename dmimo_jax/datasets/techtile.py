@@ -1,0 +1,261 @@
+"""Loader for the Techtile ELLIIIT measurements (beyond the paper: real carrier phases).
+
+The format (NetCDF3, one experiment per ``csi_EXP*.nc`` file): ``csi_real``, ``csi_imag``
+(experiment, cycle, host), ``rover_x``/``rover_y``/``rover_z`` (experiment, cycle) in metres,
+``hostname`` (host, 3 characters: the ceiling tile, e.g. ``A05``), ``experiment_id``,
+``cycle_id``; missing values are NaN. Beside them: ``techtile_antenna_locations.yml`` (per tile,
+the positions and orientations of its RF channels 0 and 1), ``techtile_room.yml`` (the room's
+size and surfaces) and ``techtile_915mhz_patch.yml`` (the antennas).
+
+Conventions. The files' phase :math:`\\arg(h)` grows with distance, :math:`+2\\pi d/\\lambda`,
+which is the package's convention (every PhaseModel's mean is :math:`+2\\pi d/\\lambda`, eq. 7b
+as :func:`dmimo_jax.gp.los_phase` writes it), so the loader passes it through, wrapped to
+:math:`[-\\pi, \\pi)`. A snapshot (cycle) is kept when all its hosts' CSI and the rover's
+three coordinates are finite; the others are dropped and counted (``num_dropped``).
+
+The data are not the package's to ship: functions take the folder as an argument (the
+examples default to ``../shared/data/techtile``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+from typing import Any
+
+import numpy as np
+
+from dmimo_jax.physics import ImageSourceModel, box_room
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "SPEED_OF_LIGHT",
+    "TECHTILE_FREQUENCY_HZ",
+    "TechtileExperiment",
+    "list_experiments",
+    "load_techtile",
+    "techtile_room_model",
+    "techtile_scene",
+]
+
+SPEED_OF_LIGHT = 299_792_458.0
+TECHTILE_FREQUENCY_HZ = 920e6
+_ANTENNAS = "techtile_antenna_locations.yml"
+_ROOM = "techtile_room.yml"
+_FILE = re.compile(r"^csi_(.+)\.nc$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TechtileExperiment:
+    """One experiment's snapshots, in the package's conventions (NumPy, float64).
+
+    Attributes:
+        experiment: its id, e.g. ``"EXP003"``.
+        hosts: (M,) the tiles, in the files' column order.
+        cycles: (N,) the kept snapshots' cycle ids, in the files' order (time order).
+        positions: (N, 3) the rover antenna's motion-capture position, m.
+        phases: (N, M) wrapped carrier phases, rad, :math:`+2\\pi d/\\lambda` convention.
+        amplitudes: (N, M) CSI magnitudes (arbitrary units).
+        ap_positions: (M, 3) the listed antenna positions of ``channel``, m.
+        ap_orientations: (M, 3) the listed antenna orientation vectors (unit).
+        channel: the RF channel of each tile the CSI comes from.
+        frequency_hz: the carrier frequency.
+        room_size: (3,) the room [0, Lx] x [0, Ly] x [0, Lz], m.
+        materials: the room file's materials (``walls``, ``floor``, ``ceiling``).
+        num_dropped: cycles dropped for a NaN CSI entry or a missing position.
+    """
+
+    experiment: str
+    hosts: tuple[str, ...]
+    cycles: np.ndarray
+    positions: np.ndarray
+    phases: np.ndarray
+    amplitudes: np.ndarray
+    ap_positions: np.ndarray
+    ap_orientations: np.ndarray
+    channel: int
+    frequency_hz: float
+    room_size: np.ndarray
+    materials: dict[str, str]
+    num_dropped: int
+
+    @property
+    def wavelength(self) -> float:
+        return SPEED_OF_LIGHT / self.frequency_hz
+
+    @property
+    def num_snapshots(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def num_aps(self) -> int:
+        return len(self.hosts)
+
+
+def _folder(path: Any) -> pathlib.Path:
+    folder = pathlib.Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"path must be a folder holding csi_EXP*.nc files, got {str(path)!r}")
+    return folder
+
+
+def list_experiments(path: Any) -> list[str]:
+    """The experiment ids of the ``csi_<id>.nc`` files in ``path``, sorted."""
+    return sorted(m.group(1) for f in _folder(path).iterdir() if (m := _FILE.match(f.name)))
+
+
+def _yaml(file: pathlib.Path) -> Any:
+    import yaml
+
+    if not file.is_file():
+        raise ValueError(f"{file.name} is missing from {str(file.parent)!r}")
+    with open(file) as fh:
+        return yaml.safe_load(fh)
+
+
+def _strings(chars: np.ndarray) -> list[str]:
+    chars = np.atleast_2d(chars)
+    return [b"".join(row).decode().strip("\x00 ") for row in chars]
+
+
+def _variable(nc: Any, name: str, file: pathlib.Path) -> np.ndarray:
+    if name not in nc.variables:
+        raise ValueError(f"{file.name} has no variable {name!r} (see the format in the loader)")
+    return np.array(nc.variables[name].data)
+
+
+def _antennas(folder: pathlib.Path, hosts: list[str], channel: int):
+    tiles = {a["tile"]: a for a in _yaml(folder / _ANTENNAS)["antennes"]}
+    missing = [h for h in hosts if h not in tiles]
+    if missing:
+        raise ValueError(
+            f"hosts {missing} of the CSI file are not in {_ANTENNAS}: its tiles and the "
+            "CSI's hostname column must match"
+        )
+    pos, ori = [], []
+    for h in hosts:
+        ch = [c for c in tiles[h]["channels"] if int(c["ch"]) == channel]
+        if not ch:
+            raise ValueError(f"tile {h} in {_ANTENNAS} has no channel {channel}")
+        pos.append([float(ch[0][k]) for k in ("x", "y", "z")])
+        ori.append([float(ch[0][k]) for k in ("vx", "vy", "vz")])
+    ori = np.asarray(ori, float)
+    return np.asarray(pos, float), ori / np.linalg.norm(ori, axis=1, keepdims=True)
+
+
+def load_techtile(
+    path: Any,
+    experiment: str,
+    *,
+    channel: int = 1,
+    frequency_hz: float = TECHTILE_FREQUENCY_HZ,
+) -> TechtileExperiment:
+    """Load ``csi_<experiment>.nc`` and the geometry beside it (see the module docstring).
+
+    Args:
+        path: the folder.
+        experiment: the id, e.g. ``"EXP003"`` (:func:`list_experiments` lists them).
+        channel: the RF channel of each tile the CSI was measured on (1 for this dataset).
+        frequency_hz: the carrier (920 MHz for this dataset).
+
+    Raises:
+        ValueError: a missing folder, file, variable or tile (the message names it), or no
+            snapshot with every host and a position.
+    """
+    from scipy.io import netcdf_file
+
+    folder = _folder(path)
+    file = folder / f"csi_{experiment}.nc"
+    if not file.is_file():
+        raise ValueError(
+            f"experiment {experiment!r} has no file {file.name} in {str(folder)!r}; "
+            f"found {list_experiments(folder)}"
+        )
+    if not (np.isfinite(frequency_hz) and frequency_hz > 0):
+        raise ValueError(f"frequency_hz must be positive, got {frequency_hz!r}")
+    with netcdf_file(file, "r", mmap=False) as nc:
+        hosts = _strings(_variable(nc, "hostname", file))
+        csi = _variable(nc, "csi_real", file) + 1j * _variable(nc, "csi_imag", file)
+        xyz = np.stack([_variable(nc, f"rover_{a}", file) for a in "xyz"], axis=-1)
+        cycles = _variable(nc, "cycle_id", file)
+    csi, xyz = csi.reshape(-1, len(hosts)), xyz.reshape(-1, 3)
+    if csi.shape[0] != xyz.shape[0] or cycles.shape[0] != xyz.shape[0]:
+        raise ValueError(f"{file.name}: csi, rover positions and cycle_id disagree in length")
+    keep = np.all(np.isfinite(csi), axis=1) & np.all(np.isfinite(xyz), axis=1)
+    if not keep.any():
+        raise ValueError(f"{file.name} has no snapshot with every host's CSI and a position")
+    ap, ori = _antennas(folder, hosts, channel)
+    room = _yaml(folder / _ROOM)["room"]
+    dims = room["dimensions"]
+    size = np.array([dims["length_x_m"], dims["width_y_m"], dims["height_z_m"]], float)
+    return TechtileExperiment(
+        experiment=experiment,
+        hosts=tuple(hosts),
+        cycles=cycles[keep],
+        positions=xyz[keep].astype(float),
+        phases=np.angle(csi[keep]),
+        amplitudes=np.abs(csi[keep]),
+        ap_positions=ap,
+        ap_orientations=ori,
+        channel=channel,
+        frequency_hz=float(frequency_hz),
+        room_size=size,
+        materials={k: str(v) for k, v in room.get("materials", {}).items()},
+        num_dropped=int((~keep).sum()),
+    )
+
+
+def techtile_scene(
+    data: TechtileExperiment,
+    *,
+    ue_low: Any = None,
+    ue_high: Any = None,
+    ap_phase_offsets: Any = None,
+    phase_noise_std: float = 0.05,
+) -> Scene:
+    """A :class:`Scene` of the experiment's antennas, carrier and room (float64).
+
+    The UE region defaults to the bounding box of the experiment's positions. The powers are
+    set so that eq. (9) gives ``phase_noise_std`` (rad) at the median antenna distance of the
+    positions (0.05 rad is the repeatability measured on a still rover); the floor is wood.
+    """
+    x = data.positions
+    low = x.min(axis=0) if ue_low is None else np.asarray(ue_low, float)
+    high = x.max(axis=0) if ue_high is None else np.asarray(ue_high, float)
+    if not (np.isfinite(phase_noise_std) and phase_noise_std > 0):
+        raise ValueError(f"phase_noise_std must be positive (rad), got {phase_noise_std!r}")
+    d = np.median(np.linalg.norm(x[:, None, :] - data.ap_positions[None], axis=-1))
+    alpha = data.wavelength / (4 * np.pi * d)
+    # eq. (9): var = sigma_w^2 / (2 P alpha^2)  =>  sigma_w^2 = 2 P alpha^2 std^2, with P = 1 W
+    noise_power = 2.0 * alpha**2 * phase_noise_std**2
+    from dmimo_jax.materials import relative_permittivity
+
+    return Scene(
+        ap_positions=data.ap_positions,
+        wavelength=data.wavelength,
+        eps_r=complex(relative_permittivity("wood", data.frequency_hz)),
+        tx_power=1.0,
+        noise_power=noise_power,
+        ue_low=low,
+        ue_high=high,
+        room_size=data.room_size,
+        ap_phase_offsets=ap_phase_offsets,
+        dtype=np.float64,
+    )
+
+
+def techtile_room_model(scene: Scene, *, walls: str = "plywood", floor: str = "wood") -> Any:
+    """The nominal room: floor and four walls of the room file's materials (ITU-R P.2040).
+
+    The ceiling is left out: the antennas are mounted in it, facing down, so no path leaves
+    them upward. ``walls``/``floor`` take any ITU material name or a complex permittivity.
+    """
+    reflectors = box_room(
+        np.asarray(scene.room_size),
+        floor=floor,
+        walls=walls,
+        frequency_hz=float(scene.frequency),
+        dtype=np.float64,
+    )
+    return ImageSourceModel(scene, reflectors)
