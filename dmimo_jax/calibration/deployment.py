@@ -263,18 +263,28 @@ def _positions_group(model: Any, free_axes: ArrayLike | None) -> _Group:
     return _Group({"start": start, "basis": basis}, u0, "ap_positions", None)
 
 
-def offsets_closed_form(model: Any, x: ArrayLike, r: ArrayLike) -> Array:
+def offsets_closed_form(
+    model: Any, x: ArrayLike, r: ArrayLike, *, num_iterations: int = 10
+) -> Array:
     r"""Per-AP phase offsets from the residuals of ``model`` at L labeled snapshots, (M,).
 
-    :math:`\delta_m = \delta^{\rm model}_m + \arg\sum_l e^{j(e_{lm}-e_{l0})}` with
+    Start: :math:`\delta_m = \delta^{\rm model}_m + \arg\sum_l e^{j(e_{lm}-e_{l0})}` with
     :math:`e_{lm} = \mathrm{wrap}(r_{lm} - \mu_m(\mathbf x_l))`: the circular mean of each
-    AP's residual relative to AP 0's, which removes the snapshots' CPOs. AP 0 keeps its
-    offset (the gauge). Valid whatever the offsets (no local basin), the start of
-    :func:`calibrate`.
+    AP's residual relative to AP 0's, which removes the snapshots' CPOs. Then
+    ``num_iterations`` rounds of coordinate ascent of :math:`\sum_{lm}\cos(e_{lm} - \delta_m
+    - \phi_l)`: each snapshot's CPO :math:`\phi_l` is the circular mean over the APs (eq. 15),
+    each offset the circular mean over the snapshots; so AP 0's own residual no longer enters
+    every offset (on measured data with ~1 rad model error that halves the offsets' error).
+    AP 0 keeps its offset (the gauge). Valid whatever the offsets (no local basin), the start
+    of :func:`calibrate`.
     """
     mean = jax.vmap(model.mean)(jnp.asarray(x))
     e = wrap(jnp.asarray(r) - mean)
     rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - e[:, :1])), axis=0))
+    for _ in range(num_iterations):
+        cpo = jnp.angle(jnp.sum(jnp.exp(1j * (e - rel[None, :])), axis=1, keepdims=True))
+        rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - cpo)), axis=0))
+        rel = wrap(rel - rel[0])
     return model.scene.ap_phase_offsets + rel
 
 
