@@ -7,6 +7,8 @@
 * :mod:`~dmimo_jax.calibration.materials`: the surfaces alone (:func:`fit_material` for the
   ground of the two-ray model, :func:`fit_surfaces` for a room) and the numpyro NUTS
   posterior of the ground's permittivity (:func:`material_posterior`).
+* :mod:`~dmimo_jax.calibration.residual`: what the calibrated physics still misses, a GP per
+  AP on the residual phasors (:func:`fit_residual_field`), for measured data.
 """
 
 from dmimo_jax.calibration.deployment import (
@@ -27,6 +29,11 @@ from dmimo_jax.calibration.materials import (
     material_posterior,
     with_permittivities,
 )
+from dmimo_jax.calibration.residual import (
+    ResidualFieldModel,
+    fit_residual_field,
+    residual_phasors,
+)
 
 __all__ = [
     "CALIBRATION_STARTS",
@@ -34,6 +41,9 @@ __all__ = [
     "Calibration",
     "SyntheticDeployment",
     "MaterialFit",
+    "ResidualFieldModel",
+    "fit_residual_field",
+    "residual_phasors",
     "MaterialPosterior",
     "calibrate",
     "fit_material",

@@ -1,0 +1,154 @@
+r"""What the calibrated physics misses, learned from the labeled snapshots (beyond the paper).
+
+The paper's GP (Sec. III) learns the perturbation of the LoS phase with one kernel shared by
+every AP, on two features of the floor's geometry. On measured data the perturbation is
+whatever the physics leaves: diffuse multipath, the hardware around each antenna. It is
+different for every AP and decorrelates over a fraction of a wavelength, and it is not
+small against :math:`2\pi`, so it is learned here on the circle: for each AP, a GP over
+the UE position on the real and imaginary parts of the residual phasor
+
+.. math:: z_{lm} = e^{j(r_{lm} - \mu_m(\mathbf x_l) - \hat\phi_l)}, \qquad
+          \hat\phi_l = \arg\sum_m e^{j(r_{lm} - \mu_m(\mathbf x_l))}
+
+(the CPO of eq. 15 profiled out, :math:`\mu` the physical model's mean), with a constant
+prior mean per AP. The posterior mean :math:`g_m(\mathbf x)` corrects the phase by
+:math:`\arg g_m` and its modulus says how well the residual is known there:
+:math:`|g_m| = e^{-\sigma_m^2/2}` for a wrapped-normal error, so
+
+.. math:: \mu^{\rm field}_m(\mathbf x) = \mu_m(\mathbf x) + \arg g_m(\mathbf x), \qquad
+          \sigma^{2,\rm field}_m(\mathbf x) = \sigma^2_m(\mathbf x)
+          + \mathrm{clip}(-2\ln|g_m(\mathbf x)|,\ 0,\ \pi^2/3),
+
+a PhaseModel like any other: the paper's idea (a physics prior plus a learned
+perturbation) on a better prior. Kernel and conditioning are tinygp's (Matern-3/2).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+from tinygp import GaussianProcess, kernels
+
+from dmimo_jax._checks import check_phases, check_positions, check_scalar
+from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.pytree import pytree_dataclass
+from dmimo_jax.scene import Scene
+
+__all__ = [
+    "RESIDUAL_LENGTH_SCALE",
+    "RESIDUAL_NOISE",
+    "ResidualFieldModel",
+    "fit_residual_field",
+    "residual_phasors",
+]
+
+#: Matern-3/2 length scale (m) and noise variance (of a unit phasor's real or imaginary part)
+#: of :func:`fit_residual_field`, chosen on Techtile's EXP003/EXP005 at L = 50 (docs/real_data.md).
+RESIDUAL_LENGTH_SCALE = 0.25
+RESIDUAL_NOISE = 1.0
+_MAX_VARIANCE = np.pi**2 / 3  # a uniform phase: the model knows nothing there
+
+
+def residual_phasors(model: PhaseModel, x: ArrayLike, r: ArrayLike) -> Array:
+    r""":math:`z_{lm}` of the module docstring (L, M) complex: the residual phasors with each
+    snapshot's CPO profiled out."""
+    mean = jax.vmap(model.mean)(jnp.asarray(x))
+    e = jnp.exp(1j * (jnp.asarray(r) - mean))
+    cpo = jnp.angle(jnp.sum(e, axis=1, keepdims=True))
+    return e * jnp.exp(-1j * cpo)
+
+
+@pytree_dataclass
+class ResidualFieldModel:
+    """A physical model plus the learned residual field (a PhaseModel, a pytree).
+
+    Attributes:
+        base: the physical PhaseModel (e.g. LoS with calibrated offsets).
+        kernel: the tinygp kernel.
+        x_train: (L, 3) labeled positions.
+        alpha: (2M, L) :math:`K^{-1}(\\mathbf z - \bar z)` per output (tinygp's conditioning):
+            real parts of APs 0..M-1, then imaginary parts.
+        prior: (2M,) the constant prior means.
+    """
+
+    base: Any
+    kernel: Any
+    x_train: Array
+    alpha: Array
+    prior: Array
+
+    @property
+    def scene(self) -> Scene:
+        return self.base.scene
+
+    @property
+    def num_aps(self) -> int:
+        return self.base.num_aps
+
+    def phasor(self, x: ArrayLike) -> Array:
+        """The posterior mean residual phasor :math:`g_m(\\mathbf x)` (M,) complex."""
+        k = self.kernel(jnp.asarray(x)[None], self.x_train)[0]  # (L,)
+        out = self.prior + self.alpha @ k
+        m = self.num_aps
+        return out[:m] + 1j * out[m:]
+
+    def mean(self, x: ArrayLike) -> Array:
+        return self.base.mean(x) + jnp.angle(self.phasor(x))
+
+    def variance(self, x: ArrayLike) -> Array:
+        mod = jnp.abs(self.phasor(x))
+        # |g| > 1 (a GP mean is not bounded to the disc) means certain: no extra variance
+        extra = jnp.clip(-2.0 * jnp.log(jnp.maximum(mod, 1e-12)), 0.0, _MAX_VARIANCE)
+        return self.base.variance(x) + extra
+
+
+def fit_residual_field(
+    model: PhaseModel,
+    x: ArrayLike,
+    r: ArrayLike,
+    *,
+    length_scale: float = RESIDUAL_LENGTH_SCALE,
+    noise: float = RESIDUAL_NOISE,
+) -> ResidualFieldModel:
+    """Condition the per-AP residual-phasor GPs on L labeled snapshots (module docstring).
+
+    Args:
+        model: the physical PhaseModel whose residuals are learned.
+        x: (L, 3) labeled positions, m.
+        r: (L, M) their wrapped phases.
+        length_scale: Matern-3/2 length scale, m.
+        noise: the GP's noise variance (per real/imaginary part of a unit phasor).
+
+    Raises:
+        ValueError: bad shapes, non-finite values, fewer than 2 snapshots, non-positive
+            ``length_scale`` or ``noise``.
+    """
+    model = as_phase_model(model)
+    check_positions("x", x, batched=True)
+    check_phases("r", r, model.num_aps, batched=True)
+    x, r = jnp.asarray(x), jnp.asarray(r)
+    if x.shape[0] != r.shape[0] or x.shape[0] < 2:
+        raise ValueError(
+            f"x and r must hold the same L >= 2 labeled snapshots, got {x.shape[0]} and "
+            f"{r.shape[0]}"
+        )
+    check_scalar("length_scale", length_scale, positive=True)
+    check_scalar("noise", noise, positive=True)
+    z = residual_phasors(model, x, r)
+    y = jnp.concatenate([z.real, z.imag], axis=1).T  # (2M, L)
+    # Euclidean distance: tinygp's default for Matern kernels is L1, which is not a positive
+    # definite kernel in 2-D or 3-D (a (100 x 100) raster's matrix has eigenvalues < 0)
+    kernel = kernels.Matern32(scale=length_scale, distance=kernels.distance.L2Distance())
+
+    prior = jnp.mean(y, axis=1)
+
+    def alpha(col: Array, mean: Array) -> Array:
+        gp = GaussianProcess(kernel, x, diag=noise, mean=mean)
+        return gp.condition(col).gp.mean_function.alpha
+
+    return ResidualFieldModel(model, kernel, x, jax.vmap(alpha)(y, prior), prior)
