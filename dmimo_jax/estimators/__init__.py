@@ -5,7 +5,9 @@ window, the one Levenberg-Marquardt solver and the HI geometry (Sec. IV-B).
 * :mod:`~dmimo_jax.estimators.lm`: the Levenberg-Marquardt solver (MLE and HI);
 * :mod:`~dmimo_jax.estimators.grid`: grids, phasor table, EGS, ``coarse_to_fine``;
 * :mod:`~dmimo_jax.estimators.window`: the online safeguard ``window_search``;
-* :mod:`~dmimo_jax.estimators.hyperbola`: hyperboloid residuals and their intersection.
+* :mod:`~dmimo_jax.estimators.hyperbola`: hyperboloid residuals and their intersection;
+* :mod:`~dmimo_jax.estimators.coherent`: the coherent search with expected phasors and
+  measured amplitudes, and k-NN fingerprinting (for measured data, beyond the paper).
 """
 
 from dmimo_jax.estimators import hyperbola
@@ -16,6 +18,12 @@ from dmimo_jax.estimators.candidates import (
     candidate_search,
     cell_grid,
     cell_table,
+)
+from dmimo_jax.estimators.coherent import (
+    CoherentResult,
+    coherent_search,
+    expected_phasor,
+    knn_locate,
 )
 from dmimo_jax.estimators.grid import (
     CoarseToFineResult,
@@ -46,6 +54,10 @@ from dmimo_jax.estimators.window import window_covers_table, window_search
 
 __all__ = [
     "CandidateResult",
+    "CoherentResult",
+    "coherent_search",
+    "expected_phasor",
+    "knn_locate",
     "CellGrid",
     "CellTable",
     "candidate_search",
