@@ -1,0 +1,281 @@
+"""Real measurements: position the Techtile rover from 42 measured carrier phases.
+
+For every ``csi_EXP*.nc`` in ``--data`` independently: L labeled snapshots drawn at random
+(``--seed``), every other snapshot located in the search area (the labeled snapshots'
+bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stage;
+``--search-3d`` adds the height, +-5 cm). Methods (``kind``):
+
+* ``los_offsets``: the plain model, LoS phase 2 pi d / lambda from the listed antenna
+  positions plus per-antenna phase offsets (``calibration.offsets_closed_form``), phases only;
+* ``knn``: fingerprinting, the most coherent labeled snapshot (``estimators.knn_locate``);
+* ``paper_gp``: the paper's GP (Sec. III: ``gp.fit`` on the labeled snapshots, with the
+  fitted offsets in the scene) searched with its mean and variance;
+* ``best``: LoS + offsets + the learned residual field (``calibration.fit_residual_field``,
+  a per-antenna GP on the residual phasors), searched with the expected phasors and the
+  measured amplitudes (``estimators.coherent_search``). The same settings for every
+  experiment; they were chosen on EXP003/EXP005 (docs/real_data.md).
+
+Every search is ``estimators.coherent_search``. Per experiment, the noise-floor references:
+the mean PEB under the fitted LoS model with the still rover's 0.05 rad, and with the
+revisit repeatability (snapshots < 2 cm apart taken at different times; measured here).
+
+    python examples/real_techtile.py                       # L = 50, every experiment
+    python examples/real_techtile.py --learning-curve      # L in 20, 50, 100, 200
+    python examples/real_techtile.py --data DIR --num-labeled 50 --seed 0 --json out.json
+
+Writes ``OUT.json`` (rows; resumable with ``--resume``) and ``OUT.png`` (error CDFs, held-out
+residuals per antenna, error map of ``best``; needs matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from _helpers import pyplot, save_figure, write_json  # noqa: E402
+
+from dmimo_jax import bounds, gp  # noqa: E402
+from dmimo_jax.calibration import fit_residual_field, offsets_closed_form  # noqa: E402
+from dmimo_jax.calibration.residual import residual_phasors  # noqa: E402
+from dmimo_jax.datasets import list_experiments, load_techtile, techtile_scene  # noqa: E402
+from dmimo_jax.estimators import coherent_search, knn_locate, make_grid  # noqa: E402
+from dmimo_jax.physics import ImageSourceModel  # noqa: E402
+
+DEFAULT_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "techtile"
+STILL_STD = 0.05  # rad: 355 snapshots of EXP002 within 1.4 mm repeat to this (data README)
+METHODS = ("los_offsets", "knn", "paper_gp", "best")
+PAPER_GP_STEPS = 20  # L-BFGS steps of gp.fit (eq. 23)
+GP_FIT_OBSERVATIONS = 2100  # L x (APs) of the hyperparameter fit: all 42 APs up to L = 50
+
+
+def search_grid(x_labeled, spacing=0.01, pad=0.3, search_3d=False):
+    """The labeled bounding box + ``pad`` at their median height (one cell thick), or +-5 cm."""
+    low, high = x_labeled.min(0) - pad, x_labeled.max(0) + pad
+    z = float(np.median(x_labeled[:, 2]))
+    half = 0.05 if search_3d else spacing / 2
+    low[2], high[2] = z - half, z + half
+    return make_grid(low, high, spacing)
+
+
+def residual_rms(model, x, r):
+    """RMS of the CPO-free held-out residual under ``model`` at the true positions, rad."""
+    return float(np.sqrt(np.mean(np.angle(np.asarray(residual_phasors(model, x, r))) ** 2)))
+
+
+def revisit_std(data):
+    """Per-antenna phase repeatability of a revisit: snapshots < 2 cm apart (both any time);
+    pair coherence c = E cos(dr) = exp(-2 s^2 / 2), so s = sqrt(-ln c)."""
+    x = data.positions[:, :2]
+    d = np.linalg.norm(x[:, None] - x[None], axis=-1)
+    i, j = np.nonzero(np.triu(d < 0.02, 1))
+    if len(i) == 0:
+        return float("nan"), 0
+    z = np.exp(1j * data.phases)
+    coh = np.abs(np.sum(z[i] * np.conj(z[j]), axis=1)) / data.num_aps
+    return float(np.sqrt(-np.log(np.mean(coh)))), len(i)
+
+
+def timed(fn, *args, **kwargs):
+    """(result, seconds) of a second, compiled call (the first compiles)."""
+    jax.block_until_ready(fn(*args, **kwargs))
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn(*args, **kwargs))
+    return out, time.perf_counter() - t0
+
+
+def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS):
+    """Rows (one per method) and the per-snapshot errors, for one experiment and L."""
+    n = data.num_snapshots
+    if not 2 <= num_labeled < n:
+        raise ValueError(
+            f"num_labeled must be in [2, {n - 1}] for {data.experiment}, got {num_labeled}"
+        )
+    idx = np.random.default_rng(seed).permutation(n)
+    li, ti = idx[:num_labeled], np.sort(idx[num_labeled:])
+    xl, rl, xt, rt = data.positions[li], data.phases[li], data.positions[ti], data.phases[ti]
+    grid = search_grid(xl, search_3d=search_3d)
+    scene = techtile_scene(data, phase_noise_std=STILL_STD)
+
+    t0 = time.perf_counter()
+    los = ImageSourceModel(scene, [])
+    offsets = offsets_closed_form(los, xl, rl)
+    scene = scene.replace(ap_phase_offsets=offsets)
+    los = ImageSourceModel(scene, [])
+    t_offsets = time.perf_counter() - t0
+    amps = data.amplitudes / np.median(data.amplitudes[li], axis=0)
+
+    rows, errors, extras = [], {}, {}
+    for method in methods:
+        model, fit_s, amplitudes = None, t_offsets, None
+        if method == "los_offsets":
+            model = los
+        elif method == "paper_gp":
+            t0 = time.perf_counter()
+            noise = np.full(rl.shape, STILL_STD**2)
+            # eq. (23) on every 42-AP covariance is (42 L)^2: its hyperparameters (shared by
+            # all APs) are fitted on a subset of about GP_FIT_OBSERVATIONS / L APs, then the
+            # GP is conditioned on every AP (one Cholesky)
+            k = min(data.num_aps, max(4, GP_FIT_OBSERVATIONS // num_labeled))
+            sub = np.linspace(0, data.num_aps - 1, k).round().astype(int)
+            small = scene.replace(
+                ap_positions=scene.ap_positions[sub], ap_phase_offsets=scene.ap_phase_offsets[sub]
+            )
+            result = gp.fit(xl, rl[:, sub], noise[:, sub], small, num_steps=PAPER_GP_STEPS)
+            exact = gp.GPPhaseModel.from_data(result.params, result.cpo, xl, rl, noise, scene)
+            model = gp.TabulatedGPModel.from_model(exact, variance=False)  # the paper's table
+            fit_s += time.perf_counter() - t0
+        elif method == "best":
+            t0 = time.perf_counter()
+            model = jax.block_until_ready(fit_residual_field(los, xl, rl))
+            fit_s += time.perf_counter() - t0
+            amplitudes = amps[ti]
+        if method == "knn":
+            xe, t = timed(knn_locate, xl, rl, rt)
+            fit_s = 0.0
+        else:
+            res, t = timed(coherent_search, model, grid, rt, amplitudes)
+            xe = res.x
+        err = np.linalg.norm((np.asarray(xe) - xt)[:, :2], axis=1)
+        errors[method] = err
+        if model is not None:
+            extras[method] = np.angle(np.asarray(residual_phasors(model, xt, rt)))
+        rows.append(
+            {
+                "experiment": data.experiment,
+                "method": method,
+                "kind": method,
+                "num_labeled": int(num_labeled),
+                "seed": int(seed),
+                "num_located": int(len(ti)),
+                "median_m": float(np.median(err)),
+                "p90_m": float(np.percentile(err, 90)),
+                "p99_m": float(np.percentile(err, 99)),
+                "max_m": float(err.max()),
+                "residual_rms_rad": None if model is None else residual_rms(model, xt, rt),
+                "ms_per_snapshot": 1e3 * t / len(ti),
+                "fit_s": float(fit_s),
+            }
+        )
+    peb = np.asarray(jax.vmap(lambda x: bounds.peb(x, los))(xt))
+    std, pairs = revisit_std(data)
+    floor = {
+        "experiment": data.experiment,
+        "num_labeled": int(num_labeled),
+        "mean_peb_still_m": float(np.mean(peb)),
+        "still_std_rad": STILL_STD,
+        "revisit_std_rad": std,
+        "revisit_pairs": pairs,
+        "mean_peb_revisit_m": float(np.mean(peb) * std / STILL_STD),
+    }
+    return rows, floor, {"errors": errors, "residuals": extras, "x": xt}
+
+
+def plot(plt, detail, path):
+    exps = sorted(detail)
+    fig, axes = plt.subplots(3, len(exps), figsize=(5 * len(exps), 12), squeeze=False)
+    for c, e in enumerate(exps):
+        d = detail[e]
+        ax = axes[0, c]
+        for m, err in d["errors"].items():
+            ax.plot(np.sort(err) * 100, np.linspace(0, 1, len(err)), label=m)
+        ax.set(xscale="log", xlabel="error (cm)", ylabel="CDF", title=f"{e}: held-out snapshots")
+        ax = axes[1, c]
+        for k, (m, res) in enumerate(d["residuals"].items()):
+            rms = np.sqrt(np.mean(res**2, axis=0))
+            ax.bar(np.arange(len(rms)) + 0.25 * k, rms, width=0.25, label=m)
+        ax.set(xlabel="antenna", ylabel="held-out residual RMS (rad)")
+        ax = axes[2, c]
+        sc = ax.scatter(d["x"][:, 0], d["x"][:, 1], c=np.log10(d["errors"]["best"] * 100), s=12)
+        fig.colorbar(sc, ax=ax, label="log10 error of best (cm)")
+        ax.set(xlabel="x (m)", ylabel="y (m)", aspect="equal", title="best: error over the patch")
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=pathlib.Path, default=DEFAULT_DATA)
+    ap.add_argument("--num-labeled", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--learning-curve", action="store_true", help="L in 20, 50, 100, 200")
+    ap.add_argument("--search-3d", action="store_true", help="also search the height (+-5 cm)")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--experiments", default=None, help="comma-separated ids (default: all)")
+    ap.add_argument("--resume", action="store_true", help="keep the rows already in --json")
+    ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/real_techtile"))
+    ap.add_argument("--json", type=pathlib.Path, default=None, help="default OUT.json")
+    args = ap.parse_args(argv)
+    methods = tuple(m for m in args.methods.split(",") if m)
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        ap.error(f"--methods must be among {METHODS}, got {sorted(unknown)}")
+    experiments = list_experiments(args.data)
+    if args.experiments:
+        wanted = args.experiments.split(",")
+        missing = sorted(set(wanted) - set(experiments))
+        if missing:
+            ap.error(f"--experiments {missing} not in {args.data} (found {experiments})")
+        experiments = wanted
+    if not experiments:
+        ap.error(f"no csi_*.nc file in {args.data}")
+    json_path = args.json or args.out.with_suffix(".json")
+    sizes = (20, 50, 100, 200) if args.learning_curve else (args.num_labeled,)
+    result = {"rows": [], "noise_floor": [], "settings": vars(args) | {"methods": methods}}
+    result["settings"] = {k: str(v) for k, v in result["settings"].items()}
+    if args.resume and json_path.exists():
+        old = json.loads(json_path.read_text())
+        result["rows"], result["noise_floor"] = old["rows"], old["noise_floor"]
+    done = {(r["experiment"], r["num_labeled"]) for r in result["noise_floor"]}
+    detail = {}
+    jobs = [(e, n) for e in experiments for n in sizes]
+    data = {e: load_techtile(args.data, e) for e in experiments}
+    for e, n in tqdm(jobs, desc="experiments x L"):
+        if (e, n) in done:
+            continue
+        if n >= data[e].num_snapshots:
+            print(f"skip {e} L = {n}: only {data[e].num_snapshots} snapshots")
+            continue
+        rows, floor, det = run_experiment(data[e], n, args.seed, args.search_3d, methods)
+        result["rows"] += rows
+        result["noise_floor"].append(floor)
+        if n == args.num_labeled or len(sizes) == 1:
+            detail[e] = det
+        write_json(json_path, result)  # after every job: an interrupted run resumes here
+    print(
+        f"\n{'experiment':10s} {'L':>4s} {'method':12s} {'median':>8s} {'p90':>8s} "
+        f"{'p99':>8s} {'resid':>7s} {'ms/snap':>8s} {'fit s':>6s}"
+    )
+    for r in result["rows"]:
+        res = "-" if r["residual_rms_rad"] is None else f"{r['residual_rms_rad']:.3f}"
+        print(
+            f"{r['experiment']:10s} {r['num_labeled']:4d} {r['method']:12s} "
+            f"{100 * r['median_m']:6.2f}cm {100 * r['p90_m']:6.2f}cm {100 * r['p99_m']:6.1f}cm "
+            f"{res:>7s} {r['ms_per_snapshot']:8.2f} {r['fit_s']:6.2f}"
+        )
+    for f in result["noise_floor"]:
+        print(
+            f"{f['experiment']} L={f['num_labeled']}: mean PEB {1e3 * f['mean_peb_still_m']:.2f} mm "
+            f"at {f['still_std_rad']} rad (still rover); revisit repeatability "
+            f"{f['revisit_std_rad']:.2f} rad ({f['revisit_pairs']} pairs) -> "
+            f"{1e3 * f['mean_peb_revisit_m']:.1f} mm"
+        )
+    write_json(json_path, result)
+    plt = pyplot()
+    if plt is not None and detail and "best" in methods:
+        plot(plt, detail, args.out.with_suffix(".png"))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""The Techtile loader, the residual field and the coherent search, on files the tests write.
+
+The real measurements are not the project's to ship: every file here is generated in the
+format of ``../shared/data/techtile`` (NetCDF3 via scipy, YAML geometry).
+"""
+
+import json
+import runpy
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import yaml
+from scipy.io import netcdf_file
+
+from dmimo_jax.calibration import fit_residual_field, offsets_closed_form, residual_phasors
+from dmimo_jax.datasets import (
+    list_experiments,
+    load_techtile,
+    techtile_room_model,
+    techtile_scene,
+)
+from dmimo_jax.estimators import coherent_search, knn_locate, make_grid
+from dmimo_jax.physics import ImageSourceModel
+
+FREQ = 920e6
+LAM = 299_792_458.0 / FREQ
+TILES = ["A05", "A07", "B06", "C05", "C08", "D06", "E05", "E09"]
+
+
+def _antennas(tiles):
+    """Ceiling tiles on a 1.2 m x 0.6 m raster; channel 1 at the listed point, channel 0 0.3 m off."""
+    out = []
+    for t in tiles:
+        row, col = "ABCDEFG".index(t[0]), int(t[1:])
+        x, y = 7.85 - 1.2 * row, 0.66 + 0.6 * (col - 5)
+        out.append(
+            {
+                "tile": t,
+                "channels": [
+                    {"ch": 0, "x": x - 0.3, "y": y, "z": 2.4, "vx": 0, "vy": 0, "vz": -1},
+                    {"ch": 1, "x": x, "y": y, "z": 2.4, "vx": 0, "vy": 0, "vz": -1},
+                ],
+            }
+        )
+    return out
+
+
+def _positions(num, seed):
+    """A 5 cm raster walk in a 0.6 m patch near the room's centre, z ~ 0.74 m."""
+    rng = np.random.default_rng(seed)
+    g = np.stack(np.meshgrid(np.arange(13), np.arange(13), indexing="ij"), -1).reshape(-1, 2)
+    pick = g[rng.permutation(len(g))[:num]] * 0.05
+    return np.c_[4.0 + pick[:, 0], 1.6 + pick[:, 1], 0.74 + 0.002 * rng.standard_normal(num)]
+
+
+def write_folder(
+    folder,
+    experiments,
+    *,
+    tiles=TILES,
+    geometry_tiles=None,
+    nan_rows=(),
+    offsets_seed=0,
+    residual_std=0.0,
+):
+    """Write csi_<id>.nc for each {id: num} plus the geometry files; returns the truth."""
+    folder.mkdir(parents=True, exist_ok=True)
+    geo = _antennas(tiles if geometry_tiles is None else geometry_tiles)
+    (folder / "techtile_antenna_locations.yml").write_text(yaml.safe_dump({"antennes": geo}))
+    room = {
+        "room": {
+            "dimensions": {"length_x_m": 8.0, "width_y_m": 4.0, "height_z_m": 2.4},
+            "materials": {"walls": "plywood", "floor": "wood", "ceiling": "wood"},
+        }
+    }
+    (folder / "techtile_room.yml").write_text(yaml.safe_dump(room))
+    ap = np.array(
+        [[c["x"], c["y"], c["z"]] for a in _antennas(tiles) for c in a["channels"] if c["ch"] == 1]
+    )
+    offsets = np.random.default_rng(offsets_seed).uniform(-np.pi, np.pi, len(tiles))
+    truth = {}
+    for k, (exp, num) in enumerate(experiments.items()):
+        x = _positions(num, k)
+        rng = np.random.default_rng(100 + k)
+        d = np.linalg.norm(x[:, None] - ap[None], axis=-1)
+        phase = 2 * np.pi * d / LAM + offsets + rng.uniform(-np.pi, np.pi, (num, 1))
+        phase = phase + residual_std * rng.standard_normal(phase.shape)
+        csi = (0.01 + 0.005 * rng.random(phase.shape)) * np.exp(1j * phase)
+        csi[list(nan_rows), 2] = np.nan
+        with netcdf_file(folder / f"csi_{exp}.nc", "w") as nc:
+            nc.createDimension("experiment", 1)
+            nc.createDimension("cycle", num)
+            nc.createDimension("host", len(tiles))
+            nc.createDimension("name_len", 3)
+            nc.createDimension("id_len", len(exp))
+            v = nc.createVariable("cycle_id", "i4", ("cycle",))
+            v[:] = np.arange(num) + 1000
+            v = nc.createVariable("hostname", "S1", ("host", "name_len"))
+            v[:] = np.array([list(t) for t in tiles], "S1")
+            v = nc.createVariable("experiment_id", "S1", ("experiment", "id_len"))
+            v[:] = np.array([list(exp)], "S1")
+            for name, val in (("csi_real", csi.real), ("csi_imag", csi.imag)):
+                v = nc.createVariable(name, "f8", ("experiment", "cycle", "host"))
+                v[:] = val[None]
+            for a, col in zip("xyz", x.T, strict=True):
+                v = nc.createVariable(f"rover_{a}", "f8", ("experiment", "cycle"))
+                v[:] = col[None]
+        truth[exp] = {"x": x, "phase": phase, "csi": csi}
+    return {"ap": ap, "offsets": offsets, "experiments": truth}
+
+
+def test_loader_conventions_and_nan_rows(tmp_path):
+    truth = write_folder(tmp_path, {"EXP901": 30, "EXP902": 12}, nan_rows=(3, 7))
+    assert list_experiments(tmp_path) == ["EXP901", "EXP902"]
+    d = load_techtile(tmp_path, "EXP901")
+    t = truth["experiments"]["EXP901"]
+    keep = np.setdiff1d(np.arange(30), [3, 7])
+    assert d.num_dropped == 2 and d.num_snapshots == 28
+    np.testing.assert_array_equal(d.cycles, 1000 + keep)
+    np.testing.assert_allclose(d.positions, t["x"][keep])
+    np.testing.assert_allclose(d.ap_positions, truth["ap"])
+    np.testing.assert_allclose(d.ap_orientations, np.tile([0, 0, -1.0], (len(TILES), 1)))
+    assert d.hosts == tuple(TILES) and d.wavelength == pytest.approx(LAM)
+    # sign: the files' phase is +2 pi d / lambda, the package's LoS mean; the loader wraps it
+    np.testing.assert_allclose(np.exp(1j * d.phases), np.exp(1j * t["phase"][keep]), atol=1e-12)
+    assert np.all((d.phases >= -np.pi) & (d.phases < np.pi + 1e-12))
+    scene = techtile_scene(d)
+    z = residual_phasors(
+        ImageSourceModel(scene.replace(ap_phase_offsets=truth["offsets"]), []),
+        d.positions,
+        d.phases,
+    )
+    np.testing.assert_allclose(
+        np.angle(np.asarray(z) * np.conj(np.asarray(z[:, :1]))), 0, atol=1e-9
+    )
+    # a flipped sign would not fit: the opposite convention leaves residuals of radians
+    zf = residual_phasors(ImageSourceModel(scene, []), d.positions, -d.phases)
+    assert np.std(np.angle(np.asarray(zf) * np.conj(np.asarray(zf[:, :1])))) > 0.5
+    np.testing.assert_allclose(d.amplitudes, np.abs(t["csi"][keep]))
+
+
+def test_loader_errors(tmp_path):
+    write_folder(tmp_path / "a", {"EXP901": 10}, geometry_tiles=TILES[:-1])
+    with pytest.raises(ValueError, match="E09"):
+        load_techtile(tmp_path / "a", "EXP901")
+    write_folder(tmp_path / "b", {"EXP901": 10})
+    with pytest.raises(ValueError, match="EXP777"):
+        load_techtile(tmp_path / "b", "EXP777")
+    with pytest.raises(ValueError, match="folder"):
+        load_techtile(tmp_path / "nothing", "EXP901")
+    with pytest.raises(ValueError, match="channel 3"):
+        load_techtile(tmp_path / "b", "EXP901", channel=3)
+    (tmp_path / "b" / "techtile_room.yml").unlink()
+    with pytest.raises(ValueError, match="techtile_room.yml"):
+        load_techtile(tmp_path / "b", "EXP901")
+    write_folder(tmp_path / "c", {"EXP901": 4}, nan_rows=(0, 1, 2, 3))
+    with pytest.raises(ValueError, match="no snapshot"):
+        load_techtile(tmp_path / "c", "EXP901")
+    with netcdf_file(tmp_path / "c" / "csi_EXP902.nc", "w") as nc:
+        nc.createDimension("host", 1)
+        nc.createDimension("name_len", 3)
+        v = nc.createVariable("hostname", "S1", ("host", "name_len"))
+        v[:] = np.array([list("A05")], "S1")
+    with pytest.raises(ValueError, match="csi_real"):
+        load_techtile(tmp_path / "c", "EXP902")
+
+
+def test_scene_and_room_from_files(tmp_path):
+    write_folder(tmp_path, {"EXP901": 20})
+    d = load_techtile(tmp_path, "EXP901")
+    scene = techtile_scene(d, phase_noise_std=0.05)
+    np.testing.assert_allclose(scene.ue_low, d.positions.min(0))
+    dist = np.linalg.norm(d.positions[:, None] - d.ap_positions[None], axis=-1)
+    i = np.unravel_index(np.argmin(np.abs(dist - np.median(dist))), dist.shape)
+    std = float(jnp.sqrt(ImageSourceModel(scene, []).variance(d.positions[i[0]])[i[1]]))
+    assert std == pytest.approx(0.05, rel=0.02)
+    room = techtile_room_model(scene)
+    assert [r.name for r in room.reflectors] == [
+        "floor",
+        "wall_x0",
+        "wall_x1",
+        "wall_y0",
+        "wall_y1",
+    ]
+    assert np.all(np.isfinite(np.asarray(room.mean(d.positions[0]))))
+    with pytest.raises(ValueError, match="phase_noise_std"):
+        techtile_scene(d, phase_noise_std=0.0)
+
+
+def _labeled(tmp_path, residual_std=0.0):
+    truth = write_folder(tmp_path, {"EXP901": 120}, residual_std=residual_std)
+    d = load_techtile(tmp_path, "EXP901")
+    los = ImageSourceModel(techtile_scene(d), [])
+    return d, truth, los
+
+
+def test_offsets_closed_form_on_files(tmp_path):
+    d, truth, los = _labeled(tmp_path, residual_std=0.8)
+    off = np.asarray(offsets_closed_form(los, d.positions[:60], d.phases[:60]))
+    err = np.angle(np.exp(1j * (off - truth["offsets"] - (off[0] - truth["offsets"][0]))))
+    # 60 snapshots x 8 APs of 0.8 rad noise: each offset to ~0.8 / sqrt(60) ~ 0.1 rad
+    assert np.max(np.abs(err)) < 0.35
+
+
+def test_coherent_search_and_knn(tmp_path):
+    d, truth, los = _labeled(tmp_path)
+    model = ImageSourceModel(los.scene.replace(ap_phase_offsets=truth["offsets"]), [])
+    x, r = d.positions, d.phases
+    low, high = x.min(0) - 0.1, x.max(0) + 0.1
+    z = float(np.median(x[:, 2]))
+    low[2], high[2] = z - 0.005, z + 0.005
+    grid = make_grid(low, high, 0.01)
+    res = coherent_search(model, grid, r[:20])
+    err = np.linalg.norm(np.asarray(res.x)[:, :2] - x[:20, :2], axis=1)
+    assert np.max(err) < 4e-3  # 2 mm local stage; heights differ by ~2 mm from z
+    assert np.all(np.asarray(res.score) > 0.99)
+    same = coherent_search(model, grid, r[:20], np.ones((20, len(TILES))))
+    np.testing.assert_allclose(same.x, res.x)
+    # a wrong offset model misses by far
+    bad = coherent_search(los, grid, r[:20])
+    assert np.median(np.linalg.norm(np.asarray(bad.x)[:, :2] - x[:20, :2], axis=1)) > 0.03
+    with pytest.raises(ValueError, match="amplitudes"):
+        coherent_search(model, grid, r[:2], -np.ones((2, len(TILES))))
+    with pytest.raises(ValueError, match="amplitudes"):
+        coherent_search(model, grid, r[:2], np.ones((3, len(TILES))))
+    with pytest.raises(ValueError, match="grid"):
+        coherent_search(model, "grid", r[:2])
+    # k-NN returns a labeled snapshot's own position, whatever its CPO
+    np.testing.assert_allclose(knn_locate(x[:50], r[:50], r[10:12] + 1.0), x[10:12], atol=1e-12)
+    np.testing.assert_allclose(knn_locate(x[:50], r[:50], r[10], k=1)[0], x[10], atol=1e-12)
+    with pytest.raises(ValueError, match="k must"):
+        knn_locate(x[:5], r[:5], r[10], k=6)
+    with pytest.raises(ValueError, match="same snapshots"):
+        knn_locate(x[:5], r[:4], r[10])
+
+
+def test_residual_field_learns_a_smooth_perturbation(tmp_path):
+    """A smooth per-AP phase field the LoS model lacks: the field recovers it between labels."""
+    d, truth, los = _labeled(tmp_path)
+    model = ImageSourceModel(los.scene.replace(ap_phase_offsets=truth["offsets"]), [])
+    k = np.array([[np.cos(a), np.sin(a)] for a in np.linspace(0, np.pi, len(TILES))]) * 12.0
+
+    def field(x):
+        return 1.2 * np.sin(x[:, :2] @ k.T + np.arange(len(TILES)))  # (N, M), ~0.5 m period
+
+    r = np.angle(np.exp(1j * (d.phases + field(d.positions))))
+    train, test = slice(0, 100), slice(100, None)
+    fitted = fit_residual_field(model, d.positions[train], r[train], length_scale=0.15, noise=0.01)
+
+    def rms(m):
+        z = np.asarray(residual_phasors(m, d.positions[test], r[test]))
+        return float(
+            np.sqrt(
+                np.mean(
+                    np.angle(
+                        z * np.conj(z.mean(1, keepdims=True) / np.abs(z.mean(1, keepdims=True)))
+                    )
+                    ** 2
+                )
+            )
+        )
+
+    assert rms(model) > 0.6
+    assert rms(fitted) < 0.3 * rms(model)
+    v_base = jax.vmap(model.variance)(d.positions[test])
+    v = jax.vmap(fitted.variance)(d.positions[test])
+    assert np.all(np.asarray(v) >= np.asarray(v_base))
+    far = jnp.array([1.0, 1.0, 0.74])  # 3 m from every label: the prior, the mean phasor's
+    m = len(TILES)  # spread (|E exp(j 1.2 sin)| = J0(1.2) = 0.67 -> 0.8 rad^2)
+    prior = np.abs(np.asarray(fitted.prior[:m] + 1j * fitted.prior[m:]))
+    extra = np.asarray(fitted.variance(far) - model.variance(far))
+    np.testing.assert_allclose(extra, -2 * np.log(prior), rtol=1e-6)
+    assert np.all(extra > 0.4)
+    with pytest.raises(ValueError, match="length_scale"):
+        fit_residual_field(model, d.positions[train], r[train], length_scale=-1.0)
+    with pytest.raises(ValueError, match="same L"):
+        fit_residual_field(model, d.positions[:5], r[:4])
+
+
+def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
+    write_folder(tmp_path / "data", {"EXP901": 40, "EXP902": 30}, residual_std=0.1)
+    out = tmp_path / "rt.json"
+    argv = [
+        "--data",
+        str(tmp_path / "data"),
+        "--num-labeled",
+        "12",
+        "--seed",
+        "1",
+        "--out",
+        str(tmp_path / "rt"),
+        "--json",
+        str(out),
+    ]
+    monkeypatch.setattr(sys, "argv", ["examples/real_techtile.py", *argv])
+    monkeypatch.syspath_prepend("examples")
+    runpy.run_path("examples/real_techtile.py", run_name="__main__")
+    result = json.loads(out.read_text())
+    keys = {
+        "experiment",
+        "method",
+        "kind",
+        "num_labeled",
+        "median_m",
+        "p90_m",
+        "p99_m",
+        "max_m",
+        "residual_rms_rad",
+        "ms_per_snapshot",
+    }
+    rows = result["rows"]
+    assert all(keys <= set(r) for r in rows)
+    assert {(r["experiment"], r["kind"]) for r in rows} == {
+        (e, k) for e in ("EXP901", "EXP902") for k in ("los_offsets", "knn", "paper_gp", "best")
+    }
+    for r in rows:
+        assert r["num_labeled"] == 12
+        if r["kind"] in ("los_offsets", "best"):
+            # 0.1 rad of white phase noise on 8 APs: millimetres, no wrong lobes
+            assert r["median_m"] < 0.01 and r["max_m"] < 0.03, r
+            assert 0.07 < r["residual_rms_rad"] < 0.15, r
+    floor = {f["experiment"]: f for f in result["noise_floor"]}
+    assert set(floor) == {"EXP901", "EXP902"}
+    assert all(f["mean_peb_still_m"] > 0 for f in floor.values())
+    assert (tmp_path / "rt.png").exists()
