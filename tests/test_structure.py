@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 import dmimo_jax as dj
-from dmimo_jax import estimators, gp, pipeline
+from dmimo_jax import calibration, estimators, gp, pipeline
 from dmimo_jax.learning import POPT, POPTConfig, SyntheticBatch, TrainConfig, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -111,7 +111,14 @@ def _public_pytrees():
         "Scene(deployment)": SCENE.replace(
             antenna=dj.CosinePattern(1.5), ap_phase_offsets=np.linspace(-1.0, 1.0, 17)
         ),
+        "ResidualFieldModel": _residual_field(),
     }
+
+
+def _residual_field():
+    x = dj.sample_positions(jax.random.key(3), 6, SCENE)
+    r = dj.wrap(jax.vmap(dj.TwoRayModel(SCENE).mean)(x) + 0.1)
+    return calibration.fit_residual_field(dj.TwoRayModel(SCENE), x, r)
 
 
 PYTREES = _public_pytrees()
@@ -135,7 +142,15 @@ def test_public_pytree_round_trips(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["TwoRayModel", "GPPhaseModel", "TabulatedGPModel", "GPMeanModel", "ImageSourceModel"]
+    "name",
+    [
+        "TwoRayModel",
+        "GPPhaseModel",
+        "TabulatedGPModel",
+        "GPMeanModel",
+        "ImageSourceModel",
+        "ResidualFieldModel",
+    ],
 )
 def test_phase_models_declare_the_protocol(name):
     model = PYTREES[name]
