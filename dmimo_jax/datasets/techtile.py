@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from dmimo_jax.materials import relative_permittivity
 from dmimo_jax.physics import ImageSourceModel, box_room
 from dmimo_jax.scene import Scene
 
@@ -229,8 +230,6 @@ def techtile_scene(
     alpha = data.wavelength / (4 * np.pi * d)
     # eq. (9): var = sigma_w^2 / (2 P alpha^2)  =>  sigma_w^2 = 2 P alpha^2 std^2, with P = 1 W
     noise_power = 2.0 * alpha**2 * phase_noise_std**2
-    from dmimo_jax.materials import relative_permittivity
-
     return Scene(
         ap_positions=data.ap_positions,
         wavelength=data.wavelength,
