@@ -11,6 +11,7 @@ import warnings
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -80,6 +81,14 @@ def check_phases(name: str, r: Any, num_aps: int, *, batched: bool | None | str 
     check_finite(name, r)
 
 
+def as_snapshot_batch(name: str, r: Any, num_aps: int, dtype: Any = None) -> jax.Array:
+    """Check snapshot(s) ``r`` ((M,) or (B, M), finite; :func:`check_phases`) and return
+    them as a (B, M) array of ``dtype``: the one place a single snapshot becomes a batch."""
+    check_phases(name, r, num_aps)
+    r = jnp.asarray(r, dtype)
+    return r[None, :] if r.ndim == 1 else r
+
+
 def check_away_from_aps(name: str, x: Any, ap_positions: Any, *, min_distance: float = 1e-6):
     """``ValueError`` when a concrete position (3,) or (N, 3) lies within ``min_distance``
     metres of an AP: the LoS amplitude lambda / (4 pi d) is infinite there."""
@@ -119,10 +128,15 @@ def check_scalar(name: str, value: Any, *, positive: bool = False) -> None:
         raise ValueError(f"{name} must be > 0, got {arr.item()!r}")
 
 
-def check_int(name: str, value: Any, *, minimum: int = 0) -> None:
-    """A Python or NumPy integer >= ``minimum`` (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+def check_int(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> None:
+    """A Python or NumPy integer >= ``minimum`` (and <= ``maximum`` if given; bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        ok = False
+    else:
+        ok = value >= minimum and (maximum is None or value <= maximum)
+    if not ok:
+        want = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be an int {want}, got {value!r}")
 
 
 def warn_if_float32(where: str) -> None:

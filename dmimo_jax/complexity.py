@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from dmimo_jax.estimators import grid as _grid
+from dmimo_jax.estimators import search as _search
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.scene import Scene
 
@@ -55,11 +56,11 @@ def egs_flops_xla(
     model = as_phase_model(model)
     r = jax.ShapeDtypeStruct((batch, model.num_aps), grid.low.dtype)
     if method == "plain":
-        lowered = _grid.egs_scan.lower(r, model, grid, grid.size, None)
+        lowered = _search.egs_scan.lower(r, model, grid, grid.size, None)
     elif method == "table":
         data = jax.ShapeDtypeStruct((grid.size, 2 * model.num_aps), jnp.float32)
         table = _grid.PhasorTable(data, grid, grid.size, 1, None)
-        lowered = _grid.egs_table_search.lower(r, model, table, min(num_candidates, grid.size))
+        lowered = _search.egs_table_search.lower(r, model, table, min(num_candidates, grid.size))
     else:
         raise ValueError(f"method must be 'table' or 'plain', got {method!r}")
     cost = lowered.compile().cost_analysis()

@@ -3,7 +3,9 @@ window, the one Levenberg-Marquardt solver and the HI geometry (Sec. IV-B).
 
 * :mod:`~dmimo_jax.estimators.mle`: CPO compression, ML/LS costs, refinement;
 * :mod:`~dmimo_jax.estimators.lm`: the Levenberg-Marquardt solver (MLE and HI);
-* :mod:`~dmimo_jax.estimators.grid`: grids, phasor table, EGS, ``coarse_to_fine``;
+* :mod:`~dmimo_jax.estimators.phasors`: phasor rows, the coherence screen, cube offsets;
+* :mod:`~dmimo_jax.estimators.grid`: grids, their sharding over devices, the phasor table;
+* :mod:`~dmimo_jax.estimators.search`: EGS (eq. 18) and ``coarse_to_fine``;
 * :mod:`~dmimo_jax.estimators.window`: the online safeguard ``window_search``;
 * :mod:`~dmimo_jax.estimators.hyperbola`: hyperboloid residuals and their intersection;
 * :mod:`~dmimo_jax.estimators.coherent`: the coherent search with expected phasors and
@@ -26,12 +28,8 @@ from dmimo_jax.estimators.coherent import (
     knn_locate,
 )
 from dmimo_jax.estimators.grid import (
-    CoarseToFineResult,
-    EgsResult,
     Grid,
     PhasorTable,
-    coarse_to_fine,
-    egs,
     grid_points,
     make_grid,
     phasor_table,
@@ -44,12 +42,14 @@ from dmimo_jax.estimators.mle import (
     compressed_residuals,
     cpo_estimate,
     ls_cost,
+    ls_costs,
     ml_cost,
     refine,
     refine_batch,
     refine_multistart,
     wrap_corrected_residuals,
 )
+from dmimo_jax.estimators.search import CoarseToFineResult, EgsResult, coarse_to_fine, egs
 from dmimo_jax.estimators.window import window_covers_table, window_search
 
 __all__ = [
@@ -78,6 +78,7 @@ __all__ = [
     "hyperbola",
     "levenberg_marquardt",
     "ls_cost",
+    "ls_costs",
     "make_grid",
     "ml_cost",
     "phasor_table",

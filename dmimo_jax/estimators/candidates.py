@@ -23,8 +23,14 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, check_num_aps, check_phases, check_scalar
-from dmimo_jax.estimators.mle import check_lm_settings, compressed_residuals, refine_multistart
+from dmimo_jax._checks import as_snapshot_batch, check_int, check_num_aps, check_scalar
+from dmimo_jax.estimators.mle import check_num_steps, ls_costs, refine_multistart_unchecked
+from dmimo_jax.estimators.phasors import (
+    coherence_weights,
+    cube_offsets,
+    phasor_rows,
+    squared_coherence,
+)
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
@@ -34,6 +40,7 @@ __all__ = [
     "CellGrid",
     "CellTable",
     "candidate_search",
+    "candidate_search_unchecked",
     "cell_grid",
     "cell_table",
 ]
@@ -131,9 +138,7 @@ def cell_table(
     check_scalar("spacing", spacing, positive=True)
     check_scalar("margin", margin)
     n = int(np.ceil((cells.cell_size + 2 * margin) / spacing)) + 1
-    axis = -margin + spacing * np.arange(n)
-    offsets = np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), -1).reshape(-1, 3)
-    offsets = jnp.asarray(offsets, cells.low.dtype)
+    offsets = jnp.asarray(cube_offsets(-margin + spacing * np.arange(n)), cells.low.dtype)
     data = _cell_rows(model, cells, offsets)
     return CellTable(cells, offsets, data)
 
@@ -143,8 +148,7 @@ def _cell_rows(model: PhaseModel, cells: CellGrid, offsets: Array) -> Array:
     def one(c):
         pts = jnp.broadcast_to(cells.corner(c)[None, :], offsets.shape) + offsets
         pts = pts.at[:, 2].set(jnp.maximum(pts[:, 2], 1e-3))  # keep above the ground
-        theta = jax.vmap(model.mean)(pts)
-        return jnp.concatenate([jnp.cos(theta), jnp.sin(theta)], axis=-1).astype(jnp.float32)
+        return phasor_rows(jax.vmap(model.mean)(pts))
 
     return jax.lax.map(one, jnp.arange(cells.num_cells))
 
@@ -184,9 +188,7 @@ def candidate_search(
     """
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
-    r = jnp.asarray(r)
-    r = r[None, :] if r.ndim == 1 else r
-    check_phases("r", r, model.num_aps, batched=True)
+    r = as_snapshot_batch("r", r, model.num_aps)
     if table.num_aps != model.num_aps:
         raise ValueError(f"table has {table.num_aps} APs, the model {model.num_aps}")
     cells = jnp.asarray(cells)
@@ -196,31 +198,35 @@ def candidate_search(
         raise ValueError(f"cells must index the {table.cells.num_cells} cells of the table")
     check_int("num_starts", num_starts, minimum=1)
     check_int("chunk", chunk, minimum=1)
-    check_lm_settings(num_steps, 1e-3)
+    check_num_steps(num_steps)
     if num_starts > cells.shape[1] * table.points_per_cell:
         raise ValueError(f"num_starts={num_starts} exceeds the screened points")
     if r.shape[0] == 0:
         z = jnp.zeros((0, 3), r.dtype)
         return CandidateResult(z, jnp.zeros((0,), r.dtype), z)
-    return _candidate_search(r, model, table, cells.astype(jnp.int32), num_starts, num_steps, chunk)
+    return candidate_search_unchecked(
+        r, model, table, cells.astype(jnp.int32), num_starts, num_steps, chunk
+    )
 
 
 @partial(jax.jit, static_argnums=(4, 5, 6))
-def _candidate_search(r, model, table, cells, k, num_steps, chunk) -> CandidateResult:
+def candidate_search_unchecked(
+    r: Array, model: PhaseModel, table: CellTable, cells: Array, k: int, num_steps: int, chunk: int
+) -> CandidateResult:
+    """:func:`candidate_search`'s jitted core, without input checks: ``r`` (B, M), ``cells``
+    (B, K) int32 indices of the table's cells, ``k`` starts of ``num_steps`` LM steps,
+    ``chunk`` snapshots per gathered product (the last three static)."""
     def starts(args):  # (k, 3) most coherent screened points of one snapshot
         ri, ci = args
         rows = table.data[ci].reshape(-1, table.data.shape[-1])  # (K P, 2M) [cos, sin]
-        c, s = jnp.cos(ri).astype(jnp.float32), jnp.sin(ri).astype(jnp.float32)
-        # one product gives Re and Im of sum e^{j(r - theta)}: [cos th, sin th] @ [[c, s], [s, -c]]
-        w = jnp.stack([jnp.concatenate([c, s]), jnp.concatenate([s, -c])], axis=-1)
-        z = rows @ w  # (K P, 2)
-        _, idx = jax.lax.top_k(jnp.sum(z * z, axis=-1), k)
+        score = squared_coherence(rows, coherence_weights(ri[None, :]))[0]  # (K P,)
+        _, idx = jax.lax.top_k(score, k)
         cell = ci[idx // table.points_per_cell]
         return table.cells.corner(cell) + table.offsets[idx % table.points_per_cell]  # (k, 3)
 
     x0 = jax.lax.map(starts, (r, cells), batch_size=chunk)
     x0 = x0.at[..., 2].set(jnp.maximum(x0[..., 2], 1e-3))
-    fine = refine_multistart(x0, r, model, num_steps=num_steps)
+    fine = refine_multistart_unchecked(x0, r, model, num_steps)
     start = jnp.take_along_axis(x0, fine.index[:, None, None], axis=1)[:, 0]
-    cost = jax.vmap(lambda x, ri: jnp.sum(compressed_residuals(ri, model.mean(x)) ** 2))(fine.x, r)
+    cost = ls_costs(r, jax.vmap(model.mean)(fine.x))
     return CandidateResult(fine.x, cost, start)

@@ -38,12 +38,16 @@ __all__ = [
     "compressed_residuals",
     "ml_cost",
     "ls_cost",
+    "ls_costs",
     "RefineResult",
     "refine",
     "refine_batch",
     "MultiStartResult",
     "refine_multistart",
+    "refine_batch_unchecked",
+    "refine_multistart_unchecked",
     "check_lm_settings",
+    "check_num_steps",
 ]
 
 
@@ -99,6 +103,16 @@ def compressed_residuals(r: ArrayLike, mean: ArrayLike, variance: ArrayLike | No
     return wrap(r - mean - phi[..., None])
 
 
+def ls_costs(r: ArrayLike, theta: ArrayLike) -> Array:
+    r"""LS costs of eq. (18), :math:`\sum_m \mathrm{wrap}(r_m - \theta_m - \hat\phi)^2`, of
+    snapshots ``r`` (..., M) against model phases ``theta`` (..., M), broadcast: (...,).
+
+    The one batched LS cost of the package (unchecked, traceable): the grid, window and
+    cell screens re-rank with it and :func:`ls_cost` evaluates it at one position.
+    """
+    return jnp.sum(compressed_residuals(r, theta) ** 2, axis=-1)
+
+
 def ml_cost(x: ArrayLike, r: ArrayLike, model: PhaseModel | Scene) -> Array:
     r"""ML cost :math:`C(\mathbf x) = \sum_m \sigma_m^{-2}\,\mathrm{wrap}(r_m - \mu_m(\mathbf x, \hat\phi))^2`, eq. (17).
 
@@ -114,7 +128,7 @@ def ls_cost(x: ArrayLike, r: ArrayLike, model: PhaseModel | Scene) -> Array:
     r"""LS cost :math:`\tilde C(\mathbf x) = \sum_m \mathrm{wrap}(r_m - \mu_m(\mathbf x, \hat\phi))^2`, eq. (18)."""
     model = as_phase_model(model)
     check_phases("r", r, model.num_aps, batched=False)
-    return jnp.sum(compressed_residuals(r, model.mean(jnp.asarray(x))) ** 2)
+    return ls_costs(r, model.mean(jnp.asarray(x)))
 
 
 class RefineResult(NamedTuple):
@@ -189,7 +203,7 @@ def refine_batch(
     if r.shape[0] != x0.shape[0]:
         raise ValueError(f"r must have {x0.shape[0]} rows to match x0, got {r.shape[0]}")
     check_lm_settings(num_steps, damping)
-    return _refine_batch(x0, r, model, num_steps, damping)
+    return refine_batch_unchecked(x0, r, model, num_steps, damping)
 
 
 @partial(jax.jit, static_argnums=(3,))
@@ -214,9 +228,11 @@ def _refine(x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: flo
 
 
 @partial(jax.jit, static_argnums=(3,))
-def _refine_batch(
-    x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: float
+def refine_batch_unchecked(
+    x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: float = 1e-3
 ) -> RefineResult:
+    """:func:`refine_batch`'s jitted core, without input checks: ``x0`` (N, 3) and ``r``
+    (N, M) of one dtype, ``num_steps`` static (for callers that checked their inputs)."""
     return jax.vmap(_refine, in_axes=(0, 0, None, None, None))(x0, r, model, num_steps, damping)
 
 
@@ -263,26 +279,34 @@ def refine_multistart(
     if r.shape[0] != starts.shape[0]:
         raise ValueError(f"r must have {starts.shape[0]} rows to match starts, got {r.shape[0]}")
     check_lm_settings(num_steps, damping)
-    return _refine_multistart(starts, r, model, num_steps, damping)
+    return refine_multistart_unchecked(starts, r, model, num_steps, damping)
 
 
 @partial(jax.jit, static_argnums=(3,))
-def _refine_multistart(
-    starts: Array, r: Array, model: PhaseModel, num_steps: int, damping: float
+def refine_multistart_unchecked(
+    starts: Array, r: Array, model: PhaseModel, num_steps: int, damping: float = 1e-3
 ) -> MultiStartResult:
+    """:func:`refine_multistart`'s jitted core, without input checks: the searches that
+    screened ``starts`` (B, K, 3) themselves call it (their inputs are checked once, at
+    their own boundary)."""
     batch, k, _ = starts.shape
     rr = jnp.repeat(r, k, axis=0)
-    fine = _refine_batch(starts.reshape(batch * k, 3), rr, model, num_steps, damping)
+    fine = refine_batch_unchecked(starts.reshape(batch * k, 3), rr, model, num_steps, damping)
     cost = fine.cost.reshape(batch, k)
     j = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf), axis=1)
     x = jnp.take_along_axis(fine.x.reshape(batch, k, 3), j[:, None, None], axis=1)[:, 0]
     return MultiStartResult(x, jnp.take_along_axis(cost, j[:, None], axis=1)[:, 0], j)
 
 
+def check_num_steps(num_steps: int) -> None:
+    """``ValueError`` unless ``num_steps`` (Levenberg-Marquardt iterations) is an int >= 0."""
+    check_int("num_steps", num_steps)
+
+
 def check_lm_settings(num_steps: int, damping: float) -> None:
     """``ValueError`` unless ``num_steps`` is an int >= 0 and ``damping`` a finite number > 0
     (a NaN damping used to return the start unchanged, as if converged)."""
-    check_int("num_steps", num_steps)
+    check_num_steps(num_steps)
     check_scalar("damping", damping, positive=True)
 
 

@@ -21,9 +21,11 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_phases
-from dmimo_jax.estimators.grid import PhasorTable, coarse_to_fine
-from dmimo_jax.estimators.mle import check_lm_settings, compressed_residuals, refine_multistart
+from dmimo_jax._checks import as_snapshot_batch, check_int
+from dmimo_jax.estimators.grid import PhasorTable
+from dmimo_jax.estimators.mle import check_num_steps, ls_costs, refine_multistart_unchecked
+from dmimo_jax.estimators.phasors import cube_offsets
+from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.physics import PhaseModel
 
 __all__ = ["window_covers_table", "window_search"]
@@ -31,8 +33,7 @@ __all__ = ["window_covers_table", "window_search"]
 
 def _window_offsets(radius: float, spacing: float) -> np.ndarray:
     n = int(np.ceil(radius / spacing))
-    axis = np.arange(-n, n + 1) * spacing
-    return np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)
+    return cube_offsets(np.arange(-n, n + 1) * spacing)
 
 
 def window_points(radius: float, spacing: float, low: ArrayLike, high: ArrayLike) -> int:
@@ -91,9 +92,7 @@ def window_search(
         (B, 3) estimates, the best of the ``num_starts`` refined window points.
     """
     scene = model.scene
-    r = jnp.asarray(r)
-    r = r[None, :] if r.ndim == 1 else r
-    check_phases("r", r, model.num_aps, batched=True)
+    r = as_snapshot_batch("r", r, model.num_aps)
     x_coarse = jnp.asarray(x_coarse, r.dtype).reshape(-1, 3)
     if not bool(jnp.all(jnp.isfinite(x_coarse))):
         raise ValueError("x_coarse contains non-finite positions")
@@ -115,16 +114,24 @@ def window_search(
             )
         if float(low[2]) <= 0:
             raise ValueError(f"region must lie above the ground (low z > 0), got {float(low[2])}")
-    check_lm_settings(num_steps, 1e-3)
+    check_num_steps(num_steps)
     # a window wider than the region adds nothing: cap the radius at the region's extent
     radius = min(float(radius), float(jnp.max(high - low)))
     count = window_points(radius, spacing, low, high)
-    if not (isinstance(num_starts, int) and 1 <= num_starts <= count):
-        raise ValueError(f"num_starts must be an int in [1, {count}], got {num_starts!r}")
-    # the table's coherence screen costs ~1/30 of a direct model evaluation per point
-    # (measured): past 1/16 of the table's size, screening all of it is the cheaper window
+    check_int("num_starts", num_starts, minimum=1, maximum=count)
+    # the table's coherence screen is far cheaper per point than evaluating the model (the
+    # table vs plain rows of docs/performance.md): past 1/16 of the table, screen all of it
     if table is not None and 16 * count >= table.grid.size:
-        return coarse_to_fine(r, model, table, num_starts=num_starts, num_steps=num_steps).x
+        if table.num_aps != model.num_aps:
+            raise ValueError(f"table has {table.num_aps} APs, the model {model.num_aps}")
+        if num_starts > table.grid.size:
+            raise ValueError(
+                f"num_starts must be an int in [1, {table.grid.size}], got {num_starts}"
+            )
+        if r.shape[0] == 0:
+            return jnp.zeros((0, 3), r.dtype)
+        r = r.astype(table.grid.low.dtype)
+        return coarse_to_fine_unchecked(r, model, table, num_starts, num_steps).x
     if count > 2_000_000:
         raise ValueError(
             f"radius={radius:.3g} m at spacing {spacing:.3g} m is a {count}-point window per "
@@ -140,9 +147,9 @@ def _window_search(r, model, x_coarse, offsets, low, high, k, num_steps):
         ri, xi = args
         centre = jnp.clip(xi, low, high)  # a coarse estimate may lie outside the region
         pts = jnp.clip(centre[None, :] + offsets, low[None, :], high[None, :])
-        cost = jax.vmap(lambda p: jnp.sum(compressed_residuals(ri, model.mean(p)) ** 2))(pts)
+        cost = ls_costs(ri[None, :], jax.vmap(model.mean)(pts))
         _, idx = jax.lax.top_k(-cost, k)
         return pts[idx]
 
     x0 = jax.lax.map(starts, (r, x_coarse))
-    return refine_multistart(x0, r, model, num_steps=num_steps).x
+    return refine_multistart_unchecked(x0, r, model, num_steps).x

@@ -1,0 +1,55 @@
+r"""The phasor screen shared by the grid search, the window and cell screens (eq. 18's certificate).
+
+Every screen of the package ranks points :math:`\mathbf x` by the *coherence*
+:math:`|\sum_m e^{j(r_m - \theta_m(\mathbf x))}|` of a snapshot against the model phases:
+for any CPO :math:`\phi` the LS cost of eq. (18) is at least
+:math:`2(M - |\sum_m e^{j(r_m-\theta_m)}|)`, so the most coherent points are the best
+candidates, and the bound certifies the screen (:func:`~dmimo_jax.estimators.egs`).
+The model's phasors are stored once as float32 rows :math:`[\cos\theta, \sin\theta]`
+(2M); a snapshot becomes the real 2M x 2 matrix
+:math:`[[\cos r, \sin r], [\sin r, -\cos r]]`, whose product with a row is the real and
+imaginary part of :math:`\sum_m e^{j r_m} e^{-j\theta_m}`. Unchecked, traceable helpers:
+the public searches validate their inputs and call these.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+__all__ = ["phasor_rows", "coherence_weights", "squared_coherence", "cube_offsets"]
+
+
+def phasor_rows(theta: ArrayLike) -> Array:
+    r"""Float32 rows :math:`[\cos\theta_1..\cos\theta_M, \sin\theta_1..\sin\theta_M]` (..., 2M)
+    of model phases ``theta`` (..., M) (eq. 7b without the CPO)."""
+    theta = jnp.asarray(theta)
+    return jnp.concatenate([jnp.cos(theta), jnp.sin(theta)], axis=-1).astype(jnp.float32)
+
+
+def coherence_weights(r: ArrayLike) -> Array:
+    r"""The snapshots ``r`` (B, M) as one float32 matrix (2M, 2B): column ``b`` gives
+    :math:`\mathrm{Re}\sum_m e^{j(r_{bm}-\theta_m)}` and column ``B + b`` its imaginary part
+    when a phasor row multiplies it (:math:`[[\cos r, \sin r], [\sin r, -\cos r]]^\top`)."""
+    r = jnp.asarray(r)
+    c, s = jnp.cos(r).astype(jnp.float32), jnp.sin(r).astype(jnp.float32)
+    return jnp.concatenate(
+        [jnp.concatenate([c, s], axis=1), jnp.concatenate([s, -c], axis=1)], axis=0
+    ).T
+
+
+def squared_coherence(rows: Array, weights: Array) -> Array:
+    r"""Squared coherences :math:`|\sum_m e^{j(r_{bm} - \theta_{nm})}|^2` (B, N) of phasor
+    ``rows`` (N, 2M) (:func:`phasor_rows`) against ``weights`` (2M, 2B)
+    (:func:`coherence_weights`): one real matrix product."""
+    batch = weights.shape[1] // 2
+    z = jnp.einsum("mb,cm->bc", weights, rows)  # (2B, N): 2x faster than rows @ weights
+    return z[:batch] ** 2 + z[batch:] ** 2
+
+
+def cube_offsets(axis: ArrayLike) -> np.ndarray:
+    """All (n^3, 3) offsets of a cube whose points along each axis are ``axis`` (n,), C order."""
+    axis = np.asarray(axis, float)
+    return np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)
