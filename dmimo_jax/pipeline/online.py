@@ -21,16 +21,17 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
-from dmimo_jax._checks import check_int, check_phases, check_scalar
+from dmimo_jax._checks import as_snapshot_batch, check_int, check_num_aps, check_scalar
 from dmimo_jax.estimators import (
     CellTable,
     PhasorTable,
-    candidate_search,
-    coarse_to_fine,
     refine_batch,
     window_covers_table,
     window_search,
 )
+from dmimo_jax.estimators.candidates import candidate_search_unchecked
+from dmimo_jax.estimators.mle import check_num_steps, refine_batch_unchecked
+from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.physics import PhaseModel
 
 
@@ -41,11 +42,8 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
     call, so further training of the network is always seen; nothing is cached here
     beyond JAX's own compilation cache, keyed by the network's structure).
     """
-    r = jnp.asarray(r)
-    r = r[None, :] if r.ndim == 1 else r
     num_aps = getattr(estimator, "num_aps", None)
-    if num_aps is not None:
-        check_phases("r", r, num_aps, batched=True)
+    r = jnp.atleast_2d(r) if num_aps is None else as_snapshot_batch("r", r, num_aps)
     if isinstance(estimator, nnx.Module):
         graphdef, state = nnx.split(estimator)
         out = _apply_network(graphdef, state, r.astype(jnp.float32))
@@ -95,8 +93,7 @@ def locate(
         refine_steps: LM steps of the final refinement.
         table: a :class:`~dmimo_jax.estimators.PhasorTable` of ``screen`` for wide windows.
     """
-    r = jnp.asarray(r)
-    r = r[None, :] if r.ndim == 1 else r
+    r = as_snapshot_batch("r", r, model.num_aps)
     if screen is None:
         screen = (
             gp.TabulatedGPModel.from_model(model, variance=False)
@@ -132,9 +129,12 @@ def cell_probabilities(classifier: nnx.Module, r: ArrayLike, k: int) -> tuple[Ar
     """The ``k`` most likely cells (B, k) of a :class:`~dmimo_jax.learning.cells.CellClassifier`,
     most likely first, and their probabilities (B, k), run as one jitted pure function of
     the current weights."""
-    r = jnp.asarray(r)
-    r = r[None, :] if r.ndim == 1 else r
-    check_phases("r", r, classifier.num_aps, batched=True)
+    r = as_snapshot_batch("r", r, classifier.num_aps)
+    check_int("k", k, minimum=1, maximum=classifier.cells.num_cells)
+    return _cell_probabilities(classifier, r, k)
+
+
+def _cell_probabilities(classifier: nnx.Module, r: Array, k: int) -> tuple[Array, Array]:
     graphdef, state = nnx.split(classifier)
     return _top_cells(graphdef, state, r.astype(jnp.float32), k)
 
@@ -211,16 +211,57 @@ def screen_candidates(
     Raises:
         ValueError: a fallback is needed and no ``fallback_table`` was given, or bad input.
     """
-    r = jnp.asarray(r)
-    r = r[None, :] if r.ndim == 1 else r
-    check_phases("r", r, screen.num_aps, batched=True)
+    r = as_snapshot_batch("r", r, screen.num_aps)
     cells, p = jnp.asarray(cells), np.asarray(probs, np.float64)
     if cells.ndim != 2 or cells.shape != p.shape or cells.shape[0] != r.shape[0]:
         raise ValueError(
             f"cells and probs must both have shape ({r.shape[0]}, K), got {cells.shape} "
             f"and {p.shape}"
         )
-    num_cells = cells.shape[1]
+    if cells.size and not (0 <= int(cells.min()) and int(cells.max()) < table.cells.num_cells):
+        raise ValueError(f"cells must index the {table.cells.num_cells} cells of the table")
+    first_cells = check_screen_settings(
+        screen,
+        table,
+        cells.shape[1],
+        first_cells=first_cells,
+        first_mass=first_mass,
+        min_mass=min_mass,
+        num_starts=num_starts,
+        screen_steps=screen_steps,
+    )
+    return _screen_candidates(
+        r,
+        cells,
+        p,
+        screen,
+        table,
+        fallback_table,
+        first_cells,
+        first_mass,
+        min_mass,
+        num_starts,
+        screen_steps,
+    )
+
+
+def check_screen_settings(
+    screen: PhaseModel,
+    table: CellTable,
+    num_cells: int,
+    *,
+    first_cells: int | None,
+    first_mass: float,
+    min_mass: float,
+    num_starts: int,
+    screen_steps: int,
+) -> int:
+    """``ValueError`` unless the candidate screen's settings (:func:`screen_candidates`) fit
+    ``screen``, its cell ``table`` and ``num_cells`` candidates; returns ``first_cells``
+    with its default (``min(4, num_cells)``) filled in."""
+    check_num_aps(screen.num_aps)
+    if table.num_aps != screen.num_aps:
+        raise ValueError(f"table has {table.num_aps} APs, the model {screen.num_aps}")
     first_cells = min(4, num_cells) if first_cells is None else first_cells
     check_int("first_cells", first_cells, minimum=1)
     if first_cells > num_cells:
@@ -229,17 +270,38 @@ def screen_candidates(
         check_scalar(name, v)
         if v < 0:
             raise ValueError(f"{name} must be a probability threshold >= 0, got {v}")
+    check_int("num_starts", num_starts, minimum=1)
+    if num_starts > first_cells * table.points_per_cell:
+        raise ValueError(f"num_starts={num_starts} exceeds the screened points")
+    check_num_steps(screen_steps)
+    return first_cells
+
+
+def _screen_candidates(
+    r,
+    cells,
+    p,
+    screen,
+    table,
+    fallback_table,
+    first_cells,
+    first_mass,
+    min_mass,
+    num_starts,
+    screen_steps,
+) -> CandidateScreen:
+    """:func:`screen_candidates` on checked inputs (``p`` the probabilities as NumPy)."""
+    num_cells = cells.shape[1]
     mass = p.sum(axis=-1)
     fallback = mass < min_mass
     narrow = ~fallback & (p[:, :first_cells].sum(axis=-1) >= first_mass)
     r64 = r.astype(jnp.result_type(float))
     xs = jnp.zeros((r.shape[0], 3), r64.dtype)
+    cells = cells.astype(jnp.int32)
 
     def search(k):
         return lambda ri, ci: (
-            candidate_search(
-                ri, screen, table, ci[:, :k], num_starts=num_starts, num_steps=screen_steps
-            ).x
+            candidate_search_unchecked(ri, screen, table, ci[:, :k], num_starts, screen_steps, 8).x
         )
 
     tiers = (
@@ -255,9 +317,21 @@ def screen_candidates(
             raise ValueError(
                 f"{bad.size} snapshots fell below min_mass={min_mass}; pass fallback_table"
             )
-        found = bucketed(lambda ri: coarse_to_fine(ri, screen, fallback_table).x, bad, r64)
+        found = bucketed(lambda ri: whole_region_screen(ri, screen, fallback_table), bad, r64)
         xs = xs.at[bad].set(found)
     return CandidateScreen(xs, jnp.asarray(narrow), jnp.asarray(fallback), jnp.asarray(mass))
+
+
+def whole_region_screen(r: Array, screen: PhaseModel, table: PhasorTable) -> Array:
+    """The fallback of the candidate screen and of the cost gate (B, 3): the hierarchical
+    search :func:`~dmimo_jax.estimators.coarse_to_fine` of ``table`` (its defaults: 8 starts
+    of 25 LM steps) on checked snapshots ``r`` (B, M)."""
+    if not isinstance(table, PhasorTable):
+        raise ValueError(f"table must be a PhasorTable, got {type(table).__name__}")
+    if table.num_aps != screen.num_aps:
+        raise ValueError(f"table has {table.num_aps} APs, the model {screen.num_aps}")
+    k = min(8, table.grid.size)
+    return coarse_to_fine_unchecked(r.astype(table.grid.low.dtype), screen, table, k, 25).x
 
 
 def locate_candidates(
@@ -293,9 +367,7 @@ def locate_candidates(
     Raises:
         ValueError: a fallback is needed and no ``fallback_table`` was given, or bad input.
     """
-    r = jnp.asarray(r)
-    r = r[None, :] if r.ndim == 1 else r
-    check_phases("r", r, model.num_aps, batched=True)
+    r = as_snapshot_batch("r", r, model.num_aps)
     if classifier.num_aps != model.num_aps:
         raise ValueError(
             f"classifier was trained for {classifier.num_aps} APs, the model has {model.num_aps}"
@@ -314,22 +386,32 @@ def locate_candidates(
     if num_cells > own.num_cells:
         raise ValueError(f"num_cells={num_cells} exceeds the classifier's {own.num_cells} cells")
     check_int("fine_steps", fine_steps, minimum=1)
-    cells, probs = cell_probabilities(classifier, r, num_cells)
-    found = screen_candidates(
-        r,
-        cells,
-        probs,
+    first_cells = check_screen_settings(
         screen,
         table,
-        fallback_table=fallback_table,
+        num_cells,
         first_cells=first_cells,
         first_mass=first_mass,
         min_mass=min_mass,
         num_starts=num_starts,
         screen_steps=screen_steps,
     )
+    cells, probs = _cell_probabilities(classifier, r, num_cells)
+    found = _screen_candidates(
+        r,
+        cells,
+        np.asarray(probs, np.float64),
+        screen,
+        table,
+        fallback_table,
+        first_cells,
+        first_mass,
+        min_mass,
+        num_starts,
+        screen_steps,
+    )
     r64 = r.astype(jnp.result_type(float))
-    fine = refine_batch(found.x, r64, model, num_steps=fine_steps)
+    fine = refine_batch_unchecked(found.x, r64, model, fine_steps)
     return CandidateOnlineResult(
         cells, found.mass, found.fallback, found.narrow, found.x, fine.x, fine.cost, fine.cpo
     )
@@ -419,6 +501,17 @@ class Locator:
             own = self.estimator.cells.num_cells
             if self.num_cells > own:
                 raise ValueError(f"num_cells={self.num_cells} exceeds the classifier's {own} cells")
+            first_cells = check_screen_settings(
+                self.offline.screen,
+                self.offline.cells,
+                self.num_cells,
+                first_cells=self.first_cells,
+                first_mass=self.first_mass,
+                min_mass=self.min_mass,
+                num_starts=self.num_starts,
+                screen_steps=self.screen_steps,
+            )
+            object.__setattr__(self, "first_cells", first_cells)
 
     @property
     def estimator(self) -> Any:
@@ -431,36 +524,58 @@ class Locator:
         return self.offline.screen if self.fine == "screen" else self.offline.model
 
     def _snapshots(self, r: ArrayLike) -> Array:
-        r = jnp.asarray(r)
-        r = r[None, :] if r.ndim == 1 else r
-        check_phases("r", r, self.offline.screen.num_aps, batched=True)
+        """The one check of the Locator's input: (B, M) float64 (the stages' cores trust it)."""
+        r = as_snapshot_batch("r", r, self.offline.screen.num_aps)
         return r.astype(jnp.result_type(float))
+
+    # Each public stage checks its snapshots once and runs the stage's core (the underscored
+    # method); __call__ checks once and runs the cores.
 
     def coarse(self, r: ArrayLike) -> Any:
         """Stage 1: ``(cells, probs)`` (B, K) for the classifier, else positions (B, 3)."""
-        r = self._snapshots(r)
+        return self._coarse(self._snapshots(r))
+
+    def _coarse(self, r: Array) -> Any:
         if self.kind == "cells":
-            return cell_probabilities(self.estimator, r, self.num_cells)
+            return _cell_probabilities(self.estimator, r, self.num_cells)
         return coarse_estimate(self.estimator, r)
 
     def screen(self, r: ArrayLike, coarse: Any) -> CandidateScreen:
         """Stage 2, the safeguard: the candidate screen (cells) or the window (regression)."""
         r = self._snapshots(r)
-        off = self.offline
         if self.kind == "cells":
             cells, probs = coarse
             return screen_candidates(
                 r,
                 cells,
                 probs,
-                off.screen,
-                off.cells,
-                fallback_table=off.table,
+                self.offline.screen,
+                self.offline.cells,
+                fallback_table=self.offline.table,
                 first_cells=self.first_cells,
                 first_mass=self.first_mass,
                 min_mass=self.min_mass,
                 num_starts=self.num_starts,
                 screen_steps=self.screen_steps,
+            )
+        return self._screen(r, coarse)
+
+    def _screen(self, r: Array, coarse: Any) -> CandidateScreen:
+        off = self.offline
+        if self.kind == "cells":
+            cells, probs = coarse
+            return _screen_candidates(
+                r,
+                cells,
+                np.asarray(probs, np.float64),
+                off.screen,
+                off.cells,
+                off.table,
+                self.first_cells,
+                self.first_mass,
+                self.min_mass,
+                self.num_starts,
+                self.screen_steps,
             )
         radius = off.radii[self.kind]
         xs = window_search(
@@ -485,6 +600,9 @@ class Locator:
             jnp.asarray(screened, r.dtype), r, self.fine_model, num_steps=self.fine_steps
         )
 
+    def _fine_stage(self, r: Array, screened: Array) -> Any:
+        return refine_batch_unchecked(screened.astype(r.dtype), r, self.fine_model, self.fine_steps)
+
     def coarse_position(self, coarse: Any) -> Array:
         """The coarse stage's position (B, 3): the most likely cell's centre for cells."""
         if self.kind == "cells":
@@ -494,24 +612,28 @@ class Locator:
     def whole_region(self, r: ArrayLike) -> tuple[Array, Any]:
         """The fallback: the screen's whole-region search (its phasor table over the UE
         region, :func:`~dmimo_jax.estimators.coarse_to_fine`) + the fine stage."""
-        r = self._snapshots(r)
-        screened = coarse_to_fine(r, self.offline.screen, self.offline.table).x
-        return screened, self.fine_stage(r, screened)
+        return self._whole_region(self._snapshots(r))
+
+    def _whole_region(self, r: Array) -> tuple[Array, Any]:
+        screened = whole_region_screen(r, self.offline.screen, self.offline.table)
+        return screened, self._fine_stage(r, screened)
 
     def certify(self, r: ArrayLike, screened: Array, fine: Any) -> tuple[Array, Any, np.ndarray]:
         """The cost gate: re-screen over the whole region (:meth:`whole_region`) every answer
         of ``fine`` (a :class:`~dmimo_jax.estimators.RefineResult`) whose ML cost exceeds
         ``cost_gate * (M - 4)``. Returns ``(screened, fine, recovered)`` with those rows
         replaced and the (B,) mask of them."""
+        return self._certify(self._snapshots(r), screened, fine)
+
+    def _certify(self, r: Array, screened: Array, fine: Any) -> tuple[Array, Any, np.ndarray]:
         recovered = np.zeros(np.shape(fine.cost), bool)
         if self.cost_gate is None:
             return screened, fine, recovered
-        r = self._snapshots(r)
         dof = max(self.offline.screen.num_aps - 4, 1)
         recovered = np.asarray(fine.cost > self.cost_gate * dof)
         rows = np.flatnonzero(recovered)
         if rows.size:
-            again, out = bucketed(self.whole_region, rows, r)
+            again, out = bucketed(self._whole_region, rows, r)
             screened = screened.at[rows].set(again)
             fine = jax.tree.map(lambda a, b: a.at[rows].set(b), fine, out)
         return screened, fine, recovered
@@ -519,9 +641,9 @@ class Locator:
     def __call__(self, r: ArrayLike) -> LocatorResult:
         """All three stages on (M,) or (B, M) wrapped phases, then the cost gate."""
         r = self._snapshots(r)
-        coarse = self.coarse(r)
-        found = self.screen(r, coarse)
-        screened, fine, recovered = self.certify(r, found.x, self.fine_stage(r, found.x))
+        coarse = self._coarse(r)
+        found = self._screen(r, coarse)
+        screened, fine, recovered = self._certify(r, found.x, self._fine_stage(r, found.x))
         return LocatorResult(
             fine.x,
             jnp.asarray(found.fallback) | jnp.asarray(recovered),
