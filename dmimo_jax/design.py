@@ -250,6 +250,51 @@ def _step(
     return st, opt_state, value
 
 
+def _check_start(
+    scene: Scene, rects: Array, surfaces: str, wall_low: float, min_separation: float
+) -> None:
+    """``ValueError`` unless the scene's APs lie on the allowed surfaces, far enough apart."""
+    if not _check_on_surfaces(room_to_net(scene.ap_positions, scene.room_size), rects):
+        raise ValueError(
+            f"scene.ap_positions are not all on the allowed surfaces ({surfaces!r}; walls from "
+            f"z = {wall_low} m up)"
+        )
+    sep0 = min_pairwise_distance(scene.ap_positions)
+    if sep0 < min_separation - 1e-9:
+        raise ValueError(
+            f"the starting layout has APs {sep0:.3g} m apart, below min_separation="
+            f"{min_separation}: start from a layout that meets it (e.g. design.sample_layout)"
+        )
+
+
+def _phases(objective: str, steps: int, mean_steps: int, learning_rate: float) -> list:
+    """(objective, steps, optimizer) of each descent phase: ``mean_steps`` of the mean at
+    ``learning_rate``, then ``steps`` of ``objective`` (at half the rate after a warm-up);
+    optax Adam on a cosine-decayed step."""
+    return [
+        (name, n, optax.adam(optax.cosine_decay_schedule(lr, n, alpha=0.02)))
+        for name, n, lr in (
+            ("mean", mean_steps, learning_rate),
+            (objective, steps, learning_rate / 2 if mean_steps else learning_rate),
+        )
+        if n
+    ]
+
+
+def _descend(st, phases, k_steps, shared, num_ue, p, bar) -> tuple[Array, list]:
+    """Run the descent ``phases`` from the surface coordinates ``st``: the final ``st`` and
+    the objective after every step."""
+    history = []
+    for phase, (name, n, optimizer) in enumerate(phases):
+        opt_state = optimizer.init(st)
+        statics = (name, num_ue, optimizer, p)
+        for k in jax.random.split(jax.random.fold_in(k_steps, phase), n):
+            st, opt_state, value = _step(st, opt_state, k, *shared, *statics)
+            history.append(value)
+            bar.update()
+    return st, history
+
+
 def optimize_ap_positions(
     scene: Scene,
     key: Array,
@@ -289,9 +334,8 @@ def optimize_ap_positions(
         mean_steps: steps of the ``"mean"`` objective run first on each start (at
             ``learning_rate``), before ``steps`` of ``objective`` at half that rate. Default:
             ``steps // 2`` for ``"max"`` (the smooth maximum descends poorly from a random
-            layout: on ceiling and walls, p99 0.41x the paper's layout without the warm-up,
-            0.38x with it in ``examples/ap_placement.py``; docs/calibration_design.md), 0
-            for ``"mean"``.
+            layout; the attempts with and without the warm-up are measured in
+            docs/calibration_design.md), 0 for ``"mean"``.
         progress: a tqdm bar.
 
     Returns:
@@ -312,33 +356,14 @@ def optimize_ap_positions(
     warn_if_float32("optimize_ap_positions")
     size = np.asarray(scene.room_size, float)
     rects = _rectangles(size, surfaces, wall_low)
-    st = room_to_net(scene.ap_positions, size)
-    if not _check_on_surfaces(st, rects):
-        raise ValueError(
-            f"scene.ap_positions are not all on the allowed surfaces ({surfaces!r}; walls from "
-            f"z = {wall_low} m up)"
-        )
-    sep0 = min_pairwise_distance(scene.ap_positions)
-    if sep0 < min_separation - 1e-9:
-        raise ValueError(
-            f"the starting layout has APs {sep0:.3g} m apart, below min_separation="
-            f"{min_separation}: start from a layout that meets it (e.g. design.sample_layout)"
-        )
+    _check_start(scene, rects, surfaces, wall_low, min_separation)
     check_int("num_starts", num_starts, minimum=1)
     if mean_steps is None:
         mean_steps = steps // 2 if objective == "max" else 0
     check_int("mean_steps", mean_steps, minimum=0)
-    # (objective, steps, optimizer) of each phase; the second runs at half the step
-    phases = [
-        (name, n, optax.adam(optax.cosine_decay_schedule(lr, n, alpha=0.02)))
-        for name, n, lr in (
-            ("mean", mean_steps, learning_rate),
-            (objective, steps, learning_rate / 2 if mean_steps else learning_rate),
-        )
-        if n
-    ]
+    phases = _phases(objective, steps, mean_steps, learning_rate)
     k_steps, k_starts, k_select = jax.random.split(key, 3)
-    starts = [st] + [
+    starts = [room_to_net(scene.ap_positions, size)] + [
         room_to_net(
             sample_layout(
                 k,
@@ -357,14 +382,7 @@ def optimize_ap_positions(
     bar = tqdm(total=(mean_steps + steps) * num_starts, desc="AP layout", disable=not progress)
     shared = (scene, rects, min_separation, penalty)
     for st in starts:
-        history = []
-        for phase, (name, n, optimizer) in enumerate(phases):
-            opt_state = optimizer.init(st)
-            statics = (name, num_ue, optimizer, p)
-            for k in jax.random.split(jax.random.fold_in(k_steps, phase), n):
-                st, opt_state, value = _step(st, opt_state, k, *shared, *statics)
-                history.append(value)
-                bar.update()
+        st, history = _descend(st, phases, k_steps, shared, num_ue, p, bar)
         ap = net_to_room(st, jnp.asarray(size))
         achieved = min_pairwise_distance(ap)
         if achieved < min_separation * (1 - 1e-3):

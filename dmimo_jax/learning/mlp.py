@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from dmimo_jax.learning.nets import (
+    PositionRegressor,
     Standardizer,
     differential_inputs,
     dropout,
@@ -74,8 +74,10 @@ def check_reference(reference: int, num_aps: int) -> None:
         raise ValueError(f"reference must index one of the {num_aps} APs, got {reference}")
 
 
-class MLPRegressor(nnx.Module):
+class MLPRegressor(PositionRegressor, nnx.Module):
     """The MLP benchmark: differential phases -> position (..., 3) in metres, MAE-trained."""
+
+    config_type = MLPConfig
 
     def __init__(self, num_aps: int, config: MLPConfig, *, low: Any, high: Any, rngs: nnx.Rngs):
         check_reference(config.reference, num_aps)
@@ -88,26 +90,4 @@ class MLPRegressor(nnx.Module):
         r = network_input(r, self.num_aps)
         return self.mlp(differential_inputs(r, self.config.reference), key)
 
-    def __call__(self, r: Any, *, key: jax.Array | None = None) -> jax.Array:
-        return self.standardizer.inverse(self.standardized(r, key=key))
-
-    def loss(self, r: Any, x: Any, key: jax.Array | None) -> jax.Array:
-        z = self.standardizer.forward(jnp.asarray(x, jnp.float32))
-        return jnp.mean(jnp.sum(jnp.abs(self.standardized(r, key=key) - z), axis=-1))
-
-    def error(self, r: Any, x: Any) -> jax.Array:
-        return jnp.linalg.norm(self(r) - jnp.asarray(x, jnp.float32), axis=-1)
-
     kind = "mlp"  # model-file kind (dmimo_jax.learning.io)
-
-    def spec(self) -> dict:
-        """JSON-able architecture: what :meth:`from_spec` rebuilds."""
-        return dict(
-            num_aps=self.num_aps, config=dataclasses.asdict(self.config), **self.standardizer.box()
-        )
-
-    @classmethod
-    def from_spec(cls, spec: dict, *, rngs: nnx.Rngs) -> MLPRegressor:
-        """A freshly initialized network of the architecture in ``spec``."""
-        cfg = MLPConfig(**spec["config"])
-        return cls(spec["num_aps"], cfg, low=spec["low"], high=spec["high"], rngs=rngs)

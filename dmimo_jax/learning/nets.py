@@ -14,6 +14,7 @@ jit/vmap/grad.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ __all__ = [
     "functional",
     "inference_fn",
     "phase_tokens",
+    "PositionRegressor",
 ]
 
 
@@ -97,14 +99,12 @@ def differential_inputs(r: jax.Array, reference: int = 0) -> jax.Array:
 def functional(model: nnx.Module) -> tuple[Callable[..., Any], nnx.State]:
     """A pure ``apply(state, r, *, key=None)`` and the model's state (all variables).
 
-        >>> from flax import nnx
-
-    from dmimo_jax._checks import check_phases
-        >>> from dmimo_jax.learning.popt import POPT, POPTConfig
-        >>> net = POPT(17, POPTConfig.tiny(), low=[0, 0, 0], high=[1, 1, 1], rngs=nnx.Rngs(0))
-        >>> apply, state = functional(net)
-        >>> apply(state, jnp.zeros((5, 17))).shape
-        (5, 3)
+    >>> from flax import nnx
+    >>> from dmimo_jax.learning.popt import POPT, POPTConfig
+    >>> net = POPT(17, POPTConfig.tiny(), low=[0, 0, 0], high=[1, 1, 1], rngs=nnx.Rngs(0))
+    >>> apply, state = functional(net)
+    >>> apply(state, jnp.zeros((5, 17))).shape
+    (5, 3)
     """
     graphdef, state = nnx.split(model)
 
@@ -117,13 +117,51 @@ def functional(model: nnx.Module) -> tuple[Callable[..., Any], nnx.State]:
 def inference_fn(model: nnx.Module) -> Callable[[Any], Any]:
     """A jitted ``r -> model(r)`` with the weights baked in as constants (inference only).
 
-    Closing over the weights instead of passing the state skips flattening ~50 leaves on
-    every call: measured on the 2-core CPU at batch 1, 1.36 vs 1.72 ms for the paper's POPT
-    and 0.21 vs 0.32 ms for the ``cpu`` preset's (``benchmarks/popt_latency.py``). The
-    function sees the weights as they are now; rebuild it after further training.
+    Closing over the weights instead of passing the state skips flattening the state's
+    leaves on every call (the latency this saves: ``benchmarks/popt_latency.py``,
+    docs/learning.md). The function sees the weights as they are now; rebuild it after
+    further training.
     """
     graphdef, state = nnx.split(model)
     return jax.jit(lambda r: nnx.merge(graphdef, state)(r))
+
+
+class PositionRegressor:
+    """The regression head shared by POPT and the MLP benchmark (a mixin of an NNX module).
+
+    A subclass sets ``num_aps``, ``config`` (a dataclass of type ``config_type``) and
+    ``standardizer`` (:class:`Standardizer`) and defines ``standardized(r, *, key)``, the
+    network output in standardized coordinates (..., 3); this class turns it into
+    positions, the training loss (MAE on standardized targets, Sec. VI-A), the validation
+    error and the model-file spec.
+    """
+
+    config_type: type
+
+    def __call__(self, r: Any, *, key: jax.Array | None = None) -> jax.Array:
+        """Positions (..., 3), m (float32); ``key`` switches dropout on (training)."""
+        return self.standardizer.inverse(self.standardized(r, key=key))
+
+    def loss(self, r: Any, x: Any, key: jax.Array | None) -> jax.Array:
+        """MAE on standardized targets (Sec. VI-A): mean over the batch of the L1 norm."""
+        z = self.standardizer.forward(jnp.asarray(x, jnp.float32))
+        return jnp.mean(jnp.sum(jnp.abs(self.standardized(r, key=key) - z), axis=-1))
+
+    def error(self, r: Any, x: Any) -> jax.Array:
+        """Euclidean position error per sample, m."""
+        return jnp.linalg.norm(self(r) - jnp.asarray(x, jnp.float32), axis=-1)
+
+    def spec(self) -> dict:
+        """JSON-able architecture: what :meth:`from_spec` rebuilds."""
+        return dict(
+            num_aps=self.num_aps, config=dataclasses.asdict(self.config), **self.standardizer.box()
+        )
+
+    @classmethod
+    def from_spec(cls, spec: dict, *, rngs: nnx.Rngs) -> Any:
+        """A freshly initialized network of the architecture in ``spec``."""
+        cfg = cls.config_type(**spec["config"])
+        return cls(spec["num_aps"], cfg, low=spec["low"], high=spec["high"], rngs=rngs)
 
 
 def dropout_keys(key: jax.Array | None, num: int) -> list[jax.Array | None]:

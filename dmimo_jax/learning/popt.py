@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from dmimo_jax.learning.nets import (
+    PositionRegressor,
     Standardizer,
     dropout,
     dropout_keys,
@@ -96,7 +97,7 @@ class EncoderBlock(nnx.Module):
         return h + dropout(self.drop, ff, k2)
 
 
-class POPT(nnx.Module):
+class POPT(PositionRegressor, nnx.Module):
     """POPT for ``num_aps`` APs.
 
     Args:
@@ -108,6 +109,8 @@ class POPT(nnx.Module):
     ``model(r)`` maps wrapped phases (..., M) to positions (..., 3) in metres (float32);
     ``model(r, key=k)`` applies dropout (training).
     """
+
+    config_type = POPTConfig
 
     def __init__(self, num_aps: int, config: POPTConfig, *, low: Any, high: Any, rngs: nnx.Rngs):
         if not (isinstance(num_aps, int) and num_aps >= 2):
@@ -147,28 +150,4 @@ class POPT(nnx.Module):
         g = jnp.mean(self.ln_out(h), axis=-2)  # GAP(LN(H^(N_enc)))
         return self.head2(jax.nn.gelu(self.head1(self.ln_head(g)), approximate=False))
 
-    def __call__(self, r: Any, *, key: jax.Array | None = None) -> jax.Array:
-        return self.standardizer.inverse(self.standardized(r, key=key))
-
-    def loss(self, r: Any, x: Any, key: jax.Array | None) -> jax.Array:
-        """MAE on standardized targets (Sec. VI-A): mean over the batch of the L1 norm."""
-        z = self.standardizer.forward(jnp.asarray(x, jnp.float32))
-        return jnp.mean(jnp.sum(jnp.abs(self.standardized(r, key=key) - z), axis=-1))
-
-    def error(self, r: Any, x: Any) -> jax.Array:
-        """Euclidean position error per sample, m."""
-        return jnp.linalg.norm(self(r) - jnp.asarray(x, jnp.float32), axis=-1)
-
     kind = "popt"  # model-file kind (dmimo_jax.learning.io)
-
-    def spec(self) -> dict:
-        """JSON-able architecture: what :meth:`from_spec` rebuilds."""
-        return dict(
-            num_aps=self.num_aps, config=dataclasses.asdict(self.config), **self.standardizer.box()
-        )
-
-    @classmethod
-    def from_spec(cls, spec: dict, *, rngs: nnx.Rngs) -> POPT:
-        """A freshly initialized network of the architecture in ``spec``."""
-        cfg = POPTConfig(**spec["config"])
-        return cls(spec["num_aps"], cfg, low=spec["low"], high=spec["high"], rngs=rngs)

@@ -93,11 +93,109 @@ def _batches(perm: np.ndarray, batch: int) -> list[np.ndarray]:
     return [np.sort(perm[i * batch : (i + 1) * batch]) for i in range(n)]
 
 
-def _checkpointer(directory: pathlib.Path):
-    import orbax.checkpoint as ocp
+def _split_sizes(n: int, config: TrainConfig, devices: list) -> tuple[int, int]:
+    """(training, validation) sample counts of ``n``; ``ValueError`` when the training
+    part holds no full minibatch or the batch does not split across ``devices``."""
+    n_val = max(1, int(round(config.val_fraction * n)))
+    n_tr = n - n_val
+    if n_tr < config.batch_size:
+        raise ValueError(
+            f"data has {n_tr} training samples after the validation split; "
+            f"batch_size={config.batch_size} needs at least that many"
+        )
+    if config.batch_size % len(devices):
+        raise ValueError(
+            f"batch_size={config.batch_size} must be divisible by the {len(devices)} devices"
+        )
+    return n_tr, n_val
 
-    options = ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
-    return ocp.CheckpointManager(directory.absolute(), options=options)
+
+def _optimizer(config: TrainConfig, total_steps: int) -> tuple[Any, Callable]:
+    """AdamW on the one-cycle cosine schedule (Sec. VI-A) and the schedule itself."""
+    sched = optax.cosine_onecycle_schedule(total_steps, config.peak_lr, pct_start=config.pct_start)
+    lr = lambda count: sched(count).astype(jnp.float32)
+    return optax.adamw(lr, weight_decay=config.weight_decay), lr
+
+
+def _step_functions(graphdef: Any, rest: Any, opt: Any) -> tuple[Callable, Callable]:
+    """The jitted training step ``(params, opt_state, r, x, key) -> (params, opt_state,
+    loss)`` and the jitted evaluation ``(params, r, x) -> (errors, loss)`` of one network
+    structure (pure functions of their arguments)."""
+
+    @jax.jit
+    def step(params, opt_state, r, x, key):
+        def loss_fn(p):
+            return nnx.merge(graphdef, p, rest).loss(r, x, key)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    @jax.jit
+    def evaluate(params, r, x):
+        m = nnx.merge(graphdef, params, rest)
+        return m.error(r, x), m.loss(r, x, None)
+
+    return step, evaluate
+
+
+def _validation(evaluate: Callable, params: Any, x_all: Any, r_all: Any, start: int) -> tuple:
+    """(RMS error, mean loss) over the held-out samples ``start:``, in chunks of 4096."""
+    n = x_all.shape[0]
+    errs, losses, chunk = [], [], 4096
+    for s in range(start, n, chunk):
+        e = min(s + chunk, n)
+        err, loss = evaluate(
+            params, np.asarray(r_all[s:e], np.float32), np.asarray(x_all[s:e], np.float32)
+        )
+        errs.append(np.asarray(err, np.float64))
+        losses.append(float(loss) * (e - s))
+    err = np.concatenate(errs)
+    return float(np.sqrt(np.mean(err**2))), float(np.sum(losses) / (n - start))
+
+
+class _Checkpoints:
+    """Per-epoch orbax checkpoints of ``{"params", "opt_state"}`` and the history rows."""
+
+    def __init__(self, directory: str | pathlib.Path):
+        import orbax.checkpoint as ocp  # imported only when checkpoints are asked for
+
+        self.ocp, self.directory = ocp, str(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=2, create=True)
+        self.manager = ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options)
+
+    def restore(self, state: dict) -> tuple[dict, list[dict], int] | None:
+        """``(state, history, next_epoch)`` of the latest checkpoint, or None; ``ValueError``
+        when it does not match ``state``'s structure or cannot be read."""
+        latest = self.manager.latest_step()
+        if latest is None:
+            return None
+        args = self.ocp.args
+        try:
+            restored = self.manager.restore(
+                latest,
+                args=args.Composite(state=args.StandardRestore(state), history=args.JsonRestore()),
+            )
+        except Exception as err:  # structure/shape mismatch or unreadable files
+            raise ValueError(
+                f"checkpoint_dir={self.directory!r} holds a checkpoint (epoch {latest + 1}) "
+                f"that does not match this model or is corrupted: {err}"
+            ) from err
+        return restored.state, list(restored.history["rows"]), latest + 1
+
+    def save(self, epoch: int, state: dict, history: list[dict]) -> None:
+        args = self.ocp.args
+        self.manager.save(
+            epoch,
+            args=args.Composite(
+                state=args.StandardSave(state), history=args.JsonSave({"rows": history})
+            ),
+        )
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
 
 
 def train(
@@ -127,85 +225,27 @@ def train(
             does not split across the devices, or a checkpoint of another model.
     """
     x_all, r_all = _as_arrays(data)
-    n = x_all.shape[0]
-    n_val = max(1, int(round(config.val_fraction * n)))
-    n_tr = n - n_val
-    if n_tr < config.batch_size:
-        raise ValueError(
-            f"data has {n_tr} training samples after the validation split; "
-            f"batch_size={config.batch_size} needs at least that many"
-        )
     devices = list(devices or jax.devices())
-    if config.batch_size % len(devices):
-        raise ValueError(
-            f"batch_size={config.batch_size} must be divisible by the {len(devices)} devices"
-        )
+    n_tr, _ = _split_sizes(x_all.shape[0], config, devices)
     mesh = jax.sharding.Mesh(np.array(devices), ("data",))
-    batch_sharding = NamedSharding(mesh, P("data"))
-    replicated = NamedSharding(mesh, P())
-
+    batch_sharding, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
     steps_per_epoch = n_tr // config.batch_size
     total = steps_per_epoch * config.epochs
-    sched = optax.cosine_onecycle_schedule(total, config.peak_lr, pct_start=config.pct_start)
-    lr = lambda count: sched(count).astype(jnp.float32)
-    opt = optax.adamw(lr, weight_decay=config.weight_decay)
+    opt, lr = _optimizer(config, total)
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    opt_state = opt.init(params)
-    params, opt_state = jax.device_put((params, opt_state), replicated)
-
-    @jax.jit
-    def step(params, opt_state, r, x, key):
-        def loss_fn(p):
-            return nnx.merge(graphdef, p, rest).loss(r, x, key)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    @jax.jit
-    def evaluate(params, r, x):
-        m = nnx.merge(graphdef, params, rest)
-        return m.error(r, x), m.loss(r, x, None)
-
-    def validation(params) -> tuple[float, float]:
-        errs, losses, chunk = [], [], 4096
-        for s in range(n_tr, n, chunk):
-            e = min(s + chunk, n)
-            err, loss = evaluate(
-                params, np.asarray(r_all[s:e], np.float32), np.asarray(x_all[s:e], np.float32)
-            )
-            errs.append(np.asarray(err, np.float64))
-            losses.append(float(loss) * (e - s))
-        err = np.concatenate(errs)
-        return float(np.sqrt(np.mean(err**2))), float(np.sum(losses) / n_val)
-
+    state = jax.device_put({"params": params, "opt_state": opt.init(params)}, replicated)
+    step, evaluate = _step_functions(graphdef, rest, opt)
     history: list[dict] = []
     start_epoch = 0
-    manager = None
-    if checkpoint_dir is not None:
-        import orbax.checkpoint as ocp
+    checkpoints = None if checkpoint_dir is None else _Checkpoints(checkpoint_dir)
+    if checkpoints is not None and (found := checkpoints.restore(state)) is not None:
+        state, history, start_epoch = found
+        state = jax.device_put(state, replicated)
+    params, opt_state = state["params"], state["opt_state"]
 
-        manager = _checkpointer(pathlib.Path(checkpoint_dir))
-        latest = manager.latest_step()
-        if latest is not None:
-            target = {"params": params, "opt_state": opt_state}
-            try:
-                restored = manager.restore(
-                    latest,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardRestore(target), history=ocp.args.JsonRestore()
-                    ),
-                )
-            except Exception as err:  # structure/shape mismatch or unreadable files
-                raise ValueError(
-                    f"checkpoint_dir={str(checkpoint_dir)!r} holds a checkpoint (epoch {latest + 1}) "
-                    f"that does not match this model or is corrupted: {err}"
-                ) from err
-            params = jax.device_put(restored.state["params"], replicated)
-            opt_state = jax.device_put(restored.state["opt_state"], replicated)
-            history = list(restored.history["rows"])
-            start_epoch = latest + 1
+    def put(a: Any, idx: np.ndarray) -> jax.Array:
+        return jax.device_put(np.asarray(a[idx], np.float32), batch_sharding)
 
     key = jax.random.key(config.seed)
     bar = tqdm(
@@ -221,17 +261,15 @@ def train(
             losses = []
             for i, idx in enumerate(_batches(perm, config.batch_size)):
                 g = epoch * steps_per_epoch + i
-                rb = jax.device_put(np.asarray(r_all[idx], np.float32), batch_sharding)
-                xb = jax.device_put(np.asarray(x_all[idx], np.float32), batch_sharding)
                 params, opt_state, loss = step(
-                    params, opt_state, rb, xb, jax.random.fold_in(key, g)
+                    params, opt_state, put(r_all, idx), put(x_all, idx), jax.random.fold_in(key, g)
                 )
                 losses.append(loss)
                 bar.update(1)
                 if i % 50 == 0:
                     bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.4f}")
             jax.block_until_ready(params)
-            val_error, val_loss = validation(params)
+            val_error, val_loss = _validation(evaluate, params, x_all, r_all, n_tr)
             row = dict(
                 epoch=epoch + 1,
                 loss=float(np.mean(np.asarray(jax.device_get(losses)))),
@@ -241,23 +279,13 @@ def train(
             )
             history.append(row)
             bar.set_postfix(epoch=epoch + 1, loss=f"{row['loss']:.4f}", val=f"{val_error:.4g}")
-            if manager is not None:
-                import orbax.checkpoint as ocp
-
-                manager.save(
-                    epoch,
-                    args=ocp.args.Composite(
-                        state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
-                        history=ocp.args.JsonSave({"rows": history}),
-                    ),
-                )
-                manager.wait_until_finished()
+            if checkpoints is not None:
+                checkpoints.save(epoch, {"params": params, "opt_state": opt_state}, history)
             if on_epoch_end is not None:
                 on_epoch_end(epoch, row)
     finally:
         bar.close()
-        if manager is not None:
-            manager.wait_until_finished()
-            manager.close()
+        if checkpoints is not None:
+            checkpoints.close()
     nnx.update(model, jax.device_get(params))
     return TrainResult(model, history)
