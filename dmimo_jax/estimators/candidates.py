@@ -216,6 +216,7 @@ def candidate_search_unchecked(
     """:func:`candidate_search`'s jitted core, without input checks: ``r`` (B, M), ``cells``
     (B, K) int32 indices of the table's cells, ``k`` starts of ``num_steps`` LM steps,
     ``chunk`` snapshots per gathered product (the last three static)."""
+
     def starts(args):  # (k, 3) most coherent screened points of one snapshot
         ri, ci = args
         rows = table.data[ci].reshape(-1, table.data.shape[-1])  # (K P, 2M) [cos, sin]
