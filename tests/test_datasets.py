@@ -281,7 +281,8 @@ def test_residual_field_learns_a_smooth_perturbation(tmp_path):
 
 
 def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
-    write_folder(tmp_path / "data", {"EXP901": 40, "EXP902": 30}, residual_std=0.1)
+    # two experiments of one size: the second reuses the first one's compiled functions
+    write_folder(tmp_path / "data", {"EXP901": 36, "EXP902": 36}, residual_std=0.1)
     out = tmp_path / "rt.json"
     argv = [
         "--data",
