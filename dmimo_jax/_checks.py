@@ -115,6 +115,13 @@ def check_num_aps(num_aps: int, *, minimum: int = 4) -> None:
         )
 
 
+def check_table_aps(table: Any, model: Any) -> None:
+    """``ValueError`` unless a lookup table (phasor or cell table) was built for as many
+    APs as ``model`` has."""
+    if table.num_aps != model.num_aps:
+        raise ValueError(f"table has {table.num_aps} APs, the model {model.num_aps}")
+
+
 def check_scalar(name: str, value: Any, *, positive: bool = False) -> None:
     """A finite real scalar (strictly positive with ``positive``)."""
     if not is_concrete(value):

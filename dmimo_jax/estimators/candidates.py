@@ -23,7 +23,13 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import as_snapshot_batch, check_int, check_num_aps, check_scalar
+from dmimo_jax._checks import (
+    as_snapshot_batch,
+    check_int,
+    check_num_aps,
+    check_scalar,
+    check_table_aps,
+)
 from dmimo_jax.estimators.mle import check_num_steps, ls_costs, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import (
     coherence_weights,
@@ -189,8 +195,7 @@ def candidate_search(
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
     r = as_snapshot_batch("r", r, model.num_aps)
-    if table.num_aps != model.num_aps:
-        raise ValueError(f"table has {table.num_aps} APs, the model {model.num_aps}")
+    check_table_aps(table, model)
     cells = jnp.asarray(cells)
     if cells.ndim != 2 or cells.shape[0] != r.shape[0]:
         raise ValueError(f"cells must have shape ({r.shape[0]}, K), got {cells.shape}")

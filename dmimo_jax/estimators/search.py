@@ -31,7 +31,13 @@ from jax import Array
 from jax.sharding import Mesh
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import as_snapshot_batch, check_int, check_num_aps, warn_if_float32
+from dmimo_jax._checks import (
+    as_snapshot_batch,
+    check_int,
+    check_num_aps,
+    check_table_aps,
+    warn_if_float32,
+)
 from dmimo_jax.estimators.grid import (
     Grid,
     PhasorTable,
@@ -117,8 +123,7 @@ def egs(
             jnp.zeros((0, 3), dtype), empty, jnp.zeros((0,), jnp.int32), jnp.zeros((0,), bool)
         )
     if isinstance(grid, PhasorTable):
-        if grid.num_aps != model.num_aps:
-            raise ValueError(f"table has {grid.num_aps} APs, the model {model.num_aps}")
+        check_table_aps(grid, model)
         res = egs_table_search(r, model, grid, min(num_candidates, grid.grid.size))
         bad = np.flatnonzero(~np.asarray(res.screened))
         if bad.size and widen > 1:  # certificate failed: a wider screen for those snapshots
@@ -256,8 +261,7 @@ def coarse_to_fine(
     r = as_snapshot_batch("r", r, model.num_aps, table.grid.low.dtype)
     check_num_steps(num_steps)
     check_int("num_starts", num_starts, minimum=1, maximum=table.grid.size)
-    if table.num_aps != model.num_aps:
-        raise ValueError(f"table has {table.num_aps} APs, the model {model.num_aps}")
+    check_table_aps(table, model)
     if r.shape[0] == 0:
         z = jnp.zeros((0, 3), r.dtype)
         return CoarseToFineResult(z, jnp.zeros((0,), r.dtype), z, jnp.zeros((0, 0), jnp.int32))

@@ -21,7 +21,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import as_snapshot_batch, check_int
+from dmimo_jax._checks import as_snapshot_batch, check_int, check_table_aps
 from dmimo_jax.estimators.grid import PhasorTable
 from dmimo_jax.estimators.mle import check_num_steps, ls_costs, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import cube_offsets
@@ -122,8 +122,7 @@ def window_search(
     # the table's coherence screen is far cheaper per point than evaluating the model (the
     # table vs plain rows of docs/performance.md): past 1/16 of the table, screen all of it
     if table is not None and 16 * count >= table.grid.size:
-        if table.num_aps != model.num_aps:
-            raise ValueError(f"table has {table.num_aps} APs, the model {model.num_aps}")
+        check_table_aps(table, model)
         if num_starts > table.grid.size:
             raise ValueError(
                 f"num_starts must be an int in [1, {table.grid.size}], got {num_starts}"

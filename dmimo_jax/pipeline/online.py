@@ -21,7 +21,13 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
-from dmimo_jax._checks import as_snapshot_batch, check_int, check_num_aps, check_scalar
+from dmimo_jax._checks import (
+    as_snapshot_batch,
+    check_int,
+    check_num_aps,
+    check_scalar,
+    check_table_aps,
+)
 from dmimo_jax.estimators import (
     CellTable,
     PhasorTable,
@@ -220,7 +226,7 @@ def screen_candidates(
         )
     if cells.size and not (0 <= int(cells.min()) and int(cells.max()) < table.cells.num_cells):
         raise ValueError(f"cells must index the {table.cells.num_cells} cells of the table")
-    first_cells = check_screen_settings(
+    settings = check_screen_settings(
         screen,
         table,
         cells.shape[1],
@@ -230,19 +236,17 @@ def screen_candidates(
         num_starts=num_starts,
         screen_steps=screen_steps,
     )
-    return _screen_candidates(
-        r,
-        cells,
-        p,
-        screen,
-        table,
-        fallback_table,
-        first_cells,
-        first_mass,
-        min_mass,
-        num_starts,
-        screen_steps,
-    )
+    return _screen_candidates(r, cells, p, screen, table, fallback_table, settings)
+
+
+class ScreenSettings(NamedTuple):
+    """The candidate screen's checked settings (:func:`check_screen_settings`)."""
+
+    first_cells: int
+    first_mass: float
+    min_mass: float
+    num_starts: int
+    screen_steps: int
 
 
 def check_screen_settings(
@@ -255,13 +259,12 @@ def check_screen_settings(
     min_mass: float,
     num_starts: int,
     screen_steps: int,
-) -> int:
+) -> ScreenSettings:
     """``ValueError`` unless the candidate screen's settings (:func:`screen_candidates`) fit
-    ``screen``, its cell ``table`` and ``num_cells`` candidates; returns ``first_cells``
-    with its default (``min(4, num_cells)``) filled in."""
+    ``screen``, its cell ``table`` and ``num_cells`` candidates; returns them checked, with
+    ``first_cells``'s default (``min(4, num_cells)``) filled in."""
     check_num_aps(screen.num_aps)
-    if table.num_aps != screen.num_aps:
-        raise ValueError(f"table has {table.num_aps} APs, the model {screen.num_aps}")
+    check_table_aps(table, screen)
     first_cells = min(4, num_cells) if first_cells is None else first_cells
     check_int("first_cells", first_cells, minimum=1)
     if first_cells > num_cells:
@@ -274,23 +277,20 @@ def check_screen_settings(
     if num_starts > first_cells * table.points_per_cell:
         raise ValueError(f"num_starts={num_starts} exceeds the screened points")
     check_num_steps(screen_steps)
-    return first_cells
+    return ScreenSettings(first_cells, first_mass, min_mass, num_starts, screen_steps)
 
 
 def _screen_candidates(
-    r,
-    cells,
-    p,
-    screen,
-    table,
-    fallback_table,
-    first_cells,
-    first_mass,
-    min_mass,
-    num_starts,
-    screen_steps,
+    r: Array,
+    cells: Array,
+    p: np.ndarray,
+    screen: PhaseModel,
+    table: CellTable,
+    fallback_table: PhasorTable | None,
+    settings: ScreenSettings,
 ) -> CandidateScreen:
     """:func:`screen_candidates` on checked inputs (``p`` the probabilities as NumPy)."""
+    first_cells, first_mass, min_mass, num_starts, screen_steps = settings
     num_cells = cells.shape[1]
     mass = p.sum(axis=-1)
     fallback = mass < min_mass
@@ -328,8 +328,7 @@ def whole_region_screen(r: Array, screen: PhaseModel, table: PhasorTable) -> Arr
     of 25 LM steps) on checked snapshots ``r`` (B, M)."""
     if not isinstance(table, PhasorTable):
         raise ValueError(f"table must be a PhasorTable, got {type(table).__name__}")
-    if table.num_aps != screen.num_aps:
-        raise ValueError(f"table has {table.num_aps} APs, the model {screen.num_aps}")
+    check_table_aps(table, screen)
     k = min(8, table.grid.size)
     return coarse_to_fine_unchecked(r.astype(table.grid.low.dtype), screen, table, k, 25).x
 
@@ -386,7 +385,7 @@ def locate_candidates(
     if num_cells > own.num_cells:
         raise ValueError(f"num_cells={num_cells} exceeds the classifier's {own.num_cells} cells")
     check_int("fine_steps", fine_steps, minimum=1)
-    first_cells = check_screen_settings(
+    settings = check_screen_settings(
         screen,
         table,
         num_cells,
@@ -404,11 +403,7 @@ def locate_candidates(
         screen,
         table,
         fallback_table,
-        first_cells,
-        first_mass,
-        min_mass,
-        num_starts,
-        screen_steps,
+        settings,
     )
     r64 = r.astype(jnp.result_type(float))
     fine = refine_batch_unchecked(found.x, r64, model, fine_steps)
@@ -501,7 +496,7 @@ class Locator:
             own = self.estimator.cells.num_cells
             if self.num_cells > own:
                 raise ValueError(f"num_cells={self.num_cells} exceeds the classifier's {own} cells")
-            first_cells = check_screen_settings(
+            settings = check_screen_settings(
                 self.offline.screen,
                 self.offline.cells,
                 self.num_cells,
@@ -511,12 +506,19 @@ class Locator:
                 num_starts=self.num_starts,
                 screen_steps=self.screen_steps,
             )
-            object.__setattr__(self, "first_cells", first_cells)
+            object.__setattr__(self, "first_cells", settings.first_cells)
 
     @property
     def estimator(self) -> Any:
         """The trained coarse estimator."""
         return self.offline.estimators[self.kind]
+
+    @property
+    def screen_settings(self) -> ScreenSettings:
+        """The candidate screen's settings (checked at construction)."""
+        return ScreenSettings(
+            self.first_cells, self.first_mass, self.min_mass, self.num_starts, self.screen_steps
+        )
 
     @property
     def fine_model(self) -> PhaseModel:
@@ -571,11 +573,7 @@ class Locator:
                 off.screen,
                 off.cells,
                 off.table,
-                self.first_cells,
-                self.first_mass,
-                self.min_mass,
-                self.num_starts,
-                self.screen_steps,
+                self.screen_settings,
             )
         radius = off.radii[self.kind]
         xs = window_search(
