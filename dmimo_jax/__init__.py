@@ -95,6 +95,7 @@ _LAZY = (
     "complexity",
     "calibration",
     "design",
+    "tracking",
 )  # heavier imports, loaded on first access
 
 
@@ -174,6 +175,7 @@ __all__ = [
     "simulate_phases_exact",
     "simulate_phases_exact_batch",
     "thermal_noise_power",
+    "tracking",
     "unwrapped_phase",
     "watt_to_dbm",
     "wrap",

@@ -54,6 +54,7 @@ __all__ = [
     "phase_jacobian",
     "jacobian_analytic",
     "position_fim",
+    "linearize",
     "peb",
     "peb_map",
     "peb_from_fim",
@@ -251,12 +252,27 @@ def position_fim(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     model = as_phase_model(model)
     check_positions("x", x, batched=False)
     check_away_from_aps("x", x, model.scene.ap_positions)
-    x = jnp.asarray(x)
-    # one trace for H and the variances, so their shared primal work (path lengths,
-    # Fresnel coefficients) is computed once
-    h, variance = jax.jacfwd(lambda y: (model.mean(y), model.variance(y)), has_aux=True)(x)
+    _, h, variance = linearize(jnp.asarray(x), model)
     j_theta = efim_from_variance(variance)
     return h.T @ j_theta @ h
+
+
+def linearize(x: Array, model: PhaseModel) -> tuple[Array, Array, Array]:
+    r"""Mean phase :math:`oldsymbol\mu(\mathbf x)` (M,), its Jacobian
+    :math:`\mathbf H = \partialoldsymbol\mu/\partial\mathbf x` (M, 3) and the variance
+    :math:`oldsymbol\sigma^2(\mathbf x)` (M,) of eq. (9), in one forward-mode trace.
+
+    The core of eq. (14): :func:`position_fim` and the tracking filters'
+    measurement update (:mod:`dmimo_jax.tracking`) both linearize here, so the PEB and the
+    posterior bound share one measurement model. Unchecked (traceable): ``x`` (3,) and a
+    PhaseModel, as :func:`position_fim` validates them.
+    """
+    # one trace for H and the variances, so their shared primal work (path lengths,
+    # Fresnel coefficients) is computed once
+    h, (mean, variance) = jax.jacfwd(
+        lambda y: (m := model.mean(y), (m, model.variance(y))), has_aux=True
+    )(x)
+    return mean, h, variance
 
 
 def peb(x: ArrayLike, model: PhaseModel | Scene) -> Array:

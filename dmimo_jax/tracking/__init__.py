@@ -1,0 +1,34 @@
+"""Moving UEs (beyond the paper; its Sec. VII names them future work): motion models,
+snapshots along a path, a tracking filter on the carrier phases and its posterior bound.
+
+- :mod:`~dmimo_jax.tracking.motion`: :class:`ConstantVelocity`, :class:`RandomWalk`,
+  :func:`simulate_trajectory`, :func:`simulate_track_phases`.
+- :mod:`~dmimo_jax.tracking.filter`: :class:`Tracker` (iterated EKF with profiled CPOs, a
+  windowed lock test, lattice re-acquisition), :func:`run_tracker`.
+- :mod:`~dmimo_jax.tracking.bound`: :func:`pcrb`, the posterior Cramér-Rao bound of the
+  state, from the same position FIM as :func:`dmimo_jax.peb`.
+"""
+
+from dmimo_jax.tracking.bound import pcrb, pcrb_position_rmse
+from dmimo_jax.tracking.filter import Tracker, TrackOutput, TrackState, run_tracker
+from dmimo_jax.tracking.motion import (
+    ConstantVelocity,
+    RandomWalk,
+    Trajectory,
+    simulate_track_phases,
+    simulate_trajectory,
+)
+
+__all__ = [
+    "ConstantVelocity",
+    "RandomWalk",
+    "Trajectory",
+    "simulate_trajectory",
+    "simulate_track_phases",
+    "Tracker",
+    "TrackState",
+    "TrackOutput",
+    "run_tracker",
+    "pcrb",
+    "pcrb_position_rmse",
+]

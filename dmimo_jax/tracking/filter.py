@@ -1,0 +1,518 @@
+r"""A tracking filter for carrier-phase-only positioning of a moving UE (beyond the paper).
+
+**Measurement update.** A snapshot (eq. 8) carries a fresh CPO. As the MLE does (eq. 15),
+the filter profiles it out: about a linearization point :math:`\mathbf x_i` the residuals
+:math:`\boldsymbol\varepsilon = \mathrm{wrap}(\mathbf r - \boldsymbol\mu(\mathbf x_i) - \hat\phi)`
+(eqs. 15-16, wrap-corrected) are weighted by the EFIM of eq. (13b),
+:math:`\mathbf J(\boldsymbol\theta) = \mathrm{diag}(\mathbf w) - \mathbf w\mathbf w^\top/\sum w`,
+:math:`w_m = 1/\sigma_m^2(\mathbf x_i)` from the model (eq. 9), which annihilates any common
+offset. This is the Kalman update of the CPO-marginalized measurement (a flat prior on
+the CPO), with the Jacobian :math:`\mathbf H` by autodiff
+(:func:`dmimo_jax.bounds.linearize`, the core of the PEB); with ``num_iterations`` > 1 it
+is the iterated EKF (Gauss-Newton on the MAP cost, Bell and Cathey 1993).
+
+**Lock.** The normalized innovation squared :math:`\nu` is computed as the MAP
+objective at the updated state, :math:`\boldsymbol\varepsilon^{+\top}\mathbf J(\boldsymbol\theta)\boldsymbol\varepsilon^+ + \Delta\mathbf s^\top(\mathbf P^-)^{-1}\Delta\mathbf s`
+with the exact residuals :math:`\boldsymbol\varepsilon^+` there (for a linear model it is
+:math:`\mathbf z^\top\mathbf S^{-1}\mathbf z`; at high SNR a linearization's error would
+swamp it). Under lock it is :math:`\chi^2_{M-1}`: the CPO takes one degree of freedom. A
+snapshot with :math:`\nu` beyond a validation gate is not applied (an outlier, or a track
+on a wrong maximum, must not drag the velocity). The track is declared lost
+when the sum over the last ``window`` snapshots exceeds the
+:math:`1-\alpha` quantile of :math:`\chi^2_{\mathrm{window}(M-1)}` (a window, not one
+snapshot, so that one outlier does not break a track and a wrong lobe, whose residuals
+are systematic, cannot hide behind the noise for long).
+
+**Acquisition and re-acquisition.** The likelihood of one snapshot is a comb of maxima
+about :math:`\lambda/2` apart; the filter can resolve it only while its prior is narrower
+than that. When the predicted position standard deviation exceeds ``max_position_std``
+(at the start, after an outage) or the lock test fails, the next ``window`` snapshots
+are scored jointly on a lattice of half-width ``reacquire_radius`` around the track (the
+positions of older snapshots moved back along the estimated velocity), and the filter
+restarts at the best lattice point: ``window`` snapshots resolve the lobes where one
+cannot.
+
+:class:`Tracker` holds the model and settings (a pytree); :class:`TrackState` the state
+of one UE (a NamedTuple, the optax pattern). ``Tracker.update`` advances one UE by one
+snapshot; :func:`run_tracker` scans many UEs over time.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.stats
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import (
+    check_finite,
+    check_int,
+    check_num_aps,
+    check_positions,
+    check_scalar,
+    is_concrete,
+    warn_if_float32,
+)
+from dmimo_jax.bounds import linearize
+from dmimo_jax.estimators.mle import compressed_residuals
+from dmimo_jax.estimators.phasors import cube_offsets
+from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.pytree import pytree_dataclass, static_field
+from dmimo_jax.scene import Scene
+from dmimo_jax.tracking.kalman import position_update
+from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion
+
+__all__ = ["Tracker", "TrackState", "TrackOutput", "run_tracker"]
+
+
+class TrackState(NamedTuple):
+    """State of one UE's track (a leading axis for many UEs). K = the tracker's window."""
+
+    mean: Array  # (S,) estimate of the free state (position m, then velocity m/s if any);
+    cov: Array  # (S, S) its covariance   Tracker.position folds it into the region
+    prior_mean: Array  # (S,) while a re-acquisition is pending: the prediction without
+    prior_cov: Array  # (S, S)   the snapshots since (otherwise the filter's prediction)
+    recent_r: Array  # (K, M) the last K snapshots (oldest first)
+    recent_age: Array  # (K,) seconds since each was taken
+    recent_valid: Array  # (K,) bool, a snapshot was received
+    recent_nis: Array  # (K,) their normalized innovations squared
+    nis_valid: Array  # (K,) bool, counts in the lock test (reset by a re-acquisition)
+    pending: Array  # () bool, the prior no longer resolves the comb: re-acquire
+    since_pending: Array  # () int32, snapshots received since ``pending`` was raised
+    lost: Array  # () bool, the lock test failed at the last snapshot
+    reacquired: Array  # () bool, the last update restarted the track elsewhere
+    num_reacquisitions: Array  # () int32, restarts so far
+
+
+class TrackOutput(NamedTuple):
+    """Per step of :func:`run_tracker`: (T, B, ...)."""
+
+    position: Array  # (T, B, 3) m, after the step's update (folded into the region)
+    position_cov: Array  # (T, B, 3, 3) m^2, its covariance
+    nis: Array  # (T, B) normalized innovation squared (0 without a snapshot)
+    lost: Array  # (T, B) bool
+    reacquired: Array  # (T, B) bool
+
+
+@pytree_dataclass(init=False)
+class Tracker:
+    """An (iterated) extended Kalman filter on wrapped carrier phases with profiled CPOs,
+    a windowed lock test and lattice re-acquisition (module docstring).
+
+    Args:
+        model: the PhaseModel the filter believes (or a Scene: its two-ray model).
+        motion: :class:`~dmimo_jax.tracking.ConstantVelocity` or
+            :class:`~dmimo_jax.tracking.RandomWalk`.
+        dt: snapshot interval, s.
+        num_iterations: linearizations per snapshot (1: EKF; more: iterated EKF).
+        window: snapshots in the lock test and in a re-acquisition (K >= 2).
+        false_alarm: per-test probability :math:`\\alpha` of declaring a locked track lost.
+        gate_false_alarm: per-snapshot probability that a locked track rejects a snapshot
+            (its NIS beyond the :math:`\\chi^2_{M-1}` quantile, or its update's squared
+            Mahalanobis length beyond the :math:`\\chi^2_3` one: the validation gate).
+        max_position_std: predicted position standard deviation (per axis, m) above which
+            the filter re-acquires (default :math:`\\lambda/12`: three standard deviations
+            then reach :math:`\\lambda/4`, the edge of the basin of a maximum of the comb).
+        reacquire_radius: half-width of the re-acquisition lattice, m (default
+            :math:`\\lambda`, twice the comb's period: the spread of a 1 s outage's
+            prediction at walking speed).
+        reacquire_spacing: its spacing, m (default :math:`\\lambda/8`).
+        reacquire_batch: UEs re-acquired per step at most in :func:`run_tracker` (memory:
+            each scores ``window`` snapshots at every lattice point).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from dmimo_jax import paper_scene
+        >>> from dmimo_jax.tracking import ConstantVelocity
+        >>> tracker = Tracker(paper_scene(), ConstantVelocity(1.0), dt=0.01)
+        >>> state = tracker.init(jnp.array([5.0, 5.0, 1.5]), position_std=0.01)
+        >>> state.mean.shape, state.recent_r.shape
+        ((6,), (10, 17))
+    """
+
+    model: PhaseModel
+    motion: MotionModel
+    dt: Array
+    nis_threshold: Array
+    nis_gate: Array
+    jump_gate: Array
+    max_position_std: Array
+    offsets: Array
+    reacquire_spacing: Array
+    num_iterations: int = static_field()
+    window: int = static_field()
+    reacquire_batch: int = static_field()
+
+    def __init__(
+        self,
+        model: PhaseModel | Scene,
+        motion: MotionModel,
+        *,
+        dt: float,
+        num_iterations: int = 2,
+        window: int = 10,
+        false_alarm: float = 1e-6,
+        gate_false_alarm: float = 1e-9,
+        max_position_std: float | None = None,
+        reacquire_radius: float | None = None,
+        reacquire_spacing: float | None = None,
+        reacquire_batch: int = 8,
+    ):
+        model = as_phase_model(model)
+        check_num_aps(model.num_aps)
+        check_motion(motion)
+        check_dt(dt)
+        check_int("num_iterations", num_iterations, minimum=1)
+        check_int("window", window, minimum=2)
+        check_int("reacquire_batch", reacquire_batch, minimum=1)
+        for name, value in [("false_alarm", false_alarm), ("gate_false_alarm", gate_false_alarm)]:
+            check_scalar(name, value, positive=True)
+            if not float(value) < 1:
+                raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+        lam = float(model.scene.wavelength)
+        max_std = lam / 12 if max_position_std is None else max_position_std
+        radius = lam if reacquire_radius is None else reacquire_radius
+        spacing = lam / 8 if reacquire_spacing is None else reacquire_spacing
+        for name, value in [
+            ("max_position_std", max_std),
+            ("reacquire_radius", radius),
+            ("reacquire_spacing", spacing),
+        ]:
+            check_scalar(name, value, positive=True)
+        n = int(np.ceil(float(radius) / float(spacing)))
+        if (2 * n + 1) ** 3 > 100_000:
+            raise ValueError(
+                f"reacquire_radius / reacquire_spacing = {float(radius) / float(spacing):.3g} "
+                "gives a lattice of more than 100,000 points; widen the spacing"
+            )
+        dof = window * (model.num_aps - 1)
+        threshold = scipy.stats.chi2.isf(float(false_alarm), dof)
+        gate = scipy.stats.chi2.isf(float(gate_false_alarm), model.num_aps - 1)
+        dtype = model.scene.ap_positions.dtype
+        fields = dict(
+            model=model,
+            motion=motion,
+            dt=jnp.asarray(dt, dtype),
+            nis_threshold=jnp.asarray(threshold, dtype),
+            nis_gate=jnp.asarray(gate, dtype),
+            jump_gate=jnp.asarray(scipy.stats.chi2.isf(float(gate_false_alarm), 3), dtype),
+            max_position_std=jnp.asarray(max_std, dtype),
+            offsets=jnp.asarray(cube_offsets(np.arange(-n, n + 1) * float(spacing)), dtype),
+            reacquire_spacing=jnp.asarray(spacing, dtype),
+            num_iterations=num_iterations,
+            window=window,
+            reacquire_batch=reacquire_batch,
+        )
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def num_aps(self) -> int:
+        return self.model.num_aps
+
+    def init(
+        self,
+        x0: ArrayLike,
+        *,
+        position_std: float,
+        velocity_std: float = 1.0,
+        v0: ArrayLike | None = None,
+        acquire: bool = True,
+    ) -> TrackState:
+        """The state of one UE from a first position estimate ``x0`` (3,), m.
+
+        Args:
+            x0: e.g. the single-snapshot online stage's estimate of the first snapshot.
+            position_std: its standard deviation per axis, m.
+            velocity_std: the prior velocity's standard deviation per axis, m/s.
+            v0: prior velocity (3,), m/s (default zero).
+            acquire: re-acquire from the first ``window`` snapshots (a single-snapshot
+                estimate may sit on a wrong maximum of the comb).
+        """
+        check_positions("x0", x0, batched=False)
+        check_scalar("position_std", position_std, positive=True)
+        check_scalar("velocity_std", velocity_std, positive=True)
+        if v0 is not None:
+            check_finite("v0", v0)
+        dtype = self.dt.dtype
+        mean = self.motion.initial_state(jnp.asarray(x0, dtype), v0).astype(dtype)
+        variances = jnp.full(mean.shape, jnp.asarray(velocity_std, dtype) ** 2, dtype)
+        variances = variances.at[:3].set(jnp.asarray(position_std, dtype) ** 2)
+        k, m = self.window, self.num_aps
+        return TrackState(
+            mean=mean,
+            cov=jnp.diag(variances),
+            prior_mean=mean,
+            prior_cov=jnp.diag(variances),
+            recent_r=jnp.zeros((k, m), dtype),
+            recent_age=jnp.zeros((k,), dtype),
+            recent_valid=jnp.zeros((k,), bool),
+            recent_nis=jnp.zeros((k,), dtype),
+            nis_valid=jnp.zeros((k,), bool),
+            pending=jnp.asarray(bool(acquire)),
+            since_pending=jnp.asarray(0, jnp.int32),
+            lost=jnp.asarray(False),
+            reacquired=jnp.asarray(False),
+            num_reacquisitions=jnp.asarray(0, jnp.int32),
+        )
+
+    def position(self, state: TrackState) -> tuple[Array, Array]:
+        """Position estimate (..., 3), m, and its covariance (..., 3, 3): the state's free
+        position folded into the motion model's region (:mod:`~dmimo_jax.tracking.motion`)."""
+        position, parity = self.motion.fold(state.mean[..., :3])
+        cov = state.cov[..., :3, :3] * parity[..., :, None] * parity[..., None, :]
+        return position, cov
+
+    def update(self, state: TrackState, r: ArrayLike | None) -> TrackState:
+        """Advance one UE by one interval: predict, then correct with snapshot ``r`` (M,)
+        (``None``: no snapshot this interval), test the lock, re-acquire if needed.
+
+        Pure; jit it (``jax.jit(Tracker.update)``) or use :func:`run_tracker` for many UEs
+        over time.
+        """
+        if r is None:
+            r, valid = jnp.zeros((self.num_aps,), self.dt.dtype), jnp.asarray(False)
+        else:
+            _check_snapshots(r, self.num_aps, "(M,)", 1)
+            r, valid = jnp.asarray(r, self.dt.dtype), jnp.asarray(True)
+        state = step(self, state, r, valid)
+        return jax.lax.cond(
+            needs_reacquisition(self, state), partial(reacquire, self), lambda s: s, state
+        )
+
+
+def _check_snapshots(r: Any, num_aps: int, shape: str, ndim: int) -> None:
+    if not is_concrete(r):
+        return
+    arr = np.asarray(r)
+    if arr.ndim != ndim or arr.shape[-1] != num_aps:
+        raise ValueError(f"r must have shape {shape} with M = {num_aps}, got {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(
+            "r must be finite, got NaN or inf entries; mark a missing snapshot with "
+            "valid=False (or r=None for Tracker.update), not with NaN"
+        )
+
+
+def predict(tracker: Tracker, state: TrackState) -> TrackState:
+    """The motion model's prediction over one interval, the snapshots aging by ``dt``."""
+    mean, cov = tracker.motion.predict(state.mean, state.cov, tracker.dt)
+    prior_mean, prior_cov = tracker.motion.predict(state.prior_mean, state.prior_cov, tracker.dt)
+    std = jnp.sqrt(jnp.max(jnp.diagonal(cov)[:3]))
+    return state._replace(
+        mean=mean,
+        cov=cov,
+        prior_mean=jnp.where(state.pending, prior_mean, mean),
+        prior_cov=jnp.where(state.pending, prior_cov, cov),
+        recent_age=state.recent_age + tracker.dt,
+        pending=state.pending | (std > tracker.max_position_std),
+    )
+
+
+def correct(
+    tracker: Tracker, mean: Array, cov: Array, r: Array
+) -> tuple[Array, Array, Array, Array]:
+    """(Iterated) EKF update of one predicted state with snapshot ``r`` (M,): the new mean
+    and covariance, the normalized innovation squared (module docstring) and its prior
+    term, the squared Mahalanobis length of the update (``chi^2_3`` under lock)."""
+    x_pred = mean[:3]
+    x_i, new_mean = x_pred, mean
+    for _ in range(tracker.num_iterations):
+        # the state is the free path; the phases see its fold into the region
+        x_in, parity = tracker.motion.fold(x_i)
+        mu, h, var = linearize(x_in, tracker.model)
+        h = h * parity[None, :]
+        w = 1.0 / var
+        eps = compressed_residuals(r, mu, var)
+        z = eps + h @ (x_i - x_pred)
+        jz = w * z - w * (w @ z) / jnp.sum(w)  # J(theta) z, eq. (13b)
+        jh = w[:, None] * h - w[:, None] * (w @ h)[None, :] / jnp.sum(w)
+        info = h.T @ jh  # eq. (14)
+        gain, new_cov = position_update(cov, info)
+        g = h.T @ jz
+        new_mean = mean + gain @ g
+        x_i = new_mean[:3]
+    # the NIS as the MAP objective at the updated state (equal to z^T S^-1 z for a linear
+    # model, and free of the last linearization's error): the data term with the exact
+    # residuals there, plus the prior's, ds^T P^-1 ds with ds = P S^T (I + J A)^-1 g
+    x_end, _ = tracker.motion.fold(x_i)
+    eps = compressed_residuals(r, tracker.model.mean(x_end), var)
+    data = jnp.sum(w * eps**2) - (w @ eps) ** 2 / jnp.sum(w)
+    a = cov[:3, :3]
+    cg = jnp.linalg.solve(jnp.eye(3, dtype=a.dtype) + info @ a, g)
+    jump = cg @ a @ cg
+    return new_mean, new_cov, data + jump, jump
+
+
+def step(tracker: Tracker, state: TrackState, r: Array, valid: Array) -> TrackState:
+    """Predict, correct (if ``valid``), push the snapshot and test the lock; no
+    re-acquisition (:func:`needs_reacquisition` says whether one is due)."""
+    state = predict(tracker, state)
+    mean, cov, nis, jump = correct(tracker, state.mean, state.cov, r)
+    # a validation gate: a snapshot the prior cannot explain (a track on a wrong maximum,
+    # an outlier), or one explained only by a jump the prior rules out (to a neighbouring
+    # maximum: the jump would go into the velocity) is not applied; the lock test counts
+    # it, and a jump of maximum is the re-acquisition's to make
+    accept = valid & (nis <= tracker.nis_gate) & (jump <= tracker.jump_gate)
+    mean = jnp.where(accept, mean, state.mean)
+    cov = jnp.where(accept, cov, state.cov)
+    # the lock test restarts after a re-acquisition (not while one is pending)
+    use = valid & ~state.pending
+    nis = jnp.where(use, nis, 0.0)
+
+    def push(buffer: Array, value: Any) -> Array:
+        return jnp.concatenate([buffer[1:], jnp.asarray(value, buffer.dtype)[None]], axis=0)
+
+    nis_valid = push(state.nis_valid, use)
+    recent_nis = push(state.recent_nis, nis)
+    full = jnp.sum(nis_valid) == tracker.window
+    lost = use & full & (jnp.sum(jnp.where(nis_valid, recent_nis, 0.0)) > tracker.nis_threshold)
+    return state._replace(
+        mean=mean,
+        cov=cov,
+        recent_r=push(state.recent_r, r),
+        recent_age=push(state.recent_age, 0.0),
+        recent_valid=push(state.recent_valid, valid),
+        recent_nis=recent_nis,
+        nis_valid=nis_valid,
+        since_pending=jnp.where(state.pending, state.since_pending + valid, 0),
+        lost=lost,
+        reacquired=jnp.asarray(False),
+    )
+
+
+def needs_reacquisition(tracker: Tracker, state: TrackState) -> Array:
+    """() bool: the lock test failed, or a window of snapshots arrived since the prior
+    stopped resolving the comb."""
+    return state.lost | (state.pending & (state.since_pending >= tracker.window))
+
+
+def window_costs(tracker: Tracker, state: TrackState, positions: Array, velocity: Array) -> Array:
+    r"""Joint ML cost (eq. 17) of the buffered snapshots for candidate current positions
+    (G, 3) of the free path: each older snapshot is scored at the candidate moved back
+    along ``velocity`` (3,) by its age, folded into the region; the weights :math:`1/\sigma_m^2` are the model's at the track. (G,)."""
+    var = tracker.model.variance(tracker.motion.fold(state.mean[:3])[0])
+    past = positions[:, None, :] - state.recent_age[None, :, None] * velocity[None, None, :]
+    past, _ = tracker.motion.fold(past)  # the free path folded into the region
+    theta = jax.vmap(jax.vmap(tracker.model.mean))(past)  # (G, K, M)
+    res = compressed_residuals(state.recent_r[None], theta, jnp.broadcast_to(var, theta.shape))
+    cost = jnp.sum(res**2 / var[None, None, :], axis=-1)  # (G, K)
+    return jnp.sum(jnp.where(state.recent_valid[None, :], cost, 0.0), axis=-1)
+
+
+def _velocity(mean: Array) -> Array:
+    return mean[3:6] if mean.shape[0] == 6 else jnp.zeros(3, mean.dtype)
+
+
+def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
+    """Re-acquire the track if one is due (:func:`needs_reacquisition`): the best point of
+    the lattice around the prior (module docstring) by the window's ML cost plus the
+    prior's. If the filter already sits within one lattice spacing of it, the filter's
+    state is kept; otherwise the track restarts there with a position variance of
+    ``spacing**2 / 12`` per axis (the lattice's quantization), the velocity that scored best
+    and no position-velocity correlation."""
+    due = needs_reacquisition(tracker, state)
+    # a pending acquisition weighs the prediction since the prior stopped resolving the
+    # comb; a lost track's own prior sits on the wrong maximum and is dropped
+    lost = state.lost
+    center = jnp.where(lost, state.mean, state.prior_mean)
+    # two velocities to move the older snapshots with: the filter's (it has seen the
+    # window, and the maxima of the comb move with the UE) and the prior's (the filter may
+    # have been dragged by a wrong maximum); the window decides
+    velocities = jnp.stack([_velocity(state.mean), _velocity(state.prior_mean)])
+    precision = jnp.where(lost, 0.0, jnp.linalg.inv(state.prior_cov[:3, :3]))
+    prior = jnp.einsum("gi,ij,gj->g", tracker.offsets, precision, tracker.offsets)
+    candidates = center[None, :3] + tracker.offsets
+    costs = jax.vmap(lambda v: window_costs(tracker, state, candidates, v))(velocities)
+    flat = jnp.argmin(costs + prior[None, :])
+    which, point = flat // candidates.shape[0], flat % candidates.shape[0]
+    best, velocity = candidates[point], velocities[which]
+    keep = jnp.max(jnp.abs(state.mean[:3] - best)) <= tracker.reacquire_spacing
+    pos_var = tracker.reacquire_spacing**2 / 12
+    cov = state.cov.at[:3, :].set(0.0).at[:, :3].set(0.0)
+    cov = cov.at[jnp.arange(3), jnp.arange(3)].set(pos_var)
+    mean = state.mean.at[:3].set(best).at[3:6].set(velocity[: state.mean.shape[0] - 3])
+    restarted = state._replace(
+        mean=jnp.where(keep, state.mean, mean),
+        cov=jnp.where(keep, state.cov, cov),
+        prior_mean=jnp.where(keep, state.mean, mean),
+        prior_cov=jnp.where(keep, state.cov, cov),
+        nis_valid=jnp.zeros_like(state.nis_valid),
+        pending=jnp.asarray(False),
+        since_pending=jnp.zeros_like(state.since_pending),
+        lost=jnp.asarray(False),
+        reacquired=~keep,
+        num_reacquisitions=state.num_reacquisitions + (~keep).astype(jnp.int32),
+    )
+    return jax.tree.map(lambda new, old: jnp.where(due, new, old), restarted, state)
+
+
+def run_tracker(
+    tracker: Tracker, state: TrackState, r: ArrayLike, valid: ArrayLike | None = None
+) -> tuple[TrackState, TrackOutput]:
+    """Track B UEs over T intervals: ``jax.lax.scan`` of :meth:`Tracker.update` over time,
+    vmapped over UEs.
+
+    The re-acquisition lattice is evaluated only at the steps where some UE needs it
+    (a ``lax.cond`` on the whole batch), for at most ``tracker.reacquire_batch`` UEs per
+    step (the others stay due and follow at the next steps), so a locked batch costs one
+    EKF update per UE and interval and memory stays bounded.
+
+    Args:
+        tracker: the :class:`Tracker`.
+        state: :class:`TrackState` with a leading UE axis B (``jax.vmap(tracker.init)``).
+        r: (T, B, M) wrapped phases, finite.
+        valid: (T, B) bool, a snapshot was received (default all); rows marked ``False``
+            are ignored (the filter only predicts: an outage).
+
+    Returns:
+        The final state and a :class:`TrackOutput` per step.
+    """
+    warn_if_float32("run_tracker")
+    _check_snapshots(r, tracker.num_aps, "(T, B, M)", 3)
+    r = jnp.asarray(r, tracker.dt.dtype)
+    t, b = r.shape[:2]
+    if state.mean.ndim != 2 or state.mean.shape[0] != b:
+        raise ValueError(
+            f"state must hold B = {b} UEs to match r (a leading axis, from "
+            f"jax.vmap(tracker.init)), got mean of shape {state.mean.shape}"
+        )
+    if valid is None:
+        valid = jnp.ones((t, b), bool)
+    else:
+        valid = jnp.asarray(valid)
+        if valid.shape != (t, b) or valid.dtype != bool:
+            raise ValueError(
+                f"valid must be a bool array of shape ({t}, {b}), got {valid.dtype} {valid.shape}"
+            )
+    return _run(tracker, state, r, valid)
+
+
+@jax.jit
+def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
+    batch_step = jax.vmap(step, in_axes=(None, 0, 0, 0))
+    batch_reacquire = jax.vmap(reacquire, in_axes=(None, 0))
+    num_ues = state.mean.shape[0]
+    capacity = min(tracker.reacquire_batch, num_ues)
+
+    def reacquire_some(s: TrackState, due: Array) -> TrackState:
+        # up to `capacity` due UEs per step; the others stay due and wait a step
+        rows = jnp.nonzero(due, size=capacity, fill_value=num_ues)[0]
+        sub = jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), s)
+        new = batch_reacquire(tracker, sub)
+        return jax.tree.map(lambda a, n: a.at[rows].set(n, mode="drop"), s, new)
+
+    def body(s, inputs):
+        r_t, valid_t = inputs
+        s = batch_step(tracker, s, r_t, valid_t)
+        due = jax.vmap(needs_reacquisition, in_axes=(None, 0))(tracker, s)
+        s = jax.lax.cond(jnp.any(due), reacquire_some, lambda s, due: s, s, due)
+        position, cov = tracker.position(s)
+        return s, TrackOutput(position, cov, s.recent_nis[:, -1], s.lost, s.reacquired)
+
+    return jax.lax.scan(body, state, (r, valid))

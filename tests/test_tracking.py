@@ -1,0 +1,215 @@
+"""Moving UEs: motion models, the tracking filter, the posterior bound (dmimo_jax.tracking)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax import tracking
+from dmimo_jax.tracking.kalman import position_update
+
+DT = 0.01
+SCENE = dj.paper_scene(-10.0)
+MODEL = dj.TwoRayModel(SCENE)
+WALK = tracking.ConstantVelocity(1.0, region=SCENE)
+LAM = float(SCENE.wavelength)
+
+
+def _walks(key, num_ues, num_steps):
+    """Walking paths (1.5 m/s, random heading) and their snapshots (N, T, M)."""
+    k_x, k_dir, k_path, k_snap = jax.random.split(key, 4)
+    x0 = dj.sample_positions(k_x, num_ues, SCENE)
+    heading = jax.random.uniform(k_dir, (num_ues,), maxval=2 * np.pi)
+    v0 = 1.5 * jnp.stack([jnp.cos(heading), jnp.sin(heading), jnp.zeros(num_ues)], axis=1)
+    sim = jax.vmap(tracking.simulate_trajectory, in_axes=(0, None, 0, 0, None, None))
+    path = sim(jax.random.split(k_path, num_ues), WALK, x0, v0, num_steps, DT)
+    snap = jax.vmap(tracking.simulate_track_phases, in_axes=(0, None, 0))
+    r = snap(jax.random.split(k_snap, num_ues), MODEL, path.positions)
+    return path, r
+
+
+def test_position_update_is_the_information_form():
+    # Woodbury form of kalman.py == ((P^-)^-1 + S^T J S)^-1, with a singular J
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(6, 6))
+    cov = a @ a.T + 0.1 * np.eye(6)
+    h = rng.normal(size=(2, 3))
+    info = h.T @ h * 1e3  # rank 2
+    gain, post = position_update(jnp.asarray(cov), jnp.asarray(info))
+    s = np.eye(6)[:3]
+    expect = np.linalg.inv(np.linalg.inv(cov) + s.T @ info @ s)
+    np.testing.assert_allclose(np.asarray(post), expect, rtol=1e-8, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(gain), expect @ s.T, rtol=1e-8, atol=1e-12)
+
+
+def test_constant_velocity_noise_matches_simulation():
+    # one-step increments of an unbounded path: mean F s, covariance Q (a wrong lever arm
+    # or a missing dt would show as a factor of 2 or 100)
+    motion = tracking.ConstantVelocity(2.0)
+    path = tracking.simulate_trajectory(
+        jax.random.PRNGKey(1), motion, jnp.array([0.0, 0.0, 1.0]), jnp.zeros(3), 20001, 0.1
+    )
+    s = np.concatenate([np.asarray(path.positions), np.asarray(path.velocities)], axis=1)
+    f, q = np.asarray(motion.transition(0.1)), np.asarray(motion.process_noise(0.1))
+    w = s[1:] - s[:-1] @ f.T
+    emp = np.cov(w.T)
+    np.testing.assert_allclose(np.diagonal(emp), np.diagonal(q), rtol=0.05)
+    np.testing.assert_allclose(emp[0, 3], q[0, 3], rtol=0.05)  # position-velocity, dt^3/2
+    np.testing.assert_allclose(q[0, 3], 4.0 * 0.1**3 / 2)
+
+
+def test_paths_bounce_inside_the_region():
+    path, _ = _walks(jax.random.PRNGKey(2), 8, 1000)
+    x = np.asarray(path.positions)
+    assert np.all(x >= np.asarray(SCENE.ue_low)) and np.all(x <= np.asarray(SCENE.ue_high))
+    # 10 s at 1.5 m/s in a 9 m box: some bounce, and a bounce reverses the velocity
+    v = np.asarray(path.velocities)
+    flips = np.sum(np.sign(v[1:, :, :2]) * np.sign(v[:-1, :, :2]) < 0)
+    assert flips > 0
+    # a bouncing path is the fold of the free one: positions mirrored, velocities by parity
+    folded, parity = WALK.fold(path.free_positions)
+    np.testing.assert_allclose(np.asarray(folded), x)
+    assert np.any(np.asarray(parity) < 0)
+    p, par = WALK.fold(jnp.array([9.51, 5.0, -0.5]))  # region [0.5, 9.5] x ... x [0.5, 3.5]
+    np.testing.assert_allclose(np.asarray(p), [9.49, 5.0, 1.5], atol=1e-12)
+    np.testing.assert_allclose(np.asarray(par), [-1.0, 1.0, -1.0])
+
+
+def test_pcrb_of_a_static_ue_tends_to_peb_over_sqrt_k():
+    x = jnp.array([6.5, 5.0, 2.0])
+    still = tracking.RandomWalk(1e-9)
+    k = 50
+    bounds = tracking.pcrb(MODEL, still, jnp.tile(x, (k, 1)), DT, 1e2 * jnp.eye(3))
+    rmse = np.asarray(tracking.pcrb_position_rmse(bounds))
+    peb = float(dj.peb(x, MODEL))
+    steps = np.array([1, 10, 50])
+    np.testing.assert_allclose(rmse[steps - 1], peb / np.sqrt(steps), rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def walked():
+    """20 UEs walking 2 s at -10 dBm, tracked from their true start (+ 1 cm)."""
+    path, r = _walks(jax.random.PRNGKey(5), 20, 201)
+    tracker = tracking.Tracker(MODEL, WALK, dt=DT)
+    x0 = path.positions[:, 0] + jnp.array([[0.01, -0.01, 0.005]])
+    state = jax.vmap(lambda x: tracker.init(x, position_std=0.01))(x0)
+    rs = jnp.swapaxes(r[:, 1:], 0, 1)
+    final, out = tracking.run_tracker(tracker, state, rs)
+    return dict(path=path, r=r, rs=rs, tracker=tracker, state=state, final=final, out=out)
+
+
+def test_noise_free_snapshots_converge_to_the_path(walked):
+    # exact phases (no noise; a fresh CPO each), a filter that believes a tiny noise; the
+    # fixture's paths (bounces included) and shapes (no new compilation)
+    path = walked["path"]
+    cpo = jax.random.uniform(jax.random.PRNGKey(4), (20, 201), minval=-np.pi, maxval=np.pi)
+    r = dj.wrap(jax.vmap(jax.vmap(MODEL.mean))(path.positions) + cpo[..., None])
+    tracker = tracking.Tracker(dj.TwoRayModel(dj.paper_scene(60.0)), WALK, dt=DT)
+    x0 = path.positions[:, 0] + 1e-3
+    state = jax.vmap(lambda x: tracker.init(x, position_std=3e-3, acquire=False))(x0)
+    _, out = tracking.run_tracker(tracker, state, jnp.swapaxes(r[:, 1:], 0, 1))
+    err = _errors(out, path)
+    assert err[-100:].max() < 1e-6, err[-100:].max()
+
+
+def _errors(out, path):
+    true = np.swapaxes(np.asarray(path.positions[:, 1:]), 0, 1)
+    return np.linalg.norm(np.asarray(out.position) - true, axis=-1)  # (T, N)
+
+
+def test_tracker_is_consistent_and_reaches_the_pcrb(walked):
+    out, path = walked["out"], walked["path"]
+    true = np.swapaxes(np.asarray(path.positions[:, 1:]), 0, 1)
+    e = (np.asarray(out.position) - true)[100:]  # after the first second
+    nees = np.einsum("tni,tnij,tnj->tn", e, np.linalg.inv(np.asarray(out.position_cov[100:])), e)
+    # NEES of the position is chi^2_3 (mean 3) and the NIS chi^2_(M-1) under lock; 2000
+    # correlated samples each: 10% and 5% bands are > 4 standard errors of their means
+    assert 2.7 < nees.mean() < 3.3, nees.mean()
+    assert 15.2 < float(np.mean(out.nis[100:])) < 16.8
+    bound = jax.vmap(lambda xs, c: tracking.pcrb(MODEL, WALK, xs, DT, c))(
+        path.free_positions[:, 1:], walked["state"].cov
+    )
+    pcrb = np.asarray(tracking.pcrb_position_rmse(bound)).T[100:]
+    ratio = np.sqrt(np.mean(np.sum(e**2, -1))) / np.sqrt(np.mean(pcrb**2))
+    assert 0.9 < ratio < 1.1, ratio
+    assert not np.any(np.asarray(out.lost))
+
+
+def test_update_matches_run_tracker(walked):
+    tracker, state, rs, out = walked["tracker"], walked["state"], walked["rs"], walked["out"]
+    s = jax.tree.map(lambda a: a[0], state)
+    update = jax.jit(tracking.Tracker.update)
+    for t in range(12):  # through the first acquisition (at the 10th snapshot)
+        s = update(tracker, s, rs[t, 0])
+    np.testing.assert_allclose(np.asarray(s.mean[:3]), np.asarray(out.position[11, 0]), rtol=1e-12)
+    # a pytree: flatten/unflatten keeps the static settings
+    leaves, treedef = jax.tree_util.tree_flatten(tracker)
+    again = jax.tree_util.tree_unflatten(treedef, leaves)
+    assert again.window == tracker.window and again.num_iterations == tracker.num_iterations
+
+
+def test_a_track_on_a_wrong_maximum_is_lost_and_reacquired(walked):
+    # a locked track (velocity known to 0.1 m/s) that slipped half a wavelength (toward a
+    # neighbouring maximum of the comb), confident of its position
+    tracker, path, rs = walked["tracker"], walked["path"], walked["rs"]
+    x0 = path.positions[:, 0] + jnp.array([[LAM / 2, 0.0, 0.0]])
+    init = jax.vmap(
+        lambda x, v: tracker.init(x, position_std=1e-4, velocity_std=0.1, v0=v, acquire=False)
+    )
+    _, out = tracking.run_tracker(tracker, init(x0, path.velocities[:, 0]), rs)
+    err = _errors(out, path)
+    wrong = err[0] > LAM / 4  # held on another maximum by the tight prior
+    assert wrong.sum() >= 5, wrong.sum()
+    assert np.all(np.asarray(out.reacquired)[:, wrong].any(axis=0))  # each restarted
+    assert np.all(err[-100:] < 1e-3), err[-100:].max(axis=0)
+
+
+def test_an_outage_is_bridged_and_reacquired(walked):
+    tracker, path, rs = walked["tracker"], walked["path"], walked["rs"]
+    valid = np.ones(rs.shape[:2], bool)
+    valid[50:150] = False  # 1 s without snapshots
+    _, out = tracking.run_tracker(tracker, walked["state"], rs, jnp.asarray(valid))
+    err = _errors(out, path)
+    assert err[149].max() > 1e-3  # dead reckoning drifted during the outage
+    assert np.all(err[-20:] < 1e-3), err[-20:].max()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: tracking.Tracker(MODEL, WALK, dt=0.0), "dt must be > 0"),
+        (lambda: tracking.Tracker(MODEL, WALK, dt=-0.01), "dt must be > 0"),
+        (lambda: tracking.ConstantVelocity(-1.0), "sigma_a must be >= 0"),
+        (lambda: tracking.RandomWalk(float("nan")), "sigma must be finite"),
+        (lambda: tracking.Tracker(MODEL, "cv", dt=DT), "motion must be a ConstantVelocity"),
+        (lambda: tracking.Tracker(MODEL, WALK, dt=DT, window=1), "window must be an int"),
+        (
+            lambda: tracking.simulate_trajectory(
+                jax.random.PRNGKey(0), WALK, jnp.array([20.0, 5.0, 1.0]), None, 10, DT
+            ),
+            "x0 must lie inside the region",
+        ),
+        (lambda: tracking.pcrb(MODEL, WALK, jnp.ones((5, 3)), DT, jnp.eye(3)), "prior_cov must"),
+    ],
+)
+def test_bad_settings_raise(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_bad_snapshots_raise(walked):
+    tracker, state, rs = walked["tracker"], walked["state"], walked["rs"]
+    with pytest.raises(ValueError, match="r must be finite"):
+        tracking.run_tracker(tracker, state, rs[:3].at[1, 2, 0].set(jnp.nan))
+    with pytest.raises(ValueError, match="M = 17"):
+        tracking.run_tracker(tracker, state, rs[:3, :, :16])
+    with pytest.raises(ValueError, match="state must hold B = 3"):
+        tracking.run_tracker(tracker, state, rs[:3, :3])
+    with pytest.raises(ValueError, match="valid must be a bool array"):
+        tracking.run_tracker(tracker, state, rs[:3], jnp.ones((3, 4), bool))
+    one = jax.tree.map(lambda a: a[0], state)
+    with pytest.raises(ValueError, match="r must be finite"):
+        tracker.update(one, jnp.full(17, jnp.nan))
+    with pytest.raises(ValueError, match=r"shape \(M,\)"):
+        tracker.update(one, jnp.zeros(16))
