@@ -218,3 +218,32 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
     assert rows["surveyed nominal room (ITU guesses)"]["fine_rmse_m"] > 0.1
     assert {"cell_recall", "fallback_fraction", "recovered_fraction"} <= set(learned)
     assert (tmp_path / "cache").is_dir()
+
+
+@pytest.mark.slow
+def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
+    out = tmp_path / "trk"
+    _run("examples/tracking.py", ["--quick", "--out", str(out)], monkeypatch)
+    rows = json.loads((out / "tracking.json").read_text())
+    keys = {"power_dbm", "rmse_m", "pcrb_m", "mean_peb_m", "single_rmse_m"}
+    keys |= {"single_outside_lobe_fraction", "lock_fraction", "lock_fraction_outage"}
+    keys |= {"ms_per_update_per_ue"}
+    assert all(keys <= set(r) for r in rows)
+    high = next(r for r in rows if r["power_dbm"] == -10.0)
+    assert high["rmse_m"] < 1.5 * high["pcrb_m"] and high["lock_fraction"] == 1.0
+    assert (out / "tracking_trajectory.png").exists() and (out / "tracking_error.png").exists()
+    # a second run with --resume keeps the rows it finds (nothing recomputed, same JSON)
+    before = (out / "tracking.json").read_text()
+    _run("examples/tracking.py", ["--quick", "--resume", "--out", str(out)], monkeypatch)
+    assert (out / "tracking.json").read_text() == before
+
+
+@pytest.mark.slow
+def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
+    out = tmp_path / "tt.json"
+    argv = ["--quick", "--num-ues", "4", "--online-snapshots", "8", "--json", str(out)]
+    _run("benchmarks/tracking_throughput.py", argv, monkeypatch)
+    rows = json.loads(out.read_text())
+    assert {r["method"] for r in rows} == {"tracker", "tracker_ekf", "online", "mle"}
+    assert all({"method", "num_ues", "us_per_snapshot_per_ue"} <= set(r) for r in rows)
+    assert all(r["rmse_m"] < 1e-3 for r in rows)

@@ -10,7 +10,7 @@ snapshots along a path, a tracking filter on the carrier phases and its posterio
 """
 
 from dmimo_jax.tracking.bound import pcrb, pcrb_position_rmse
-from dmimo_jax.tracking.filter import Tracker, TrackOutput, TrackState, run_tracker
+from dmimo_jax.tracking.filter import Tracker, TrackOutput, TrackState, medoid_start, run_tracker
 from dmimo_jax.tracking.motion import (
     ConstantVelocity,
     RandomWalk,
@@ -29,6 +29,7 @@ __all__ = [
     "TrackState",
     "TrackOutput",
     "run_tracker",
+    "medoid_start",
     "pcrb",
     "pcrb_position_rmse",
 ]

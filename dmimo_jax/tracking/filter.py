@@ -67,7 +67,7 @@ from dmimo_jax.scene import Scene
 from dmimo_jax.tracking.kalman import position_update
 from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion
 
-__all__ = ["Tracker", "TrackState", "TrackOutput", "run_tracker"]
+__all__ = ["Tracker", "TrackState", "TrackOutput", "run_tracker", "medoid_start"]
 
 
 class TrackState(NamedTuple):
@@ -516,3 +516,20 @@ def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
         return s, TrackOutput(position, cov, s.recent_nis[:, -1], s.lost, s.reacquired)
 
     return jax.lax.scan(body, state, (r, valid))
+
+
+def medoid_start(estimates: ArrayLike) -> Array:
+    """A start for :meth:`Tracker.init` from single-snapshot estimates of the first few
+    snapshots (K, 3) (or (B, K, 3)): the medoid, the estimate with the least summed
+    distance to the others. A single snapshot lands on a wrong maximum of the comb, often
+    metres away, with some probability p; the medoid of K is wrong only when about half
+    of them are, so a few snapshots make a start the re-acquisition lattice (half-width
+    lambda) can resolve. The UE moves between them (1.5 cm per 10 ms at walking speed):
+    the start then carries that much error, well inside the lattice."""
+    x = jnp.asarray(estimates)
+    if x.ndim not in (2, 3) or x.shape[-1] != 3 or x.shape[-2] < 1:
+        raise ValueError(f"estimates must have shape (K, 3) or (B, K, 3), got {x.shape}")
+    check_finite("estimates", x)
+    d = jnp.linalg.norm(x[..., :, None, :] - x[..., None, :, :], axis=-1).sum(axis=-1)
+    pick = jnp.argmin(d, axis=-1)
+    return jnp.take_along_axis(x, pick[..., None, None], axis=-2)[..., 0, :]
