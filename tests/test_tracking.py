@@ -213,3 +213,25 @@ def test_bad_snapshots_raise(walked):
         tracker.update(one, jnp.full(17, jnp.nan))
     with pytest.raises(ValueError, match=r"shape \(M,\)"):
         tracker.update(one, jnp.zeros(16))
+
+
+def test_medoid_start_ignores_a_minority_of_wrong_maxima():
+    truth = np.array([5.0, 5.0, 1.5])
+    est = np.array(
+        [
+            truth + [0.001, 0, 0],
+            truth + [3.0, 1.0, 0],
+            truth,
+            truth - [0, 0.002, 0],
+            truth + [-2.0, 0.5, 0.3],
+        ]
+    )
+    np.testing.assert_allclose(np.asarray(tracking.medoid_start(jnp.asarray(est))), truth)
+    batch = np.stack([est, est[::-1]])
+    np.testing.assert_allclose(
+        np.asarray(tracking.medoid_start(jnp.asarray(batch))), [truth, truth]
+    )
+    with pytest.raises(ValueError, match="estimates must have shape"):
+        tracking.medoid_start(jnp.zeros((4, 2)))
+    with pytest.raises(ValueError, match="estimates must be finite"):
+        tracking.medoid_start(jnp.asarray(est).at[0, 0].set(jnp.nan))
