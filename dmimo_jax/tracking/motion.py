@@ -41,6 +41,7 @@ from dmimo_jax.measure import random_cpos, simulate_phases_batch
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.scene import Scene
+from dmimo_jax.tracking.kalman import predict_covariance
 
 __all__ = [
     "ConstantVelocity",
@@ -95,6 +96,13 @@ class _Bounded:
     low: Array
     high: Array
 
+    def _set(self, name: str, sigma: ArrayLike, region: Scene | tuple | None) -> None:
+        """The validating constructor both models share: the noise scale and the box."""
+        _check_sigma(name, sigma)
+        low, high = _region(region)
+        for field, value in [(name, jnp.asarray(sigma, float)), ("low", low), ("high", high)]:
+            object.__setattr__(self, field, value)
+
     def fold(self, position: Array) -> tuple[Array, Array]:
         """:func:`fold` into this model's box: (folded position, parity), each (..., 3)."""
         return fold(position, self.low, self.high)
@@ -104,7 +112,7 @@ class _Bounded:
         and :math:`\mathbf F\mathbf P\mathbf F^\top + \mathbf Q`, of the free state (the
         bounces are a fold of the free path, :meth:`fold`)."""
         f = self.transition(dt)
-        return f @ mean, f @ cov @ f.T + self.process_noise(dt)
+        return f @ mean, predict_covariance(cov, f, self.process_noise(dt))
 
 
 def check_dt(dt: Any) -> None:
@@ -135,10 +143,7 @@ class ConstantVelocity(_Bounded):
     state_dim = 6
 
     def __init__(self, sigma_a: ArrayLike, region: Scene | tuple | None = None):
-        _check_sigma("sigma_a", sigma_a)
-        low, high = _region(region)
-        for name, value in [("sigma_a", jnp.asarray(sigma_a, float)), ("low", low), ("high", high)]:
-            object.__setattr__(self, name, value)
+        self._set("sigma_a", sigma_a, region)
 
     def transition(self, dt: ArrayLike) -> Array:
         """:math:`\\mathbf F` (6, 6) for an interval ``dt`` (s)."""
@@ -174,10 +179,7 @@ class RandomWalk(_Bounded):
     state_dim = 3
 
     def __init__(self, sigma: ArrayLike, region: Scene | tuple | None = None):
-        _check_sigma("sigma", sigma)
-        low, high = _region(region)
-        for name, value in [("sigma", jnp.asarray(sigma, float)), ("low", low), ("high", high)]:
-            object.__setattr__(self, name, value)
+        self._set("sigma", sigma, region)
 
     def transition(self, dt: ArrayLike) -> Array:
         return jnp.eye(3, dtype=self.sigma.dtype)
