@@ -8,6 +8,7 @@ batch equals the single-snapshot calls with ``jax.random.split(key, N)``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import jax
@@ -81,6 +82,16 @@ def _batch(fn, key: Array, model: PhaseModel | Scene, xs: ArrayLike, cpos: Array
     if cpos.shape != xs.shape[:1]:
         raise ValueError(f"cpos must have shape ({xs.shape[0]},) to match xs, got {cpos.shape}")
     check_finite("cpos", cpos)
+    leaves = jax.tree.leaves(model)
+    if len(leaves) == 1 and leaves[0] is model:  # a PhaseModel that is not a pytree: eagerly
+        keys = jax.random.split(key, xs.shape[0])
+        return jax.vmap(fn, in_axes=(0, None, 0, 0))(keys, model, xs, cpos)
+    return _batch_jit(fn, key, model, xs, cpos)
+
+
+@partial(jax.jit, static_argnums=0)
+def _batch_jit(fn, key: Array, model: Any, xs: Array, cpos: Array) -> Array:
+    # one compiled program per model and shape, not an eager dispatch per operation
     keys = jax.random.split(key, xs.shape[0])
     return jax.vmap(fn, in_axes=(0, None, 0, 0))(keys, model, xs, cpos)
 

@@ -227,7 +227,9 @@ def plot(curves_by_power, out_dir: pathlib.Path) -> None:
 
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--powers-dbm", type=float, nargs="+", default=[-10.0, -60.0, -69.0, -72.0])
+    ap.add_argument(
+        "--powers-dbm", type=float, nargs="+", default=None, help="default -10 -60 -69 -72"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--num-ues", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -237,14 +239,19 @@ def main(argv=None) -> list[dict]:
     ap.add_argument(
         "--start-snapshots", type=int, default=5, help="first snapshots whose medoid starts"
     )
-    ap.add_argument("--quick", action="store_true", help="2 powers, 6 UEs, 2.5 s (smoke run)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="-10 and -69 dBm (unless --powers-dbm), 6 UEs, 2.5 s (smoke run)",
+    )
     ap.add_argument("--resume", action="store_true", help="keep powers already in --json")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/tracking"))
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     if args.quick:
-        args.powers_dbm, args.num_ues, args.seconds = [-10.0, -69.0], 6, 2.5
-        args.outage_start, args.num_single = 1.2, 32
+        args.powers_dbm = args.powers_dbm or [-10.0, -69.0]
+        args.num_ues, args.seconds, args.outage_start, args.num_single = 6, 2.5, 1.2, 32
+    args.powers_dbm = args.powers_dbm or [-10.0, -60.0, -69.0, -72.0]
     if args.seconds < args.outage_start + args.outage or args.outage_start < 1.0:
         ap.error("need 1 <= --outage-start and --outage-start + --outage <= --seconds")
     args.out.mkdir(parents=True, exist_ok=True)

@@ -223,7 +223,8 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
     out = tmp_path / "trk"
-    _run("examples/tracking.py", ["--quick", "--out", str(out)], monkeypatch)
+    argv = ["--quick", "--powers-dbm", "-10", "--out", str(out)]  # locked: the filter's path
+    _run("examples/tracking.py", argv, monkeypatch)
     rows = json.loads((out / "tracking.json").read_text())
     keys = {"power_dbm", "rmse_m", "pcrb_m", "mean_peb_m", "single_rmse_m"}
     keys |= {"single_outside_lobe_fraction", "lock_fraction", "lock_fraction_outage"}
@@ -234,7 +235,7 @@ def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
     assert (out / "tracking_trajectory.png").exists() and (out / "tracking_error.png").exists()
     # a second run with --resume keeps the rows it finds (nothing recomputed, same JSON)
     before = (out / "tracking.json").read_text()
-    _run("examples/tracking.py", ["--quick", "--resume", "--out", str(out)], monkeypatch)
+    _run("examples/tracking.py", [*argv, "--resume"], monkeypatch)
     assert (out / "tracking.json").read_text() == before
 
 

@@ -154,7 +154,9 @@ def _cell_rows(model: PhaseModel, cells: CellGrid, offsets: Array) -> Array:
     def one(c):
         pts = jnp.broadcast_to(cells.corner(c)[None, :], offsets.shape) + offsets
         pts = pts.at[:, 2].set(jnp.maximum(pts[:, 2], 1e-3))  # keep above the ground
-        return phasor_rows(jax.vmap(model.mean)(pts))
+        # phases from a loop of sub-batches, then phasors (see estimators.grid's table)
+        theta = jax.lax.map(model.mean, pts, batch_size=max(pts.shape[0] // 4, 1))
+        return phasor_rows(theta)
 
     return jax.lax.map(one, jnp.arange(cells.num_cells))
 
