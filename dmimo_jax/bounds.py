@@ -27,7 +27,6 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import (
-    check_away_from_aps,
     check_num_aps,
     check_positions,
     is_concrete,
@@ -38,6 +37,7 @@ from dmimo_jax.physics import (
     PhaseModel,
     TwoRayModel,
     as_phase_model,
+    check_in_domain,
     effective_amplitude,
     geometry,
     reflection_coefficient,
@@ -251,7 +251,7 @@ def position_fim(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     """
     model = as_phase_model(model)
     check_positions("x", x, batched=False)
-    check_away_from_aps("x", x, model.scene.ap_positions)
+    check_in_domain("x", x, model)
     _, h, variance = linearize(jnp.asarray(x), model)
     j_theta = efim_from_variance(variance)
     return h.T @ j_theta @ h
@@ -332,7 +332,7 @@ def peb_map(xs: ArrayLike, model: PhaseModel | Scene, *, batch_size: int = 4096)
     """
     model = as_phase_model(model)
     check_positions("xs", xs, batched=True)
-    check_away_from_aps("xs", xs, model.scene.ap_positions)
+    check_in_domain("xs", xs, model)
     check_num_aps(model.num_aps)
     warn_if_float32("peb_map")
     if batch_size < 1:

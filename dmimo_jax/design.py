@@ -70,8 +70,13 @@ def layout_objective(pebs: Array, objective: str, p: float = 16.0) -> Array:
     _check_objective(objective)
     if objective == "mean":
         return jnp.mean(pebs)
+    # the soft maximum, scaled by the (constant) largest PEB; an infinite PEB (a singular
+    # FIM) makes it infinite, as the mean, not NaN
     scale = jax.lax.stop_gradient(jnp.max(pebs))
-    return scale * jnp.mean((pebs / scale) ** p) ** (1.0 / p)
+    finite = jnp.isfinite(scale) & (scale > 0)
+    safe = jnp.where(finite, scale, 1.0)
+    soft = safe * jnp.mean((pebs / safe) ** p) ** (1.0 / p)
+    return jnp.where(finite, soft, scale)
 
 
 def _check_objective(objective: str) -> None:
@@ -355,6 +360,12 @@ def optimize_ap_positions(
         check_scalar(name, v, positive=True)
     warn_if_float32("optimize_ap_positions")
     size = np.asarray(scene.room_size, float)
+    check_scalar("wall_low", wall_low)
+    if surfaces == "ceiling+walls" and not 0 < wall_low < size[2]:
+        raise ValueError(
+            f"wall_low must lie between the floor and the ceiling, 0 < wall_low < "
+            f"{size[2]:g} m (the room's height), got {wall_low}"
+        )
     rects = _rectangles(size, surfaces, wall_low)
     _check_start(scene, rects, surfaces, wall_low, min_separation)
     check_int("num_starts", num_starts, minimum=1)

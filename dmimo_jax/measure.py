@@ -28,6 +28,7 @@ from dmimo_jax.physics import (
     PhaseModel,
     TwoRayModel,
     as_phase_model,
+    check_in_domain,
     effective_amplitude,
     unwrapped_phase,
 )
@@ -67,7 +68,7 @@ def simulate_phases(key: Array, model: PhaseModel | Scene, x: ArrayLike, cpo: Ar
     """
     model = as_phase_model(model)
     check_positions("x", x, batched=False)
-    check_away_from_aps("x", x, model.scene.ap_positions)
+    check_in_domain("x", x, model)
     check_scalar("cpo", cpo)
     mean, var = model.mean(x), model.variance(x)
     noise = jnp.sqrt(var) * jax.random.normal(key, mean.shape, mean.dtype)
@@ -76,7 +77,10 @@ def simulate_phases(key: Array, model: PhaseModel | Scene, x: ArrayLike, cpo: Ar
 
 def _batch(fn, key: Array, model: PhaseModel | Scene, xs: ArrayLike, cpos: ArrayLike) -> Array:
     check_positions("xs", xs, batched=True)
-    check_away_from_aps("xs", xs, getattr(model, "scene", model).ap_positions)
+    if isinstance(model, Scene):
+        check_away_from_aps("xs", xs, model.ap_positions)
+    else:
+        check_in_domain("xs", xs, model)
     xs = jnp.asarray(xs)
     cpos = jnp.asarray(cpos, xs.dtype)
     if cpos.shape != xs.shape[:1]:

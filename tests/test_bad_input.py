@@ -17,6 +17,7 @@ import pytest
 import dmimo_jax as dj
 from dmimo_jax import estimators, gp
 from dmimo_jax.learning import SyntheticBatch, TrainConfig, load_dataset, train, write_dataset
+from dmimo_jax.physics import image_paths
 
 SCENE = dj.paper_scene()
 MODEL = dj.TwoRayModel(SCENE)
@@ -348,3 +349,194 @@ def test_float32_mode_warns_where_float64_matters():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "warned:" in out.stdout and "float64" in out.stdout, out.stdout + out.stderr
+
+
+# ------------------------------------------- rooms, calibration, design and the cell stage
+
+ROOM = dj.room_model(SCENE, ceiling="plasterboard", walls="concrete")
+BEHIND_WALL = jnp.array([-1.0, 5.0, 1.5])  # behind the wall x = 0
+XS = jnp.array([[2.0, 3.0, 1.0], [6.5, 5.0, 2.0], [8.0, 7.0, 3.0]])
+
+
+def _labeled(model):
+    r = dj.simulate_phases_batch(jax.random.key(2), model, XS, jnp.zeros(3))
+    return r, jax.vmap(model.variance)(XS)
+
+
+def test_a_bounce_off_a_wall_the_ue_is_behind_is_not_a_path():
+    valid = np.asarray(image_paths(BEHIND_WALL, SCENE, ROOM.reflectors).valid)
+    names = [r.name for r in ROOM.reflectors]
+    assert not valid[:, names.index("wall_x0")].any()
+    assert valid[:, names.index("wall_x1")].all()  # the UE is in front of the far wall
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: dj.simulate_phases_batch(jax.random.key(0), ROOM, BEHIND_WALL[None], jnp.zeros(1)),
+        lambda: dj.simulate_phases(jax.random.key(0), ROOM, BEHIND_WALL, 0.0),
+        lambda: dj.peb_map(BEHIND_WALL[None], ROOM),
+        lambda: dj.peb(BEHIND_WALL, ROOM),
+        lambda: ROOM.mean(BEHIND_WALL),
+    ],
+)
+def test_a_ue_outside_the_room_is_refused_everywhere(call):
+    with pytest.raises(ValueError, match="behind reflector 'wall_x0'"):
+        call()
+
+
+def test_labeled_positions_outside_the_room_are_refused_by_the_fit():
+    from dmimo_jax.calibration import fit_surfaces
+
+    r, var = _labeled(ROOM)
+    with pytest.raises(ValueError, match="behind reflector 'wall_x0'"):
+        fit_surfaces(XS.at[0].set(BEHIND_WALL), r, var, ROOM)
+
+
+@pytest.mark.parametrize(
+    "reflectors, order, match",
+    [
+        (lambda f: (f, f), 1, "same plane"),
+        (lambda f: (f,), 3, "order must be 1 or 2"),
+        (lambda f: (f,), 2, "order=2 needs at least two reflectors"),
+        (lambda f: (), 1, "at least one Reflector"),
+    ],
+)
+def test_reflector_lists_that_would_miscount_bounces(reflectors, order, match):
+    refl = reflectors(ROOM.reflectors[0])
+    with pytest.raises(ValueError, match=match):
+        image_paths(X, SCENE, refl, order=order)
+    if refl:
+        with pytest.raises(ValueError, match=match):
+            dj.ImageSourceModel(SCENE, refl, order)
+
+
+def test_a_material_name_for_a_reflector_says_how_to_give_it():
+    with pytest.raises(ValueError, match="relative_permittivity"):
+        dj.Reflector((0, 0, 0), (0, 0, 1), "concrete")
+
+
+@pytest.mark.parametrize("polarization", ["TE", "TM"])
+@pytest.mark.parametrize("cos_gamma", [0.1, 0.5, 0.9])
+def test_fresnel_gradient_at_no_interface(polarization, cos_gamma):
+    """eps_r = 1 switches the TE form's branch: autodiff must still give dGamma/deps_r
+    (-1/(4 c^2) for TE), checked against a one-sided difference extrapolated to h -> 0."""
+    c = jnp.asarray(cos_gamma)
+
+    def gamma(e):
+        return jnp.real(dj.reflection_coefficient(c, e + 0j, polarization))
+
+    h = 1e-6
+    g1, g2 = (float(gamma(1.0 + k * h)) - float(gamma(1.0)) for k in (1, 2))
+    diff = (4 * g1 - g2) / (2 * h)  # Richardson: O(h^2)
+    auto = float(jax.grad(gamma)(1.0))
+    assert auto == pytest.approx(diff, rel=1e-4)
+    if polarization == "TE":
+        assert auto == pytest.approx(-1 / (4 * cos_gamma**2), rel=1e-9)
+
+
+def test_calibration_helpers_name_bad_arguments():
+    from dmimo_jax.calibration import MaterialPosterior, log_likelihood, with_permittivities
+
+    r, var = _labeled(ROOM)
+    with pytest.raises(ValueError, match=r"\(L, M\)"):
+        log_likelihood(ROOM, XS, r[:, :-1], var[:, :-1])
+    with pytest.raises(ValueError, match="surfaces must be indices"):
+        with_permittivities(ROOM, jnp.array([2.0 - 0.1j]), (10,))
+    with pytest.raises(ValueError, match="one permittivity per"):
+        with_permittivities(ROOM, jnp.array([2.0 - 0.1j, 3.0 - 0.1j]), (0,))
+    post = MaterialPosterior(jnp.array([2 - 0.1j, 3 - 0.2j]), jnp.zeros(2, bool))
+    with pytest.raises(ValueError, match="level"):
+        post.interval(1.5)
+
+
+def test_material_posterior_refuses_a_missing_key_and_a_foreign_start():
+    from dmimo_jax.calibration import fit_surfaces, material_posterior
+
+    scene = dj.paper_scene(convention="itu")
+    r, var = _labeled(dj.TwoRayModel(scene))
+    with pytest.raises(ValueError, match="key must be a JAX PRNG key"):
+        material_posterior(XS, r, var, scene, key=None)
+    room_r, room_var = _labeled(ROOM)
+    with pytest.warns(UserWarning, match="reduced chi-square"):  # two steps do not fit
+        two = fit_surfaces(XS, room_r, room_var, ROOM, surfaces=["floor", "wall_x0"], num_steps=2)
+    with pytest.raises(ValueError, match="init must be a MaterialFit of the ground"):
+        material_posterior(XS, r, var, scene, key=jax.random.key(0), init=two)
+
+
+def test_tabulated_gp_covers_the_room_or_refuses():
+    scene = SCENE.replace(ue_high=jnp.array([9.5, 9.5, 2.0]))
+    x = dj.sample_positions(jax.random.key(0), 6, scene)
+    r = dj.simulate_phases_batch(jax.random.key(1), scene, x, jnp.zeros(6))
+    var = jax.vmap(dj.phase_noise_var, (0, None))(x, scene)
+    exact = gp.GPPhaseModel.from_fit(gp.fit(x, r, var, scene), x, r, var, scene)
+    table = gp.TabulatedGPModel.from_model(exact)
+    above = jnp.array([5.0, 5.0, 3.5])  # above the UE region, below an AP (Delta d = 7 m)
+    np.testing.assert_allclose(table.mean(above), exact.mean(above), atol=1e-5)
+    np.testing.assert_allclose(table.variance(above), exact.variance(above), rtol=0.05)
+    with pytest.raises(ValueError, match="max_path_difference"):
+        gp.TabulatedGPModel.from_model(exact, max_path_difference=0.01)
+    short = gp.TabulatedGPModel.from_model(exact, max_path_difference=4.2, variance=False)
+    short.mean(jnp.array([5.0, 5.0, 1.5]))  # inside its tables
+    with pytest.raises(ValueError, match="beyond the tables"):
+        short.mean(above)
+
+
+def _cell_stage():
+    from dmimo_jax.estimators import cell_grid, cell_table
+
+    cells = cell_grid(SCENE, 3.0)
+    return cells, cell_table(SCENE, cells, spacing=1.0)
+
+
+@pytest.mark.parametrize(
+    "probs, match",
+    [
+        (np.array([[np.nan, 0.1]]), "finite probabilities"),
+        (np.array([[5.0, -2.0]]), "logits passed by mistake"),
+        (np.array([[0.7, 0.6]]), "logits passed by mistake"),
+    ],
+)
+def test_screen_candidates_refuses_what_are_not_probabilities(probs, match):
+    from dmimo_jax.pipeline import screen_candidates
+
+    _, table = _cell_stage()
+    with pytest.raises(ValueError, match=match):
+        screen_candidates(R[None], jnp.array([[0, 1]]), probs, MODEL, table)
+
+
+def test_cells_of_a_nan_position_and_a_negative_margin_are_refused():
+    from dmimo_jax.estimators import cell_table
+
+    cells, _ = _cell_stage()
+    with pytest.raises(ValueError, match="x must be finite"):
+        cells.index(jnp.array([np.nan, 1.0, 1.0]))
+    with pytest.raises(ValueError, match="margin must be >= 0"):
+        cell_table(SCENE, cells, spacing=1.0, margin=-0.2)
+
+
+def test_the_cell_stage_names_a_classifier_where_positions_are_expected_and_takes_no_rows():
+    from flax import nnx
+
+    from dmimo_jax.learning.cells import CellClassifier, CellConfig
+    from dmimo_jax.pipeline import bucketed, locate, locate_candidates
+
+    cells, table = _cell_stage()
+    net = CellClassifier(17, CellConfig(hidden=(8,), top_k=2), cells=cells, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="cell classifier"):
+        locate(R[None], net, MODEL)
+    out = locate_candidates(jnp.zeros((0, 17)), net, MODEL, screen=MODEL, table=table, num_cells=4)
+    assert out.fine.shape == (0, 3) and out.cells.shape == (0, 4)
+    np.testing.assert_array_equal(bucketed(lambda a: a, [2, 0], jnp.arange(4.0)), [2.0, 0.0])
+
+
+def test_layout_objective_of_an_infinite_peb_is_infinite_and_wall_low_is_checked():
+    from dmimo_jax import design
+
+    assert np.isinf(float(design.layout_objective(jnp.array([1.0, np.inf]), "max")))
+    assert np.isinf(float(design.layout_objective(jnp.array([1.0, np.inf]), "mean")))
+    for wall_low in (-1.0, 0.0, 4.0):
+        with pytest.raises(ValueError, match="wall_low"):
+            design.optimize_ap_positions(
+                SCENE, jax.random.key(0), surfaces="ceiling+walls", wall_low=wall_low
+            )

@@ -59,14 +59,20 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_away_from_aps, check_int, warn_if_float32
+from dmimo_jax._checks import check_int, is_concrete, warn_if_float32
 from dmimo_jax.antenna import CosinePattern
 from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.estimators.mle import compressed_residuals, cpo_estimate
 from dmimo_jax.gp.kernel import check_training_data
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import wrap
-from dmimo_jax.physics import ImageSourceModel, PhaseModel, TwoRayModel, room_model
+from dmimo_jax.physics import (
+    ImageSourceModel,
+    PhaseModel,
+    TwoRayModel,
+    check_in_domain,
+    room_model,
+)
 from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene, paper_scene, perturb_deployment
@@ -321,6 +327,8 @@ def _surface_indices(model: Any, surfaces: Sequence[str] | None) -> tuple[list[i
     for s in surfaces:
         if s not in names:
             raise ValueError(f"surfaces: no reflector named {s!r} (the model has {names})")
+        if names.count(s) > 1:
+            raise ValueError(f"surfaces: {names.count(s)} reflectors are named {s!r}; rename them")
         k = names.index(s)
         if model.reflectors[k].perfect_conductor:
             raise ValueError(f"surfaces: {s!r} is a perfect conductor, it has no eps_r to fit")
@@ -339,9 +347,25 @@ def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[
     """``model`` with the permittivity of the surfaces at indices ``surfaces`` replaced.
 
     For a :class:`TwoRayModel` the only surface is the ground (index 0); for an
-    :class:`ImageSourceModel` the indices run over its reflectors. Works on tracers.
+    :class:`ImageSourceModel` the indices run over its reflectors.
+    Works on tracers.
+
+    Raises:
+        ValueError: an index out of range or repeated, or not one permittivity per index.
     """
     eps_r = jnp.atleast_1d(jnp.asarray(eps_r))
+    num = 1 if isinstance(model, TwoRayModel) else len(getattr(model, "reflectors", ()))
+    surfaces = tuple(surfaces)
+    if not all(isinstance(k, int | np.integer) and 0 <= k < num for k in surfaces):
+        raise ValueError(
+            f"surfaces must be indices of the model's {num} surface(s) (0 ... {num - 1}), "
+            f"got {surfaces}"
+        )
+    if len(set(surfaces)) != len(surfaces) or eps_r.shape != (len(surfaces),):
+        raise ValueError(
+            f"eps_r must hold one permittivity per distinct index of surfaces "
+            f"({len(surfaces)}), got eps_r of shape {eps_r.shape} for surfaces {surfaces}"
+        )
     if isinstance(model, TwoRayModel):
         return TwoRayModel(model.scene.replace(eps_r=eps_r[0]))
     if isinstance(model, ImageSourceModel):
@@ -355,7 +379,21 @@ def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[
 
 
 def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike) -> Array:
-    """The CPO-profiled Gaussian log-likelihood of L labeled snapshots (module docstring)."""
+    """The CPO-profiled Gaussian log-likelihood of L labeled snapshots (module docstring).
+
+    Raises:
+        ValueError: x not (L, 3), r or noise_var not (L, M), or (concrete input) values that
+            :func:`calibrate` would refuse.
+    """
+    shapes = (np.shape(x), np.shape(r), np.shape(noise_var))
+    num_l = shapes[0][0] if len(shapes[0]) == 2 else -1
+    if shapes[0] != (num_l, 3) or not shapes[1] == shapes[2] == (num_l, model.num_aps):
+        raise ValueError(
+            f"x, r and noise_var must have shapes (L, 3), (L, M), (L, M) with M = "
+            f"{model.num_aps}, got {shapes[0]}, {shapes[1]}, {shapes[2]}"
+        )
+    if is_concrete(x, r, noise_var):
+        check_training_data(x, r, noise_var, model.num_aps)
     x, r, noise_var = jnp.asarray(x), jnp.asarray(r), jnp.asarray(noise_var)
     e = _whitened(model, x, r, noise_var)
     return -0.5 * (jnp.sum(e * e) + jnp.sum(jnp.log(2 * jnp.pi * noise_var)))
@@ -483,20 +521,6 @@ def _check_fit(fit: Sequence[str] | str) -> tuple[str, ...]:
     return fit
 
 
-def _check_inside(model: Any, x: np.ndarray) -> None:
-    check_away_from_aps("x", x, model.scene.ap_positions)
-    if isinstance(model, ImageSourceModel):
-        for refl in model.reflectors:
-            h = (x - np.asarray(refl.point)) @ np.asarray(refl.normal)
-            if np.any(h <= 0):
-                i = int(np.argmin(h))
-                raise ValueError(
-                    f"x (row {i}) = {x[i].tolist()} is not strictly in front of reflector "
-                    f"{refl.name!r} (signed distance {h[i]:.3g} m): labeled positions must lie "
-                    "inside the room"
-                )
-
-
 def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.ndarray:
     starts = CALIBRATION_STARTS if starts is None else tuple(starts)
     if not starts:
@@ -612,7 +636,7 @@ def calibrate(
     check_int("num_steps", num_steps, minimum=1)
     warn_if_float32("calibrate")
     dtype = model.scene.ap_positions.dtype
-    _check_inside(model, np.asarray(x, float))
+    check_in_domain("x", np.asarray(x, float), model)
     x, r, noise_var = (jnp.asarray(v, dtype) for v in (x, r, noise_var))
     idx, names = ([], [])
     eps_starts = np.zeros(0)

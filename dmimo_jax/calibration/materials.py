@@ -38,7 +38,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
@@ -216,7 +218,13 @@ class MaterialPosterior(NamedTuple):
     diverging: Array  # (S,) bool
 
     def interval(self, level: float = 0.95) -> tuple[Array, Array]:
-        """Equal-tailed credible intervals ``(low, high)`` of (Re, Im), each shape (2,)."""
+        """Equal-tailed credible intervals ``(low, high)`` of (Re, Im), each shape (2,).
+
+        Raises:
+            ValueError: ``level`` not in (0, 1).
+        """
+        if not (np.ndim(level) == 0 and 0.0 < float(level) < 1.0):
+            raise ValueError(f"level must be a probability in (0, 1), got {level!r}")
         parts = jnp.stack([jnp.real(self.eps_r), jnp.imag(self.eps_r)], axis=-1)
         a = (1.0 - level) / 2.0
         return jnp.quantile(parts, a, axis=0), jnp.quantile(parts, 1.0 - a, axis=0)
@@ -246,6 +254,18 @@ def material_posterior(
     import numpyro.distributions as dist
     from numpyro.infer import MCMC, NUTS, init_to_value
 
+    if not (isinstance(key, jax.Array) and key.shape in ((), (2,))):
+        raise ValueError(
+            f"key must be a JAX PRNG key (jax.random.key(seed)), got {type(key).__name__}"
+        )
+    if init is not None and not (
+        isinstance(init, MaterialFit) and init.surfaces == ("ground",) and init.eps_r.shape == ()
+    ):
+        raise ValueError(
+            "init must be a MaterialFit of the ground alone (fit_material), got "
+            f"{type(init).__name__}"
+            + (f" of surfaces {init.surfaces}" if isinstance(init, MaterialFit) else "")
+        )
     start = (
         fit_material(x, r, noise_var, scene, polarization=polarization) if init is None else init
     )

@@ -25,6 +25,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import (
     as_snapshot_batch,
+    check_finite,
     check_int,
     check_num_aps,
     check_scalar,
@@ -71,7 +72,12 @@ class CellGrid:
         return math.prod(self.shape)
 
     def index(self, x: ArrayLike) -> Array:
-        """Flat cell index (...,) of positions (..., 3); outside points go to the nearest cell."""
+        """Flat cell index (...,) of positions (..., 3); outside points go to the nearest cell.
+
+        Raises:
+            ValueError: concrete positions that are not finite (a NaN has no cell).
+        """
+        check_finite("x", x)
         x = jnp.asarray(x)
         low = jnp.broadcast_to(self.low.astype(x.dtype), x.shape)
         ijk = jnp.floor((x - low) / self.cell_size).astype(jnp.int32)
@@ -143,6 +149,11 @@ def cell_table(
     margin = 0.5 * spacing if margin is None else float(margin)
     check_scalar("spacing", spacing, positive=True)
     check_scalar("margin", margin)
+    if margin < 0:
+        raise ValueError(
+            f"margin must be >= 0 (m): a negative margin leaves the faces of every cell "
+            f"unscreened, got {margin}"
+        )
     n = int(np.ceil((cells.cell_size + 2 * margin) / spacing)) + 1
     offsets = jnp.asarray(cube_offsets(-margin + spacing * np.arange(n)), cells.low.dtype)
     data = _cell_rows(model, cells, offsets)

@@ -11,6 +11,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
+from dmimo_jax._checks import is_concrete
 from dmimo_jax.gp.fit import GPFit
 from dmimo_jax.gp.kernel import (
     MAX_COVARIANCE_BYTES,
@@ -154,8 +155,10 @@ class TabulatedGPModel:
 
         Args:
             model: the fitted GP PhaseModel.
-            max_path_difference: largest Delta d, m (default 2 z_max + 0.5 m with z_max the
-                top of the scene's UE region: Delta d <= 2 z for a ceiling AP).
+            max_path_difference: largest Delta d, m. Delta d <= 2 min(z, z_m) for a UE at
+                height z and an AP at z_m, so the default, 2 max_m z_m (plus a few nodes),
+                covers a UE anywhere in the room; a smaller value must still cover the UE
+                region (2 min(z_max, max_m z_m), z_max its top).
             dd_step: Delta d spacing of the mean, m (default lambda / 256).
             num_gamma: mean nodes over gamma in [0, pi/2].
             variance: also tabulate V[g] (eq. 25b).
@@ -167,16 +170,19 @@ class TabulatedGPModel:
             raise ValueError(f"model must be a GPPhaseModel, got {type(model).__name__}")
         scene = model.scene
         lam = float(scene.wavelength)
-        dd_max = (
-            2 * float(scene.ue_high[2]) + 0.5
-            if max_path_difference is None
-            else max_path_difference
-        )
         h = lam / 256 if dd_step is None else dd_step
         hv = lam / 64 if var_dd_step is None else var_dd_step
+        top_ap = float(np.max(np.asarray(scene.ap_positions)[:, 2]))
+        dd_max = 2 * top_ap + 4 * max(h, hv) if max_path_difference is None else max_path_difference
         for name, v in (("max_path_difference", dd_max), ("dd_step", h), ("var_dd_step", hv)):
             if not (np.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {v}")
+        needed = 2 * min(float(scene.ue_high[2]), top_ap)
+        if dd_max < needed:
+            raise ValueError(
+                f"max_path_difference = {dd_max:g} m does not cover the UE region: a UE at its "
+                f"top below an AP has Delta d up to {needed:g} m (2 min(z_max, z_AP))"
+            )
         for name, n in (("num_gamma", num_gamma), ("var_num_gamma", var_num_gamma)):
             if not (isinstance(n, int) and n >= 2):
                 raise ValueError(f"{name} must be an int >= 2, got {n!r}")
@@ -196,9 +202,33 @@ class TabulatedGPModel:
         """Whether ``variance`` includes the tabulated V[g] (eq. 27) or is the LoS part only."""
         return self.var_values is not None
 
-    def mean(self, x: ArrayLike) -> Array:
-        """Eq. (26) without the CPO, with the tabulated E[g] (M,)."""
+    @property
+    def max_path_difference(self) -> float:
+        """The largest Delta d (m) both tables cover."""
+        top = (self.values.shape[0] - 1) * float(self.step[0])
+        if self.var_values is not None:
+            top = min(top, (self.var_values.shape[0] - 1) * float(self.var_step[0]))
+        return top
+
+    def _features(self, x: ArrayLike) -> Array:
         f = features(x, self.scene)
+        if is_concrete(f):  # concrete positions: refuse what the tables do not cover
+            dd = float(np.max(np.asarray(f)[:, 0]))
+            if dd > self.max_path_difference * (1 + 1e-9):
+                raise ValueError(
+                    f"x = {np.asarray(x).tolist()} has a path difference of {dd:.4g} m, beyond "
+                    f"the tables' {self.max_path_difference:.4g} m: tabulate with a larger "
+                    "max_path_difference (from_model's default covers the whole room)"
+                )
+        return f
+
+    def mean(self, x: ArrayLike) -> Array:
+        """Eq. (26) without the CPO, with the tabulated E[g] (M,).
+
+        Raises:
+            ValueError: a concrete ``x`` outside the tables (:attr:`max_path_difference`).
+        """
+        f = self._features(x)
         return los_phase(x, self.scene) + interpolate(
             self.values, self.lower, self.step, f, cubic=True
         )
@@ -209,7 +239,7 @@ class TabulatedGPModel:
         los = los_noise_var(x, self.scene)
         if self.var_values is None:
             return los
-        g = interpolate(self.var_values, self.lower, self.var_step, features(x, self.scene))
+        g = interpolate(self.var_values, self.lower, self.var_step, self._features(x))
         return los + jnp.maximum(g, 0.0)
 
     def without_variance(self) -> TabulatedGPModel:

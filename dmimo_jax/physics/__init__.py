@@ -15,7 +15,7 @@ from dmimo_jax.physics.image_source import (
     image_paths,
     room_model,
 )
-from dmimo_jax.physics.model import PhaseModel, as_phase_model
+from dmimo_jax.physics.model import PhaseModel, as_phase_model, check_in_domain
 from dmimo_jax.physics.two_ray import (
     Geometry,
     PathParameters,
@@ -47,6 +47,7 @@ __all__ = [
     "PhaseModel",
     "TwoRayModel",
     "as_phase_model",
+    "check_in_domain",
     "departure_directions",
     "effective_amplitude",
     "effective_phase",

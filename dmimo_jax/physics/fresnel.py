@@ -58,12 +58,16 @@ def reflection_coefficient(
     zeta = zeta_term(c, eps)
     if polarization == "TE":
         # (c - zeta)/(c + zeta) = (c - zeta)^2 / (c^2 - zeta^2) = (c - zeta)^2 / (1 - eps_r):
-        # one reciprocal per material instead of a complex division per ray. eps_r = 1 (no
-        # interface) gives Gamma = 0, with the double-where for a finite gradient.
+        # one reciprocal per material instead of a complex division per ray. At eps_r = 1
+        # (no interface) that form is 0/0: there Gamma = (c - zeta)/(c + zeta) = 0 with the
+        # derivative -1/(4 c^2) in eps_r, which the first-order term (1 - eps_r)/(4 c^2)
+        # carries (it vanishes at eps_r = 1; c = 0 too is grazing, Gamma = 0, gradient 0).
         one_minus = 1.0 - eps
         has_interface = one_minus != 0
         inv = jnp.where(has_interface, 1.0 / jnp.where(has_interface, one_minus, 1.0), 0.0)
-        return (c - zeta) ** 2 * inv
+        c2 = c * c
+        at_one = jnp.where(c2 != 0, one_minus / jnp.where(c2 != 0, 4.0 * c2, 1.0), 0.0)
+        return jnp.where(has_interface, (c - zeta) ** 2 * inv, at_one)
     if polarization != "TM":
         raise ValueError(f"polarization must be 'TE' or 'TM', got {polarization!r}")
     num, den = eps * c - zeta, eps * c + zeta

@@ -64,7 +64,6 @@ from jax import Array, lax
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import (
-    check_away_from_aps,
     check_finite,
     check_int,
     check_permittivity,
@@ -74,6 +73,7 @@ from dmimo_jax._checks import (
 from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.physics.fresnel import reflection_coefficient
+from dmimo_jax.physics.model import check_in_domain
 from dmimo_jax.physics.two_ray import noise_var_from_amplitude, safe_norm
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
@@ -140,6 +140,12 @@ class Reflector:
             norm = float(np.linalg.norm(np.asarray(n, float)))
             if not norm > 0:
                 raise ValueError(f"normal must be a non-zero vector, got {np.asarray(normal)}")
+        if isinstance(eps_r, str):
+            raise ValueError(
+                f"eps_r must be a complex permittivity, got the material name {eps_r!r}: a "
+                "name needs a frequency, use dmimo_jax.materials.relative_permittivity(name, "
+                "frequency_hz) or box_room(..., frequency_hz=...)"
+            )
         if np.shape(eps_r) != ():
             raise ValueError(f"eps_r must be a scalar, got shape {np.shape(eps_r)}")
         if not perfect_conductor:
@@ -303,6 +309,32 @@ def _gamma(cos_gamma: Array, eps: Array, pec: np.ndarray, polarization: str) -> 
     return jnp.where(jnp.asarray(pec), -1.0 + 0j, g) if pec.any() else g
 
 
+def check_reflectors(
+    reflectors: Sequence[Reflector], order: int, *, allow_empty: bool = False
+) -> None:
+    """``ValueError`` unless ``order`` is 1 or 2 with enough reflectors and no plane repeats
+    (a plane listed twice would count its bounce twice). Concrete planes only."""
+    check_int("order", order, minimum=1)
+    if order > 2:
+        raise ValueError(f"order must be 1 or 2, got {order}")
+    if not reflectors and not allow_empty:
+        raise ValueError("reflectors must hold at least one Reflector (none: a LoS model)")
+    if order == 2 and len(reflectors) < 2:
+        raise ValueError(f"order=2 needs at least two reflectors, got {len(reflectors)}")
+    planes = []
+    for r in reflectors:
+        if not is_concrete(r.point, r.normal):
+            return
+        n = np.asarray(r.normal, float)
+        planes.append((r.name, n, float(n @ np.asarray(r.point, float))))
+    for i, (a, na, ca) in enumerate(planes):
+        for b, nb, cb in planes[i + 1 :]:
+            if np.allclose(na, nb, atol=1e-9) and abs(ca - cb) <= MOUNT_TOLERANCE:
+                raise ValueError(
+                    f"reflectors {a!r} and {b!r} are the same plane: list each surface once"
+                )
+
+
 def _mirror(v: Array, n: Array) -> Array:
     """Directions ``v`` (..., 3) mirrored across planes of unit normals ``n`` (..., 3)."""
     return v - 2.0 * jnp.sum(v * n, axis=-1, keepdims=True) * n
@@ -323,6 +355,8 @@ def image_paths(
     With ``directions=True`` the paths' departure directions at the APs are returned too
     (``.departure``, for the antenna patterns).
     """
+    reflectors = tuple(reflectors)
+    check_reflectors(reflectors, order)
     x = jnp.asarray(x, scene.ap_positions.dtype)
     ap = scene.ap_positions  # (M, 3)
     q, n, eps, pec = _stack(reflectors)  # (K, 3), (K, 3), (K,), (K,)
@@ -336,7 +370,8 @@ def image_paths(
     diff = 4.0 * hp * hx[None, :] / (d + d1[:, None])
     cos_g = (hx[None, :] + hp) * (1.0 / d)
     gamma = _gamma(cos_g, eps[None, :], pec, scene.polarization)
-    valid = hp > MOUNT_TOLERANCE
+    # a path exists when the AP is not mounted on the plane and the UE is in front of it
+    valid = (hp > MOUNT_TOLERANCE) & (hx[None, :] > 0.0)
     # the ray leaves the AP along the unfolded direction mirrored back across the plane
     departure = _mirror(-to_image / d[..., None], n[None]) if directions else None
     if order == 1:
@@ -366,6 +401,7 @@ def image_paths(
     r_k = r_l + (s / (s + hpk))[..., None] * (img1 - r_l)
     in_front_l = jnp.sum((r_k - ql[None]) * nl[None], axis=-1) >= 0.0
     valid2 = (hpk > MOUNT_TOLERANCE) & (h1l > MOUNT_TOLERANCE) & (s > 0.0) & in_front_l
+    valid2 = valid2 & (hxl > 0.0)
     diff2 = (d2 * d2 - d1[:, None] ** 2) / (d2 + d1[:, None])
     if directions:  # mirrored back across l, then across k
         dep2 = _mirror(_mirror(-u, nl[None]), nk[None])
@@ -421,11 +457,7 @@ class ImageSourceModel:
         for i, r in enumerate(reflectors):
             if not isinstance(r, Reflector):
                 raise ValueError(f"reflectors[{i}] must be a Reflector, got {type(r).__name__}")
-        check_int("order", order, minimum=1)
-        if order > 2:
-            raise ValueError(f"order must be 1 or 2, got {order}")
-        if order == 2 and len(reflectors) < 2:
-            raise ValueError("order=2 needs at least two reflectors")
+        check_reflectors(reflectors, order, allow_empty=True)
         for r in reflectors:
             if is_concrete(r.point, r.normal, scene.ap_positions):
                 # in NumPy: under jit even operations on constants are traced
@@ -447,16 +479,7 @@ class ImageSourceModel:
 
     def _check_x(self, x: ArrayLike) -> None:
         check_positions("x", x, batched=False)
-        check_away_from_aps("x", x, self.scene.ap_positions)
-        for r in self.reflectors:
-            if is_concrete(x, r.point, r.normal):
-                h = float(r.height(jnp.asarray(x, float)))
-                if not h > 0:
-                    raise ValueError(
-                        f"x = {np.asarray(x).tolist()} is {'on' if h == 0 else 'behind'} "
-                        f"reflector {r.name!r} (signed distance {h:.3g} m): UEs must be "
-                        "strictly in front of every reflector"
-                    )
+        check_in_domain("x", x, self)
 
     def relative_reflections(self, x: ArrayLike) -> tuple[Array, Array]:
         r"""``(d1, rho)``: LoS lengths (M,) and :math:`\rho_{mk}` (M, P) (zero for absent paths),

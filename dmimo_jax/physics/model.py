@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
+from dmimo_jax._checks import check_away_from_aps, is_concrete
 from dmimo_jax.physics.two_ray import TwoRayModel
 from dmimo_jax.scene import Scene
 
-__all__ = ["PhaseModel", "as_phase_model"]
+__all__ = ["PhaseModel", "as_phase_model", "check_in_domain"]
 
 
 @runtime_checkable
@@ -62,3 +64,28 @@ def as_phase_model(model_or_scene: PhaseModel | Scene | Any) -> PhaseModel:
             f".num_aps, got {type(model_or_scene).__name__} (missing {', '.join(missing)})"
         )
     return model_or_scene
+
+
+def check_in_domain(name: str, x: Any, model: PhaseModel) -> None:
+    """``ValueError`` when concrete position(s) ``x`` (3,) or (N, 3) lie where ``model`` is
+    not defined: on an AP (the LoS amplitude of eq. 9 is infinite there), or, for a model
+    with ``reflectors`` (a room, :class:`~dmimo_jax.physics.ImageSourceModel`), on or behind
+    one of them (its image paths assume a UE inside the room). Traced input passes.
+
+    The one rule of simulation, bounds and calibration for positions (shapes and
+    finiteness are :func:`~dmimo_jax._checks.check_positions`'s).
+    """
+    check_away_from_aps(name, x, model.scene.ap_positions)
+    for refl in getattr(model, "reflectors", ()):
+        if not is_concrete(x, refl.point, refl.normal):
+            continue
+        pts = np.asarray(x, float).reshape(-1, 3)
+        h = (pts - np.asarray(refl.point, float)) @ np.asarray(refl.normal, float)
+        i = int(np.argmin(h))
+        if not h[i] > 0:
+            where = "" if np.ndim(x) == 1 else f" (row {i})"
+            raise ValueError(
+                f"{name}{where} = {pts[i].tolist()} is {'on' if h[i] == 0 else 'behind'} "
+                f"reflector {refl.name!r} (signed distance {h[i]:.3g} m): positions must lie "
+                "strictly inside the room, in front of every reflector"
+            )

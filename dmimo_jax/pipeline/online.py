@@ -47,7 +47,16 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
     A Flax network runs as a pure jitted function of its current state (split on every
     call, so further training of the network is always seen; nothing is cached here
     beyond JAX's own compilation cache, keyed by the network's structure).
+
+    Raises:
+        ValueError: a cell classifier (it gives cells, not positions), or an estimator whose
+            output is not (B, 3).
     """
+    if hasattr(estimator, "top_cells"):
+        raise ValueError(
+            "estimator is a cell classifier: it gives candidate cells, not positions; use "
+            "locate_candidates(r, classifier, ...) or pipeline.locator(offline, 'cells')"
+        )
     num_aps = getattr(estimator, "num_aps", None)
     r = jnp.atleast_2d(r) if num_aps is None else as_snapshot_batch("r", r, num_aps)
     if isinstance(estimator, nnx.Module):
@@ -55,6 +64,11 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
         out = _apply_network(graphdef, state, r.astype(jnp.float32))
     else:
         out = estimator(r)
+    if np.shape(out) != (r.shape[0], 3):
+        raise ValueError(
+            f"estimator must map r {tuple(r.shape)} to positions ({r.shape[0]}, 3), "
+            f"got {np.shape(out)}"
+        )
     return jnp.asarray(out, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
 
 
@@ -164,6 +178,9 @@ def bucketed(fn: Any, rows: np.ndarray, *arrays: Array) -> Array:
     row) bounds the shapes a jitted stage ever sees to a few per octave of the batch size,
     so a new mix of confident and unsure snapshots rarely compiles anything.
     """
+    rows = np.asarray(rows)
+    if rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer):
+        raise ValueError(f"rows must be a 1-D array of row indices, got {rows.dtype} {rows.shape}")
     n = rows.size
     if n == 0:
         raise ValueError("rows must name at least one row (skip an empty part instead)")
@@ -226,6 +243,7 @@ def screen_candidates(
         )
     if cells.size and not (0 <= int(cells.min()) and int(cells.max()) < table.cells.num_cells):
         raise ValueError(f"cells must index the {table.cells.num_cells} cells of the table")
+    check_probabilities("probs", p)
     settings = check_screen_settings(
         screen,
         table,
@@ -237,6 +255,20 @@ def screen_candidates(
         screen_steps=screen_steps,
     )
     return _screen_candidates(r, cells, p, screen, table, fallback_table, settings)
+
+
+def check_probabilities(name: str, p: np.ndarray) -> None:
+    """``ValueError`` unless ``p`` (B, K) holds probabilities: finite, in [0, 1], each row
+    summing to at most 1 (logits or scores passed by mistake would fake a confident mass)."""
+    if not np.all(np.isfinite(p)):
+        raise ValueError(f"{name} must be finite probabilities, got NaN or inf entries")
+    tol = 1e-4  # float32 softmax outputs
+    if p.size and (p.min() < 0 or p.max() > 1 + tol or np.max(p.sum(axis=-1)) > 1 + tol):
+        raise ValueError(
+            f"{name} must be probabilities in [0, 1] whose rows sum to at most 1 (the top-K of a "
+            f"softmax), got values in [{p.min():.3g}, {p.max():.3g}] and a row sum up to "
+            f"{np.max(p.sum(axis=-1)):.3g}: logits passed by mistake?"
+        )
 
 
 class ScreenSettings(NamedTuple):
@@ -395,6 +427,20 @@ def locate_candidates(
         num_starts=num_starts,
         screen_steps=screen_steps,
     )
+    if r.shape[0] == 0:  # an empty batch: nothing to screen
+        dtype = jnp.result_type(float)
+        empty = jnp.zeros((0, 3), dtype)
+        none = jnp.zeros((0,), bool)
+        return CandidateOnlineResult(
+            jnp.zeros((0, num_cells), jnp.int32),
+            jnp.zeros((0,), dtype),
+            none,
+            none,
+            empty,
+            empty,
+            jnp.zeros((0,), dtype),
+            jnp.zeros((0,), dtype),
+        )
     cells, probs = _cell_probabilities(classifier, r, num_cells)
     found = _screen_candidates(
         r,

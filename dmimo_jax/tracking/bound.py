@@ -28,9 +28,9 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_away_from_aps, check_finite, check_num_aps, check_positions
+from dmimo_jax._checks import check_finite, check_num_aps, check_positions
 from dmimo_jax.bounds import position_fim
-from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.physics import PhaseModel, as_phase_model, check_in_domain
 from dmimo_jax.scene import Scene
 from dmimo_jax.tracking.kalman import position_update, predict_covariance
 from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion
@@ -69,7 +69,7 @@ def pcrb(
     check_motion(motion)
     check_dt(dt)
     check_positions("positions", positions, batched=True)
-    check_away_from_aps("positions", positions, model.scene.ap_positions)
+    check_in_domain("positions", positions, model)
     positions = jnp.asarray(positions)
     s = motion.state_dim
     prior_cov = jnp.asarray(prior_cov, positions.dtype)
