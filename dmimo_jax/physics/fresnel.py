@@ -65,9 +65,9 @@ def reflection_coefficient(
         one_minus = 1.0 - eps
         has_interface = one_minus != 0
         inv = jnp.where(has_interface, 1.0 / jnp.where(has_interface, one_minus, 1.0), 0.0)
-        c2 = c * c
-        at_one = jnp.where(c2 != 0, one_minus / jnp.where(c2 != 0, 4.0 * c2, 1.0), 0.0)
-        return jnp.where(has_interface, (c - zeta) ** 2 * inv, at_one)
+        c2 = cos_gamma * cos_gamma  # real: a real reciprocal per ray, not a complex division
+        quarter = jnp.where(c2 != 0, 0.25 / jnp.where(c2 != 0, c2, 1.0), 0.0)
+        return jnp.where(has_interface, (c - zeta) ** 2 * inv, one_minus * quarter)
     if polarization != "TM":
         raise ValueError(f"polarization must be 'TE' or 'TM', got {polarization!r}")
     num, den = eps * c - zeta, eps * c + zeta
