@@ -453,7 +453,12 @@ def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
 
 
 def run_tracker(
-    tracker: Tracker, state: TrackState, r: ArrayLike, valid: ArrayLike | None = None
+    tracker: Tracker,
+    state: TrackState,
+    r: ArrayLike,
+    valid: ArrayLike | None = None,
+    *,
+    ue_chunk: int = 1024,
 ) -> tuple[TrackState, TrackOutput]:
     """Track B UEs over T intervals: ``jax.lax.scan`` of :meth:`Tracker.update` over time,
     vmapped over UEs.
@@ -463,12 +468,19 @@ def run_tracker(
     step (the others stay due and follow at the next steps), so a locked batch costs one
     EKF update per UE and interval and memory stays bounded.
 
+    UEs are tracked in chunks of ``ue_chunk``, each scanned over the whole time axis (a
+    ``lax.map`` over chunks): one step touches every UE's state dozens of times, and a
+    chunk's state stays in the CPU caches where 10,000 UEs' (about 25 MB) would not (the
+    re-acquisition capacity then applies per chunk: where it is not reached, results do not
+    depend on the chunking).
+
     Args:
         tracker: the :class:`Tracker`.
         state: :class:`TrackState` with a leading UE axis B (``jax.vmap(tracker.init)``).
         r: (T, B, M) wrapped phases, finite.
         valid: (T, B) bool, a snapshot was received (default all); rows marked ``False``
             are ignored (the filter only predicts: an outage).
+        ue_chunk: UEs per chunk (see above).
 
     Returns:
         The final state and a :class:`TrackOutput` per step.
@@ -490,10 +502,35 @@ def run_tracker(
             raise ValueError(
                 f"valid must be a bool array of shape ({t}, {b}), got {valid.dtype} {valid.shape}"
             )
-    return _run(tracker, state, r, valid)
+    check_int("ue_chunk", ue_chunk, minimum=1)
+    return _run_chunked(tracker, state, r, valid, min(ue_chunk, b))
 
 
-@jax.jit
+@partial(jax.jit, static_argnames=("chunk",))
+def _run_chunked(tracker: Tracker, state: TrackState, r: Array, valid: Array, chunk: int):
+    b = r.shape[1]
+    if chunk >= b:
+        return _run(tracker, state, r, valid)
+    num = -(-b // chunk)
+    pad = num * chunk - b  # padded with copies of the last UE, dropped at the end
+
+    def split(a: Array, axis: int) -> Array:
+        a = jnp.concatenate(
+            [a, jnp.repeat(jax.lax.slice_in_dim(a, b - 1, b, axis=axis), pad, axis)], axis
+        )
+        a = jnp.moveaxis(a, axis, 0).reshape((num, chunk) + a.shape[:axis] + a.shape[axis + 1 :])
+        return jnp.moveaxis(a, 1, axis + 1)
+
+    def merge(a: Array, axis: int) -> Array:  # (num, ..., chunk at axis, ...) -> (..., B, ...)
+        a = jnp.moveaxis(a, axis + 1, 1)
+        a = a.reshape((num * chunk,) + a.shape[2:])[:b]
+        return jnp.moveaxis(a, 0, axis)
+
+    chunks = (jax.tree.map(lambda a: split(a, 0), state), split(r, 1), split(valid, 1))
+    final, out = jax.lax.map(lambda c: _run(tracker, *c), chunks)
+    return jax.tree.map(lambda a: merge(a, 0), final), jax.tree.map(lambda a: merge(a, 1), out)
+
+
 def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
     batch_step = jax.vmap(step, in_axes=(None, 0, 0, 0))
     batch_reacquire = jax.vmap(reacquire, in_axes=(None, 0))
