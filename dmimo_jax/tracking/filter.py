@@ -470,7 +470,7 @@ def run_tracker(
 
     UEs are tracked in chunks of ``ue_chunk``, each scanned over the whole time axis (a
     ``lax.map`` over chunks): one step touches every UE's state dozens of times, and a
-    chunk's state stays in the CPU caches where 10,000 UEs' (about 25 MB) would not (the
+    chunk's state stays in the CPU caches where 10,000 UEs' (over 20 MB) would not (the
     re-acquisition capacity then applies per chunk: where it is not reached, results do not
     depend on the chunking).
 
