@@ -8,7 +8,6 @@ batch equals the single-snapshot calls with ``jax.random.split(key, N)``.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import jax
@@ -88,16 +87,17 @@ def _batch(fn, key: Array, model: PhaseModel | Scene, xs: ArrayLike, cpos: Array
     check_finite("cpos", cpos)
     leaves = jax.tree.leaves(model)
     if len(leaves) == 1 and leaves[0] is model:  # a PhaseModel that is not a pytree: eagerly
-        keys = jax.random.split(key, xs.shape[0])
-        return jax.vmap(fn, in_axes=(0, None, 0, 0))(keys, model, xs, cpos)
+        return _vmapped(fn, key, model, xs, cpos)
     return _batch_jit(fn, key, model, xs, cpos)
 
 
-@partial(jax.jit, static_argnums=0)
-def _batch_jit(fn, key: Array, model: Any, xs: Array, cpos: Array) -> Array:
-    # one compiled program per model and shape, not an eager dispatch per operation
+def _vmapped(fn, key: Array, model: Any, xs: Array, cpos: Array) -> Array:
     keys = jax.random.split(key, xs.shape[0])
     return jax.vmap(fn, in_axes=(0, None, 0, 0))(keys, model, xs, cpos)
+
+
+# one compiled program per model and shape, not an eager dispatch per operation
+_batch_jit = jax.jit(_vmapped, static_argnums=0)
 
 
 def simulate_phases_batch(
