@@ -1,5 +1,9 @@
-"""Dtype-keyed tolerances in one place (as in tinygp's test_utils)."""
+"""Dtype-keyed tolerances in one place (as in tinygp's test_utils), and the XLA setting
+for the few long computations in the suite."""
 
+import contextlib
+
+import jax
 import numpy as np
 
 _RTOL = {np.dtype("float32"): 5e-4, np.dtype("float64"): 1e-10}
@@ -12,3 +16,19 @@ def assert_allclose(actual, desired, *, rtol=None, atol=0.0, err_msg=""):
         dt = np.result_type(actual.real.dtype, desired.real.dtype)
         rtol = _RTOL.get(np.dtype(dt), 1e-10)
     np.testing.assert_allclose(actual, desired, rtol=rtol, atol=atol, err_msg=err_msg)
+
+
+@contextlib.contextmanager
+def xla_optimized():
+    """Compile with XLA's optimization passes inside the block (the suite compiles without
+    them, ``conftest.py``): for fixtures and tests whose run time, not their compilation,
+    is what costs (building tables, long scans)."""
+    previous = jax.config.values["jax_disable_most_optimizations"]
+    jax.config.update("jax_disable_most_optimizations", False)
+    # a function compiled before keeps its executable whatever the setting (the in-memory
+    # caches are not keyed on it): drop them, so that the block compiles what it runs
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", previous)

@@ -464,6 +464,7 @@ def test_material_posterior_refuses_a_missing_key_and_a_foreign_start():
         material_posterior(XS, r, var, scene, key=jax.random.key(0), init=two)
 
 
+@pytest.mark.optimized
 def test_tabulated_gp_covers_the_room_or_refuses():
     scene = SCENE.replace(ue_high=jnp.array([9.5, 9.5, 2.0]))
     x = dj.sample_positions(jax.random.key(0), 6, scene)

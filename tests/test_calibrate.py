@@ -83,6 +83,7 @@ def test_room_every_group_noise_free_mounted_aps_stay_on_the_ceiling():
     np.testing.assert_allclose(cal.values["surfaces"], want, rtol=1e-6)
 
 
+@pytest.mark.optimized
 def test_standard_errors_cover_the_truth_at_their_stated_rate():
     """30 noisy data sets: |estimate - truth| <= 1.96 s.e. for about 95% of the parameters."""
     truth = dj.TwoRayModel(

@@ -18,6 +18,7 @@ from dmimo_jax.learning import (
     synthesize,
     train,
 )
+from tests.helpers import xla_optimized
 
 SCENE = dj.paper_scene()
 MODEL = dj.TwoRayModel(SCENE)
@@ -220,7 +221,8 @@ def small_gp():
     r = dj.simulate_phases_batch(k2, truth, x, dj.random_cpos(k3, 20))
     nv = jax.vmap(truth.variance)(x)
     exact = pipeline.fit_phase_model(x, r, nv, SCENE, num_steps=10)
-    return exact, gp.TabulatedGPModel.from_model(exact)
+    with xla_optimized():  # tabulating: run time, not compilation
+        return exact, gp.TabulatedGPModel.from_model(exact)
 
 
 def test_cheap_fine_stage_matches_exact_gp_refinement(small_gp):

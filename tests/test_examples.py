@@ -27,7 +27,7 @@ def test_mle_mismatch_example(tmp_path, monkeypatch):
     assert by_beta[1.1]["rmse_m"] > 5 * by_beta[1.1]["peb_m"]
 
 
-@pytest.mark.slow  # left out of CI for time (python -m pytest -m slow)
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_egs_flops_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "egs.json"
     argv = ["--quick", "--batch", "16", "--realizations", "8", "--repeats", "1", "--json", str(out)]
@@ -49,7 +49,7 @@ def test_mle_mismatch_rejects_bad_arguments(bad, tmp_path, monkeypatch):
         _run("examples/mle_mismatch.py", [*bad, "--out", str(tmp_path / "x")], monkeypatch)
 
 
-@pytest.mark.slow  # left out of CI for time (python -m pytest -m slow)
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_gp_examples_quick(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend("examples")
     out = tmp_path / "ex"
@@ -67,6 +67,7 @@ def test_gp_examples_quick(tmp_path, monkeypatch):
     assert all(v < 0.1 for v in theory.values())  # the true model sees only the noise
 
 
+@pytest.mark.optimized
 def test_quickstart_tiny(tmp_path, monkeypatch):
     """The README's main job end to end at toy sizes: offline stage, cache, online stage."""
     out = tmp_path / "q.json"
@@ -97,7 +98,7 @@ def test_quickstart_tiny(tmp_path, monkeypatch):
     assert json.loads((spec.parent.parent / "config.json").read_text())["num_samples"] == 2000
 
 
-@pytest.mark.slow  # left out of CI for time (python -m pytest -m slow)
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "lat.json"
     _run(
@@ -168,6 +169,7 @@ def test_multipath_room_example_tiny(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_calibrate_material_example_tiny(tmp_path, monkeypatch):
     out = tmp_path / "cal"
     argv = ["--powers-dbm", "-10", "--num-train", "10", "--draws", "8", "--num-test", "16"]
@@ -221,6 +223,7 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
     out = tmp_path / "trk"
     argv = ["--quick", "--powers-dbm", "-10", "--out", str(out)]  # locked: the filter's path
@@ -240,6 +243,7 @@ def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "tt.json"
     argv = ["--quick", "--num-ues", "4", "--online-snapshots", "8", "--json", str(out)]

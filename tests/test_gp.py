@@ -230,7 +230,8 @@ def test_modeling_score_matches_the_formulas():
     assert float(modeling_score(TRUTH, x, r).rmse) <= float(known.rmse) + 1e-12
 
 
-@pytest.mark.slow  # left out of CI for time (python -m pytest -m slow)
+@pytest.mark.slow
+@pytest.mark.optimized
 def test_nuts_posterior_runs_and_brackets_the_point_estimate():
     x, r, nv, _ = _data(21, 4)
     fit = gp.fit(x, r, nv, SCENE)

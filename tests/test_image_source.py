@@ -161,7 +161,7 @@ def test_first_order_matches_independent_reference(polarization):
         assert_allclose(room.amplitude(jnp.asarray(x)), np.abs(h), rtol=1e-10)
 
 
-@pytest.mark.slow  # left out of CI for time (python -m pytest -m slow)
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_second_order_matches_fermat_paths():
     scene = SCENE.replace(ap_positions=SCENE.ap_positions[::4])  # 5 APs keep BFGS quick
     room = dj.room_model(scene, ceiling="plasterboard", walls="concrete", order=2)

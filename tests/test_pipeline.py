@@ -13,6 +13,7 @@ from dmimo_jax.learning import synthesize
 from dmimo_jax.learning.hi import AmbiguityClassifier
 from dmimo_jax.learning.mlp import MLPConfig
 from dmimo_jax.learning.popt import POPT, POPTConfig
+from tests.helpers import xla_optimized
 
 SCENE = dj.paper_scene(-10.0, "concrete")
 TRUTH = dj.TwoRayModel(SCENE)
@@ -28,7 +29,8 @@ def gp_model():
 
 @pytest.fixture(scope="module")
 def screen(gp_model):
-    return gp.TabulatedGPModel.from_model(gp_model)
+    with xla_optimized():  # tabulating: run time, not compilation
+        return gp.TabulatedGPModel.from_model(gp_model)
 
 
 def _noise_free(num, seed=3):

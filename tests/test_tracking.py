@@ -9,6 +9,9 @@ import dmimo_jax as dj
 from dmimo_jax import tracking
 from dmimo_jax.tracking.kalman import position_update
 
+# the filters scan hundreds of steps: their run time, not their compilation, costs here
+pytestmark = pytest.mark.optimized
+
 DT = 0.01
 SCENE = dj.paper_scene(-10.0)
 MODEL = dj.TwoRayModel(SCENE)
