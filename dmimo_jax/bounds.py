@@ -258,9 +258,9 @@ def position_fim(x: ArrayLike, model: PhaseModel | Scene) -> Array:
 
 
 def linearize(x: Array, model: PhaseModel) -> tuple[Array, Array, Array]:
-    r"""Mean phase :math:`oldsymbol\mu(\mathbf x)` (M,), its Jacobian
-    :math:`\mathbf H = \partialoldsymbol\mu/\partial\mathbf x` (M, 3) and the variance
-    :math:`oldsymbol\sigma^2(\mathbf x)` (M,) of eq. (9), in one forward-mode trace.
+    r"""Mean phase :math:`\boldsymbol\mu(\mathbf x)` (M,), its Jacobian
+    :math:`\mathbf H = \partial\boldsymbol\mu/\partial\mathbf x` (M, 3) and the variance
+    :math:`\boldsymbol\sigma^2(\mathbf x)` (M,) of eq. (9), in one forward-mode trace.
 
     The core of eq. (14): :func:`position_fim` and the tracking filters'
     measurement update (:mod:`dmimo_jax.tracking`) both linearize here, so the PEB and the
