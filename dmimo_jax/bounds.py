@@ -44,6 +44,7 @@ from dmimo_jax.physics import (
     unwrapped_phase,
     zeta_term,
 )
+from dmimo_jax.pytree import jit_or_eager
 from dmimo_jax.scene import Scene
 
 __all__ = [
@@ -252,9 +253,23 @@ def position_fim(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     model = as_phase_model(model)
     check_positions("x", x, batched=False)
     check_in_domain("x", x, model)
-    _, h, variance = linearize(jnp.asarray(x), model)
-    j_theta = efim_from_variance(variance)
-    return h.T @ j_theta @ h
+    return _position_fim(jnp.asarray(x), model)
+
+
+def _fim(x: Array, model: PhaseModel) -> Array:
+    """Eq. (14), unchecked."""
+    _, h, variance = linearize(x, model)
+    return h.T @ efim_from_variance(variance) @ h
+
+
+def _peb(x: Array, model: PhaseModel) -> Array:
+    return peb_from_fim(_fim(x, model))
+
+
+# one compiled program per model and shape for a call outside jit (not an eager dispatch
+# per operation of the forward-mode trace)
+_position_fim = jit_or_eager(_fim)
+_peb_compiled = jit_or_eager(_peb)
 
 
 def linearize(x: Array, model: PhaseModel) -> tuple[Array, Array, Array]:
@@ -299,7 +314,9 @@ def peb(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
     warn_if_float32("peb")
-    return peb_from_fim(position_fim(x, model))
+    check_positions("x", x, batched=False)
+    check_in_domain("x", x, model)
+    return _peb_compiled(jnp.asarray(x), model)
 
 
 def peb_from_fim(fim: ArrayLike) -> Array:
@@ -342,4 +359,5 @@ def peb_map(xs: ArrayLike, model: PhaseModel | Scene, *, batch_size: int = 4096)
 
 @partial(jax.jit, static_argnames=("batch_size",))
 def _peb_map(xs: Array, model: PhaseModel | Scene, batch_size: int) -> Array:
-    return jax.lax.map(lambda x: peb(x, model), xs, batch_size=min(batch_size, xs.shape[0]))
+    model = as_phase_model(model)
+    return jax.lax.map(lambda x: _peb(x, model), xs, batch_size=min(batch_size, xs.shape[0]))

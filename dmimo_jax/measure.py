@@ -31,6 +31,7 @@ from dmimo_jax.physics import (
     effective_amplitude,
     unwrapped_phase,
 )
+from dmimo_jax.pytree import jit_or_eager
 from dmimo_jax.scene import Scene
 
 __all__ = [
@@ -85,19 +86,15 @@ def _batch(fn, key: Array, model: PhaseModel | Scene, xs: ArrayLike, cpos: Array
     if cpos.shape != xs.shape[:1]:
         raise ValueError(f"cpos must have shape ({xs.shape[0]},) to match xs, got {cpos.shape}")
     check_finite("cpos", cpos)
-    leaves = jax.tree.leaves(model)
-    if len(leaves) == 1 and leaves[0] is model:  # a PhaseModel that is not a pytree: eagerly
-        return _vmapped(fn, key, model, xs, cpos)
-    return _batch_jit(fn, key, model, xs, cpos)
+    return _vmapped(fn, key, model, xs, cpos)
 
 
-def _vmapped(fn, key: Array, model: Any, xs: Array, cpos: Array) -> Array:
+def _vmap_over_snapshots(fn, key: Array, model: Any, xs: Array, cpos: Array) -> Array:
     keys = jax.random.split(key, xs.shape[0])
     return jax.vmap(fn, in_axes=(0, None, 0, 0))(keys, model, xs, cpos)
 
 
-# one compiled program per model and shape, not an eager dispatch per operation
-_batch_jit = jax.jit(_vmapped, static_argnums=0)
+_vmapped = jit_or_eager(_vmap_over_snapshots, static_argnums=(0,))
 
 
 def simulate_phases_batch(

@@ -14,6 +14,7 @@ from dmimo_jax._checks import check_phases, check_positions
 from dmimo_jax.estimators.mle import compressed_residuals
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.pytree import jit_or_eager
 from dmimo_jax.scene import Scene
 
 __all__ = ["localization_rmse", "ModelingScore", "modeling_score", "ecdf"]
@@ -61,15 +62,21 @@ def modeling_score(
     model = as_phase_model(model)
     check_positions("x", x, batched=True)
     check_phases("r", r, model.num_aps, batched=True)
-    x = jnp.asarray(x)
+    return _score(model, jnp.asarray(x), jnp.asarray(r), None if cpo is None else jnp.asarray(cpo))
+
+
+def _modeling_score(model: PhaseModel, x: Array, r: Array, cpo: Array | None) -> ModelingScore:
     mean, var = jax.vmap(model.mean)(x), jax.vmap(model.variance)(x)
     if cpo is None:
         e = compressed_residuals(r, mean, var)
     else:
-        e = wrap(jnp.asarray(r) - mean - jnp.asarray(cpo)[:, None])
+        e = wrap(r - mean - cpo[:, None])
     rmse = jnp.sqrt(jnp.mean(e**2))
     nlpd = 0.5 * jnp.mean(e**2 / var + jnp.log(2 * jnp.pi * var))
     return ModelingScore(rmse, nlpd)
+
+
+_score = jit_or_eager(_modeling_score)  # one compiled program per model and shape
 
 
 def ecdf(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:

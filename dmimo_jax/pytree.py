@@ -13,11 +13,14 @@ the placeholder leaves JAX uses internally.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import jax
+import numpy as np
 
-__all__ = ["pytree_dataclass", "static_field"]
+__all__ = ["jit_or_eager", "pytree_dataclass", "static_field"]
 
 T = TypeVar("T")
 
@@ -73,3 +76,34 @@ def pytree_dataclass(cls: type[T] | None = None, *, init: bool = True) -> Any:
         return cls
 
     return wrap if cls is None else wrap(cls)
+
+
+def _traceable(leaf: Any) -> bool:
+    return isinstance(leaf, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
+
+
+def jit_or_eager(fn: Callable[..., Any], *, static_argnums: tuple[int, ...] = ()) -> Callable:
+    """``fn`` compiled with ``jax.jit`` when every argument is a pytree of arrays, and
+    called as it is otherwise (a user's PhaseModel that is not a pytree cannot cross
+    ``jit``).
+
+    One compiled program per argument structure and shape (``jit``'s own cache) instead
+    of an eager dispatch, and a compilation, per operation: the unchecked cores of the
+    package's public functions are wrapped with it.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> double = jit_or_eager(lambda x, scale: scale * x)
+        >>> double(jnp.arange(3.0), 2.0).tolist()
+        [0.0, 2.0, 4.0]
+    """
+    jitted = jax.jit(fn, static_argnums=static_argnums)
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        dynamic = [a for i, a in enumerate(args) if i not in static_argnums]
+        if all(_traceable(leaf) for leaf in jax.tree.leaves(dynamic)):
+            return jitted(*args)
+        return fn(*args)
+
+    return call

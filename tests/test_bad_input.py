@@ -385,6 +385,21 @@ def test_a_ue_outside_the_room_is_refused_everywhere(call):
         call()
 
 
+@pytest.mark.parametrize("method", ["mean", "variance"])
+def test_compiled_model_methods_still_check_a_concrete_position(method, gp_model):
+    """The models' mean and variance run compiled programs; the position is checked before."""
+    on_ap = jnp.asarray(SCENE.ap_positions[3])
+    for model, x, match in [
+        (MODEL, on_ap, "coincides with AP 3"),
+        (MODEL, jnp.array([1.0, np.nan, 2.0]), "finite"),
+        (ROOM, BEHIND_WALL, "behind reflector 'wall_x0'"),
+        (ROOM, on_ap, "coincides with AP 3"),
+        (gp_model[0], jnp.array([1.0, 1.0, -1.0]), "z > 0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            getattr(model, method)(x)
+
+
 def test_labeled_positions_outside_the_room_are_refused_by_the_fit():
     from dmimo_jax.calibration import fit_surfaces
 

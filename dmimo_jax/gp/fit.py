@@ -143,8 +143,8 @@ def fit(
     x, r, noise_var = (jnp.asarray(v, scene.ap_positions.dtype) for v in (x, r, noise_var))
     if num_restarts > 1 and key is None:
         raise ValueError(f"key is required for num_restarts={num_restarts} > 1 (random restarts)")
-    base = initial_params(x, r, scene) if init is None else init
-    cpo0 = initial_cpos(x, r, scene)
+    data_params, cpo0 = _starts(x, r, scene)
+    base = data_params if init is None else init
     jitter = jnp.zeros((num_restarts, 4), x.dtype)
     if num_restarts > 1:
         jitter = jax.random.normal(key, (num_restarts, 4), x.dtype).at[0].set(0.0)
@@ -156,9 +156,21 @@ def fit(
         if best is None or (history.size and history[-1] > best[1][-1]):
             best = (params, history)
     params, history = best
+    cpo, final = _finish(params, cpo0, x, r, noise_var, scene)
+    return GPFit(params, cpo, final, history)
+
+
+@jax.jit
+def _starts(x: Array, r: Array, scene: Scene) -> tuple[GPParams, Array]:
+    """:func:`initial_params` and :func:`initial_cpos`, compiled as one program."""
+    return initial_params(x, r, scene), initial_cpos(x, r, scene)
+
+
+@jax.jit
+def _finish(params, cpo0, x, r, noise_var, scene) -> tuple[Array, Array]:
+    """The profiled CPOs (wrapped) and eq. (23) there, compiled as one program."""
     cpo = profile_cpos(params, cpo0, x, r, noise_var, scene)
-    final = log_marginal_likelihood(params, cpo, x, r, noise_var, scene)
-    return GPFit(params, wrap(cpo), final, history)
+    return wrap(cpo), log_marginal_likelihood(params, cpo, x, r, noise_var, scene)
 
 
 @partial(jax.jit, static_argnames=("num_steps",))

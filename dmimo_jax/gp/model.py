@@ -11,7 +11,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import is_concrete
+from dmimo_jax._checks import check_positions, is_concrete
 from dmimo_jax.gp.fit import GPFit
 from dmimo_jax.gp.kernel import (
     MAX_COVARIANCE_BYTES,
@@ -64,9 +64,7 @@ class GPPhaseModel:
         check_training_data(x, r, noise_var, scene.num_aps)
         check_covariance_size(np.shape(x)[0], scene.num_aps, MAX_COVARIANCE_BYTES)
         check_params("params", params)
-        gp = training_process(params, x, noise_var, scene)
-        cond = gp.condition(residuals(x, r, cpo, scene).reshape(-1)).gp
-        return cls(scene, params, cond.mean_function.alpha, cond.kernel)
+        return cls(scene, params, *_condition(params, cpo, x, r, noise_var, scene))
 
     @classmethod
     def from_fit(
@@ -81,6 +79,13 @@ class GPPhaseModel:
 
     def perturbation(self, x: ArrayLike) -> tuple[Array, Array]:
         r"""Predictive mean and variance of :math:`g` at (x, every AP): eqs. (25a-b), (M,), (M,)."""
+        check_positions("x", x, batched=False)
+        return self._perturbation(x)
+
+    # perturbation, mean and variance check x, then run one compiled program per model and
+    # shape (outside jit: a script, an eager vmap) instead of an eager dispatch per operation
+    @jax.jit
+    def _perturbation(self, x: ArrayLike) -> tuple[Array, Array]:
         f = features(x, self.scene)
         return self._mean_g(f), self._var_g(f)
 
@@ -96,11 +101,30 @@ class GPPhaseModel:
 
     def mean(self, x: ArrayLike) -> Array:
         """Eq. (26) without the CPO, unwrapped (M,)."""
+        check_positions("x", x, batched=False)
+        return self._mean(x)
+
+    @jax.jit
+    def _mean(self, x: ArrayLike) -> Array:
         return los_phase(x, self.scene) + self._mean_g(features(x, self.scene))
 
     def variance(self, x: ArrayLike) -> Array:
         """Eq. (27) (M,), rad^2."""
+        check_positions("x", x, batched=False)
+        return self._variance(x)
+
+    @jax.jit
+    def _variance(self, x: ArrayLike) -> Array:
         return los_noise_var(x, self.scene) + self._var_g(features(x, self.scene))
+
+
+@jax.jit
+def _condition(params, cpo, x, r, noise_var, scene) -> tuple[Array, Any]:
+    """tinygp's conditioning of the training process on the residuals: ``alpha`` and the
+    conditioned kernel of :class:`GPPhaseModel` (unchecked, one compiled program)."""
+    gp = training_process(params, x, noise_var, scene)
+    cond = gp.condition(residuals(x, r, cpo, scene).reshape(-1)).gp
+    return cond.mean_function.alpha, cond.kernel
 
 
 @pytree_dataclass

@@ -58,6 +58,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
@@ -513,6 +514,9 @@ class ImageSourceModel:
         excluded), :math:`s_m = F_m + \sum_k F_{mk}\rho_{mk}` (:math:`1+\sum_k\rho_{mk}` for
         isotropic APs), (M,) each."""
         self._check_x(x)
+        return self._ratio(x)
+
+    def _ratio(self, x: ArrayLike) -> tuple[Array, Array]:
         d1, rho, los_gain = self._relative(x)
         total = jnp.sum(rho, axis=-1)
         return d1, (1.0 if los_gain is None else los_gain) + total
@@ -525,17 +529,33 @@ class ImageSourceModel:
     def mean(self, x: ArrayLike) -> Array:
         r""":math:`2\pi d^{(1)}_m/\lambda - \arg(1+\sum_k\rho_{mk}) + \delta_m`, unwrapped by the
         LoS, (M,), with the AP's phase offset :math:`\delta_m` (zero by default)."""
-        d1, s = self.phasor_ratio(x)
+        self._check_x(x)
+        return self._mean(x)
+
+    # compiled as one program per model and shape when called outside jit (a script, an
+    # eager vmap), instead of an eager dispatch per operation; inlined inside a jitted caller
+    @jax.jit
+    def _mean(self, x: ArrayLike) -> Array:
+        d1, s = self._ratio(x)
         return 2 * jnp.pi / self.scene.wavelength * d1 + _minus_arg(s) + self.scene.ap_phase_offsets
 
     def amplitude(self, x: ArrayLike) -> Array:
         r"""Effective amplitude :math:`\frac{\lambda}{4\pi d^{(1)}_m}|1+\sum_k\rho_{mk}|`, (M,)."""
-        d1, s = self.phasor_ratio(x)
+        self._check_x(x)
+        return self._amplitude(x)
+
+    def _amplitude(self, x: ArrayLike) -> Array:
+        d1, s = self._ratio(x)
         return self.scene.wavelength / (4 * jnp.pi * d1) * jnp.abs(s)
 
     def variance(self, x: ArrayLike) -> Array:
         """Eq. (9) with the effective amplitude of all paths, rad^2, (M,)."""
-        return noise_var_from_amplitude(self.amplitude(x), self.scene)
+        self._check_x(x)
+        return self._variance(x)
+
+    @jax.jit
+    def _variance(self, x: ArrayLike) -> Array:
+        return noise_var_from_amplitude(self._amplitude(x), self.scene)
 
     def __repr__(self) -> str:
         names = ", ".join(r.name for r in self.reflectors)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
@@ -291,10 +292,26 @@ class TwoRayModel:
 
     def mean(self, x: ArrayLike) -> Array:
         """Eq. (7b), unwrapped."""
-        return unwrapped_phase(x, self.scene)
+        self._check_x(x)
+        return self._mean(x)
 
     def variance(self, x: ArrayLike) -> Array:
         """Eq. (9)."""
+        self._check_x(x)
+        return self._variance(x)
+
+    def _check_x(self, x: ArrayLike) -> None:
+        check_positions("x", x, batched=False)
+        check_away_from_aps("x", x, self.scene.ap_positions)
+
+    # after the check, one compiled program per model and shape when called outside jit (a
+    # script, an eager vmap) instead of an eager dispatch per operation
+    @jax.jit
+    def _mean(self, x: ArrayLike) -> Array:
+        return unwrapped_phase(x, self.scene)
+
+    @jax.jit
+    def _variance(self, x: ArrayLike) -> Array:
         return phase_noise_var(x, self.scene)
 
     def __repr__(self) -> str:
