@@ -70,9 +70,17 @@ def simulate_phases(key: Array, model: PhaseModel | Scene, x: ArrayLike, cpo: Ar
     check_positions("x", x, batched=False)
     check_in_domain("x", x, model)
     check_scalar("cpo", cpo)
+    return _snapshot(key, model, jnp.asarray(x), cpo)
+
+
+def _simulate(key: Array, model: PhaseModel, x: Array, cpo: Array) -> Array:
+    """Eq. (8), unchecked."""
     mean, var = model.mean(x), model.variance(x)
     noise = jnp.sqrt(var) * jax.random.normal(key, mean.shape, mean.dtype)
     return wrap(mean + cpo + noise)
+
+
+_snapshot = jit_or_eager(_simulate)  # one compiled program per model and shape
 
 
 def _batch(fn, key: Array, model: PhaseModel | Scene, xs: ArrayLike, cpos: ArrayLike) -> Array:
@@ -101,7 +109,7 @@ def simulate_phases_batch(
     key: Array, model: PhaseModel | Scene, xs: ArrayLike, cpos: ArrayLike
 ) -> Array:
     """Snapshots for (N, 3) positions and (N,) CPOs, shape (N, M); see :func:`simulate_phases`."""
-    return _batch(simulate_phases, key, as_phase_model(model), xs, cpos)
+    return _batch(_simulate, key, as_phase_model(model), xs, cpos)
 
 
 def received_signal(key: Array, scene: Scene, x: ArrayLike, cpo: ArrayLike) -> Array:

@@ -12,6 +12,7 @@ field pattern (:mod:`dmimo_jax.antenna`; isotropic by default). Both default to 
 from __future__ import annotations
 
 import json
+from functools import partial
 from importlib import resources
 from typing import Any, Literal
 
@@ -359,6 +360,11 @@ def sample_ap_positions(
 def sample_positions(key: Array, num: int, scene: Scene) -> Array:
     """``num`` UE positions uniform in the scene's box ``[ue_low, ue_high]``, shape (num, 3)."""
     check_int("num", num)
+    return _sample_positions(key, num, scene)
+
+
+@partial(jax.jit, static_argnums=1)
+def _sample_positions(key: Array, num: int, scene: Scene) -> Array:
     u = jax.random.uniform(key, (num, 3), dtype=scene.ue_low.dtype)
     return scene.ue_low[None, :] + u * (scene.ue_high - scene.ue_low)[None, :]
 

@@ -36,7 +36,7 @@ from tinygp import GaussianProcess, kernels
 
 from dmimo_jax._checks import check_phases, check_positions, check_scalar
 from dmimo_jax.physics import PhaseModel, as_phase_model
-from dmimo_jax.pytree import pytree_dataclass
+from dmimo_jax.pytree import jit_or_eager, pytree_dataclass
 from dmimo_jax.scene import Scene
 
 __all__ = [
@@ -57,10 +57,39 @@ _MAX_VARIANCE = np.pi**2 / 3  # a uniform phase: the model knows nothing there
 def residual_phasors(model: PhaseModel, x: ArrayLike, r: ArrayLike) -> Array:
     r""":math:`z_{lm}` of the module docstring (L, M) complex: the residual phasors with each
     snapshot's CPO profiled out."""
-    mean = jax.vmap(model.mean)(jnp.asarray(x))
-    e = jnp.exp(1j * (jnp.asarray(r) - mean))
+    return _phasors(model, jnp.asarray(x), jnp.asarray(r))
+
+
+def _residual_phasors(model: PhaseModel, x: Array, r: Array) -> Array:
+    mean = jax.vmap(model.mean)(x)
+    e = jnp.exp(1j * (r - mean))
     cpo = jnp.angle(jnp.sum(e, axis=1, keepdims=True))
     return e * jnp.exp(-1j * cpo)
+
+
+def _matern(length_scale: ArrayLike) -> kernels.Kernel:
+    # Euclidean distance: tinygp's default for Matern kernels is L1, which is not a positive
+    # definite kernel in 2-D or 3-D (a (100 x 100) raster's matrix has eigenvalues < 0)
+    return kernels.Matern32(scale=length_scale, distance=kernels.distance.L2Distance())
+
+
+def _condition(model: PhaseModel, x: Array, r: Array, length_scale, noise):
+    """(2M, L) alphas and (2M,) prior means of the per-AP residual GPs, unchecked."""
+    z = _residual_phasors(model, x, r)
+    y = jnp.concatenate([z.real, z.imag], axis=1).T  # (2M, L)
+    prior = jnp.mean(y, axis=1)
+    kernel = _matern(length_scale)
+
+    def alpha(col: Array, mean: Array) -> Array:
+        gp = GaussianProcess(kernel, x, diag=noise, mean=mean)
+        return gp.condition(col).gp.mean_function.alpha
+
+    return jax.vmap(alpha)(y, prior), prior
+
+
+# one compiled program per model and shape (not an eager dispatch per operation)
+_phasors = jit_or_eager(_residual_phasors)
+_conditioned = jit_or_eager(_condition)
 
 
 @pytree_dataclass
@@ -139,16 +168,5 @@ def fit_residual_field(
         )
     check_scalar("length_scale", length_scale, positive=True)
     check_scalar("noise", noise, positive=True)
-    z = residual_phasors(model, x, r)
-    y = jnp.concatenate([z.real, z.imag], axis=1).T  # (2M, L)
-    # Euclidean distance: tinygp's default for Matern kernels is L1, which is not a positive
-    # definite kernel in 2-D or 3-D (a (100 x 100) raster's matrix has eigenvalues < 0)
-    kernel = kernels.Matern32(scale=length_scale, distance=kernels.distance.L2Distance())
-
-    prior = jnp.mean(y, axis=1)
-
-    def alpha(col: Array, mean: Array) -> Array:
-        gp = GaussianProcess(kernel, x, diag=noise, mean=mean)
-        return gp.condition(col).gp.mean_function.alpha
-
-    return ResidualFieldModel(model, kernel, x, jax.vmap(alpha)(y, prior), prior)
+    alpha, prior = _conditioned(model, x, r, float(length_scale), float(noise))
+    return ResidualFieldModel(model, _matern(length_scale), x, alpha, prior)
