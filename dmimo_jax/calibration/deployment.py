@@ -74,7 +74,7 @@ from dmimo_jax.physics import (
     room_model,
 )
 from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
-from dmimo_jax.pytree import pytree_dataclass, static_field
+from dmimo_jax.pytree import jit_or_eager, pytree_dataclass, static_field
 from dmimo_jax.scene import Scene, paper_scene, perturb_deployment
 
 __all__ = [
@@ -284,14 +284,22 @@ def offsets_closed_form(
     AP 0 keeps its offset (the gauge). Valid whatever the offsets (no local basin), the start
     of :func:`calibrate`.
     """
-    mean = jax.vmap(model.mean)(jnp.asarray(x))
-    e = wrap(jnp.asarray(r) - mean)
+    return _offsets(num_iterations, model, jnp.asarray(x), jnp.asarray(r))
+
+
+def _offsets_closed_form(num_iterations: int, model: Any, x: Array, r: Array) -> Array:
+    mean = jax.vmap(model.mean)(x)
+    e = wrap(r - mean)
     rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - e[:, :1])), axis=0))
     for _ in range(num_iterations):
         cpo = jnp.angle(jnp.sum(jnp.exp(1j * (e - rel[None, :])), axis=1, keepdims=True))
         rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - cpo)), axis=0))
         rel = wrap(rel - rel[0])
     return model.scene.ap_phase_offsets + rel
+
+
+# one compiled program per model and shape (not an eager dispatch per operation)
+_offsets = jit_or_eager(_offsets_closed_form, static_argnums=(0,))
 
 
 def _offsets_group(model: Any, x: Array, r: Array) -> _Group:
