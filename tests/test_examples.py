@@ -249,6 +249,12 @@ def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
     argv = ["--quick", "--num-ues", "4", "--online-snapshots", "8", "--json", str(out)]
     _run("benchmarks/tracking_throughput.py", argv, monkeypatch)
     rows = json.loads(out.read_text())
-    assert {r["method"] for r in rows} == {"tracker", "tracker_ekf", "online", "mle"}
+    assert {r["method"] for r in rows} == {
+        "tracker",
+        "tracker_chord",
+        "tracker_ekf",
+        "online",
+        "mle",
+    }
     assert all({"method", "num_ues", "us_per_snapshot_per_ue"} <= set(r) for r in rows)
     assert all(r["rmse_m"] < 1e-3 for r in rows)

@@ -9,7 +9,15 @@ the filter profiles it out: about a linearization point :math:`\mathbf x_i` the 
 offset. This is the Kalman update of the CPO-marginalized measurement (a flat prior on
 the CPO), with the Jacobian :math:`\mathbf H` by autodiff
 (:func:`dmimo_jax.bounds.linearize`, the core of the PEB); with ``num_iterations`` > 1 it
-is the iterated EKF (Gauss-Newton on the MAP cost, Bell and Cathey 1993).
+is the iterated EKF (Gauss-Newton on the MAP cost, Bell and Cathey 1993). With
+``relinearize=False`` the iterations after the first are chord steps instead: the
+residuals are re-evaluated at the iterate, the Jacobian, the weights and the gain of the
+first linearization are kept (one forward-mode trace per snapshot instead of one per
+iteration). What a second iteration corrects is mostly the residuals' curvature (a
+prediction error :math:`\delta` leaves :math:`\sim\pi\delta^2/(\lambda d)` in the
+residuals), while :math:`\mathbf H` changes by a relative :math:`\delta/d`; but a chord
+converges linearly where Gauss-Newton converges quadratically, which shows at very high
+SNR and in re-acquisition (docs/tracking.md).
 
 **Lock.** The normalized innovation squared :math:`\nu` is computed as the MAP
 objective at the updated state, :math:`\boldsymbol\varepsilon^{+\top}\mathbf J(\boldsymbol\theta)\boldsymbol\varepsilon^+ + \Delta\mathbf s^\top(\mathbf P^-)^{-1}\Delta\mathbf s`
@@ -109,7 +117,11 @@ class Tracker:
         motion: :class:`~dmimo_jax.tracking.ConstantVelocity` or
             :class:`~dmimo_jax.tracking.RandomWalk`.
         dt: snapshot interval, s.
-        num_iterations: linearizations per snapshot (1: EKF; more: iterated EKF).
+        num_iterations: Gauss-Newton iterations per snapshot (1: EKF; more: iterated EKF).
+        relinearize: every iteration re-linearizes (Jacobian and weights at the iterate:
+            the iterated EKF, the default). ``False``: iterations after the first
+            re-evaluate the residuals at the iterate and keep the first linearization's
+            Jacobian, weights and gain (chord steps: faster, less robust; module docstring).
         window: snapshots in the lock test and in a re-acquisition (K >= 2).
         false_alarm: per-test probability :math:`\\alpha` of declaring a locked track lost.
         gate_false_alarm: per-snapshot probability that a locked track rejects a snapshot
@@ -145,6 +157,7 @@ class Tracker:
     offsets: Array
     reacquire_spacing: Array
     num_iterations: int = static_field()
+    relinearize: bool = static_field()
     window: int = static_field()
     reacquire_batch: int = static_field()
 
@@ -155,6 +168,7 @@ class Tracker:
         *,
         dt: float,
         num_iterations: int = 2,
+        relinearize: bool = True,
         window: int = 10,
         false_alarm: float = 1e-6,
         gate_false_alarm: float = 1e-9,
@@ -168,6 +182,8 @@ class Tracker:
         check_motion(motion)
         check_dt(dt)
         check_int("num_iterations", num_iterations, minimum=1)
+        if not isinstance(relinearize, bool | np.bool_):
+            raise ValueError(f"relinearize must be a bool, got {relinearize!r}")
         check_int("window", window, minimum=2)
         check_int("reacquire_batch", reacquire_batch, minimum=1)
         for name, value in [("false_alarm", false_alarm), ("gate_false_alarm", gate_false_alarm)]:
@@ -205,6 +221,7 @@ class Tracker:
             offsets=jnp.asarray(cube_offsets(np.arange(-n, n + 1) * float(spacing)), dtype),
             reacquire_spacing=jnp.asarray(spacing, dtype),
             num_iterations=num_iterations,
+            relinearize=bool(relinearize),
             window=window,
             reacquire_batch=reacquire_batch,
         )
@@ -322,18 +339,21 @@ def correct(
     term, the squared Mahalanobis length of the update (``chi^2_3`` under lock)."""
     x_pred = mean[:3]
     x_i, new_mean = x_pred, mean
-    for _ in range(tracker.num_iterations):
+    for k in range(tracker.num_iterations):
         # the state is the free path; the phases see its fold into the region
         x_in, parity = tracker.motion.fold(x_i)
-        mu, h, var = linearize(x_in, tracker.model)
-        h = h * parity[None, :]
-        w = 1.0 / var
+        if k == 0 or tracker.relinearize:
+            mu, h, var = linearize(x_in, tracker.model)
+            h = h * parity[None, :]
+            w = 1.0 / var
+            jh = w[:, None] * h - w[:, None] * (w @ h)[None, :] / jnp.sum(w)
+            info = h.T @ jh  # eq. (14)
+            gain, new_cov = position_update(cov, info)
+        else:  # a chord step: the residuals at the iterate, the first Jacobian and gain
+            mu = tracker.model.mean(x_in)
         eps = compressed_residuals(r, mu, var)
         z = eps + h @ (x_i - x_pred)
         jz = w * z - w * (w @ z) / jnp.sum(w)  # J(theta) z, eq. (13b)
-        jh = w[:, None] * h - w[:, None] * (w @ h)[None, :] / jnp.sum(w)
-        info = h.T @ jh  # eq. (14)
-        gain, new_cov = position_update(cov, info)
         g = h.T @ jz
         new_mean = mean + gain @ g
         x_i = new_mean[:3]
