@@ -109,7 +109,7 @@ def run_power(power_dbm, args, single: SingleSnapshot) -> tuple[dict, dict]:
 
     # the tracker, started from the medoid (the UE moves up to ~6 cm over those
     # snapshots: the start's standard deviation), acquiring from its first window
-    tracker = tracking.Tracker(model, motion, dt=DT)
+    tracker = tracking.Tracker(model, motion, dt=DT, relinearize=not args.chord)
     init = jax.vmap(lambda x: tracker.init(x, position_std=SPEED * DT * k0))
     state0 = init(jnp.asarray(x_start))
     rs = jnp.swapaxes(r[:, 1:], 0, 1)  # (T-1, N, M)
@@ -169,6 +169,7 @@ def run_power(power_dbm, args, single: SingleSnapshot) -> tuple[dict, dict]:
         outage_s=args.outage,
         num_single=args.num_single,
         seed=args.seed,
+        relinearize=not args.chord,
     )
     curves = dict(
         t=np.arange(1, num_steps) * DT,
@@ -245,6 +246,9 @@ def main(argv=None) -> list[dict]:
         help="-10 and -69 dBm (unless --powers-dbm), 6 UEs, 2.5 s (smoke run)",
     )
     ap.add_argument("--resume", action="store_true", help="keep powers already in --json")
+    ap.add_argument(
+        "--chord", action="store_true", help="Tracker(relinearize=False): chord second steps"
+    )
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/tracking"))
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
