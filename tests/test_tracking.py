@@ -8,6 +8,7 @@ import pytest
 import dmimo_jax as dj
 from dmimo_jax import tracking
 from dmimo_jax.tracking.kalman import position_update
+from tests.helpers import xla_optimized
 
 # the filters scan hundreds of steps: their run time, not their compilation, costs here
 pytestmark = pytest.mark.optimized
@@ -98,7 +99,8 @@ def walked():
     x0 = path.positions[:, 0] + jnp.array([[0.01, -0.01, 0.005]])
     state = jax.vmap(lambda x: tracker.init(x, position_std=0.01))(x0)
     rs = jnp.swapaxes(r[:, 1:], 0, 1)
-    final, out = tracking.run_tracker(tracker, state, rs)
+    with xla_optimized():  # the filter, compiled here first, runs in most tests below
+        final, out = tracking.run_tracker(tracker, state, rs)
     return dict(path=path, r=r, rs=rs, tracker=tracker, state=state, final=final, out=out)
 
 
