@@ -35,8 +35,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # XLA compiles without its optimization passes (level 0, no expensive LLVM passes): the
 # same program, less optimized code. Most tests run small shapes, so compiling dominates
 # and this pays; tests marked `optimized` (and fixtures in `tests.helpers.xla_optimized`)
-# run long computations and compile with the passes. Measured on the whole suite, 2
-# workers: 909 s -> 719 s with every test unoptimized.
+# run long computations and compile with the passes (times: docs/performance.md).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import jax  # noqa: E402

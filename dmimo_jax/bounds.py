@@ -251,9 +251,13 @@ def position_fim(x: ArrayLike, model: PhaseModel | Scene) -> Array:
         model: a Scene (two-ray model, eq. 13b) or any PhaseModel.
     """
     model = as_phase_model(model)
+    _check_position(x, model)
+    return _position_fim(jnp.asarray(x), model)
+
+
+def _check_position(x: ArrayLike, model: PhaseModel) -> None:
     check_positions("x", x, batched=False)
     check_in_domain("x", x, model)
-    return _position_fim(jnp.asarray(x), model)
 
 
 def _fim(x: Array, model: PhaseModel) -> Array:
@@ -314,8 +318,7 @@ def peb(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
     warn_if_float32("peb")
-    check_positions("x", x, batched=False)
-    check_in_domain("x", x, model)
+    _check_position(x, model)
     return _peb_compiled(jnp.asarray(x), model)
 
 
@@ -358,6 +361,5 @@ def peb_map(xs: ArrayLike, model: PhaseModel | Scene, *, batch_size: int = 4096)
 
 
 @partial(jax.jit, static_argnames=("batch_size",))
-def _peb_map(xs: Array, model: PhaseModel | Scene, batch_size: int) -> Array:
-    model = as_phase_model(model)
+def _peb_map(xs: Array, model: PhaseModel, batch_size: int) -> Array:
     return jax.lax.map(lambda x: _peb(x, model), xs, batch_size=min(batch_size, xs.shape[0]))

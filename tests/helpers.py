@@ -25,9 +25,8 @@ def xla_optimized():
     is what costs (building tables, long scans).
 
     It applies to what is first compiled inside: a function compiled before for the same
-    shapes keeps its executable (JAX's in-memory caches are not keyed on the setting).
-    Clearing them on entry was measured and costs more than it saves (the quickstart's
-    smoke run after another example: 51 s with a clear, 38 s without, 71 s unoptimized).
+    shapes keeps its executable (JAX's in-memory caches are not keyed on the setting);
+    clearing them on entry costs more than it saves (docs/performance.md).
     """
     previous = jax.config.values["jax_disable_most_optimizations"]
     jax.config.update("jax_disable_most_optimizations", False)

@@ -175,6 +175,7 @@ def test_peb_map_does_not_retrace_for_same_shapes():
     traced = chex.assert_max_traces(bounds._peb_map.__wrapped__, n=1)
     fn = jax.jit(traced, static_argnames=("batch_size",))
     xs = _positions(16, seed=6)
-    a = fn(xs, SCENE, 8)
-    b = fn(xs + 0.01, dj.paper_scene(power_dbm=-20.0), 8)  # new values, same shapes
+    # the private core takes a PhaseModel (peb_map converts a Scene before it)
+    a = fn(xs, dj.TwoRayModel(SCENE), 8)
+    b = fn(xs + 0.01, dj.TwoRayModel(dj.paper_scene(power_dbm=-20.0)), 8)  # same shapes
     assert float(jnp.mean(b)) > float(jnp.mean(a))
