@@ -133,3 +133,27 @@ def test_a_window_too_wide_without_a_table_is_a_clear_error(screen):
         pipeline.window_search(
             jnp.zeros((1, 17)), screen, jnp.ones((1, 3)), radius=75.0, spacing=0.01
         )
+
+
+def test_stored_phase_model_fits_once_then_reloads_the_same_bits(tmp_path, monkeypatch):
+    """A resumed run_offline must synthesize from the model it started with: a refit can
+    differ in the last bits (GPU reductions), and the synthetic set's fingerprint with it."""
+    from dmimo_jax.learning.data import model_fingerprint
+
+    key_x, key_cpo, key_n = jax.random.split(jax.random.key(12), 3)
+    x = dj.sample_positions(key_x, 8, SCENE)
+    r = dj.simulate_phases_batch(key_n, TRUTH, x, dj.random_cpos(key_cpo, 8))
+    nv = jax.vmap(TRUTH.variance)(x)
+    path = tmp_path / "gp.npz"
+    first = pipeline.stored_phase_model(path, x, r, nv, SCENE, num_restarts=1, num_steps=5)
+    assert path.is_file()
+
+    def no_refit(*args, **kwargs):
+        raise AssertionError("the stored GP must be loaded, not refitted")
+
+    monkeypatch.setattr(gp, "fit", no_refit)
+    again = pipeline.stored_phase_model(path, x, r, nv, SCENE)
+    assert model_fingerprint(again) == model_fingerprint(first)
+    np.testing.assert_array_equal(again.mean(x[0]), first.mean(x[0]))
+    with pytest.raises(ValueError, match="another GP"):  # a file of another deployment
+        pipeline.stored_phase_model(path, x[:5], r[:5], nv[:5], SCENE)

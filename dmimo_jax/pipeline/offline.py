@@ -59,6 +59,46 @@ def fit_phase_model(
     return gp.GPPhaseModel.from_fit(result, x, r, noise_var, scene)
 
 
+def stored_phase_model(
+    path: str | pathlib.Path,
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    scene: Scene,
+    **fit_kwargs: Any,
+) -> gp.GPPhaseModel:
+    """Step 1 once per cache folder: :func:`fit_phase_model`, its every leaf saved to ``path``
+    (``.npz``); a later call loads them instead of fitting again (``fit_kwargs`` go to
+    :func:`~dmimo_jax.gp.fit`).
+
+    A refit of the same snapshots can differ in the last bits (reductions on a GPU are not
+    bit-reproducible), and the synthetic set a resumed run continues must come from the
+    model it started with, bit for bit (:func:`~dmimo_jax.learning.data.model_fingerprint`).
+
+    Raises:
+        ValueError: ``path`` holds leaves of another shape or dtype (another deployment).
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        model = fit_phase_model(x, r, noise_var, scene, **fit_kwargs)
+        leaves = jax.tree_util.tree_leaves(model)
+        tmp = path.with_name(path.name + ".tmp.npz")
+        np.savez(tmp, *(np.asarray(v) for v in leaves))
+        tmp.replace(path)  # atomic: a kill leaves no partial file under ``path``
+        return model
+    # the tree structure of a GP conditioned on the same snapshots at the starting point
+    x, r = jnp.asarray(x), jnp.asarray(r)
+    template = gp.GPPhaseModel.from_data(
+        gp.initial_params(x, r, scene), gp.initial_cpos(x, r, scene), x, r, noise_var, scene
+    )
+    leaves, treedef = jax.tree_util.tree_flatten(template)
+    with np.load(path) as f:
+        stored = [f[f"arr_{i}"] for i in range(len(f.files))]
+    if [(v.shape, v.dtype) for v in stored] != [(np.shape(v), np.asarray(v).dtype) for v in leaves]:
+        raise ValueError(f"{path} holds another GP (leaf shapes or dtypes differ); remove it")
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in stored])
+
+
 def make_training_set(
     path: str | pathlib.Path,
     key: Array,
@@ -234,13 +274,6 @@ def run_offline(
     _check_model(model, scene, np.shape(r)[1])
     num = p.num_samples if num_samples is None else int(num_samples)
     x, r, noise_var = (jnp.asarray(v) for v in (x, r, noise_var))
-    if isinstance(model, str):
-        fine = fit_phase_model(x, r, noise_var, scene)
-        screen = gp.TabulatedGPModel.from_model(fine)
-        cell_data_model = screen.without_variance()  # the GP mean + the LoS phase noise
-    else:
-        fine = screen = cell_data_model = model
-    table = phasor_table(screen, search_grid(scene, float(scene.wavelength) / 4, region="ue"))
     config = dict(
         model=model if isinstance(model, str) else type(model).__name__,
         preset=preset,
@@ -254,6 +287,13 @@ def run_offline(
     folder = root / cache_key(config, *trees)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
+    if isinstance(model, str):
+        fine = stored_phase_model(folder / "gp.npz", x, r, noise_var, scene)
+        screen = gp.TabulatedGPModel.from_model(fine)
+        cell_data_model = screen.without_variance()  # the GP mean + the LoS phase noise
+    else:
+        fine = screen = cell_data_model = model
+    table = phasor_table(screen, search_grid(scene, float(scene.wavelength) / 4, region="ue"))
     estimators, radii, info = {}, {}, {}
     cell_corners = None
     if "cells" in kinds:
