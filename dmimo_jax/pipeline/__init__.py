@@ -43,10 +43,10 @@ from dmimo_jax.pipeline.offline import (
     KINDS,
     Offline,
     fit_phase_model,
-    stored_phase_model,
     make_training_set,
     run_offline,
     search_radius,
+    stored_phase_model,
     train_estimator,
 )
 from dmimo_jax.pipeline.online import (
