@@ -3,11 +3,14 @@ single-snapshot online stage, side by side in one run.
 
 Methods (float64, the paper's scene at -10 dBm, 100 Hz snapshots of walking UEs):
   tracker        : dmimo_jax.tracking.run_tracker with its defaults (iterated EKF, 2
-                   linearizations per snapshot), a scan over T snapshots of B UEs, locked
-                   (started at the truth; the lock test and re-acquisition compiled in and
-                   armed)
-  tracker_chord  : the same with relinearize=False (the second iteration a chord step:
-                   one linearization per snapshot)
+                   iterations per snapshot; the second re-linearizes only after a step of
+                   lambda/100 or more, else a chord step), a scan over T snapshots of B
+                   UEs, locked (started at the truth; the lock test and re-acquisition
+                   compiled in and armed)
+  tracker_always : the same with chord_below=0 (every iteration re-linearizes: two
+                   linearizations per snapshot)
+  tracker_chord  : the same with relinearize=False (the second iteration a chord step
+                   whatever the step: one linearization per snapshot)
   tracker_ekf    : the same with one iteration per snapshot (a plain EKF)
   online         : the single-snapshot model-based online stage, coarse_to_fine (lambda/4
                    phasor-table screen + 8-start refinement) of every snapshot
@@ -76,6 +79,7 @@ def main(argv=None) -> list[dict]:
     rows = []
     variants = [
         ("tracker", {}),
+        ("tracker_always", dict(chord_below=0.0)),
         ("tracker_chord", dict(relinearize=False)),
         ("tracker_ekf", dict(num_iterations=1)),
     ]

@@ -154,6 +154,35 @@ def test_chord_steps_land_where_relinearizing_does(walked):
     assert gap.max() < 0.05 * np.sqrt(np.mean(err**2)), (gap.max(), np.sqrt(np.mean(err**2)))
 
 
+def test_long_steps_relinearize_and_short_steps_take_chords_per_ue():
+    """In a named batch, the UE whose first step is long re-linearizes (the iterated EKF's
+    answer) and the one whose step is short takes a chord step (relinearize=False's),
+    each as it would alone."""
+    from functools import partial
+
+    from dmimo_jax.tracking.filter import correct
+
+    default = tracking.Tracker(MODEL, WALK, dt=DT)  # chord_below = lambda / 100
+    always = tracking.Tracker(MODEL, WALK, dt=DT, chord_below=0.0)
+    chords = tracking.Tracker(MODEL, WALK, dt=DT, relinearize=False)
+    x = jnp.array([[5.0, 5.0, 1.5], [6.0, 4.0, 1.2]])
+    r = dj.wrap(jax.vmap(MODEL.mean)(x) + 0.3)  # noise-free, one CPO
+    off = jnp.array([[2e-5, 0.0, 0.0], [0.0, 2e-2, 0.0]])  # short (20 um), long (2 cm)
+    means = jnp.concatenate([x + off, jnp.zeros((2, 3))], axis=1)
+    covs = jnp.broadcast_to(jnp.diag(jnp.array([1e-4] * 3 + [1.0] * 3)), (2, 6, 6))
+    batch = jax.vmap(partial(correct, default, axis_name="ues"), axis_name="ues")
+    got = batch(means, covs, r)
+    for ue, like in [(0, chords), (1, always)]:
+        alone = correct(like, means[ue], covs[ue], r[ue])
+        for a, b in zip(got, alone, strict=True):
+            np.testing.assert_allclose(np.asarray(a[ue]), np.asarray(b), rtol=1e-9, atol=0)
+    # the choice matters for the long step: a chord lands ~1e-7 m elsewhere (measured
+    # 9.4e-8), ten times what the comparison above tolerates at 6 m
+    chord_long = correct(chords, means[1], covs[1], r[1])[0][:3]
+    relin_long = correct(always, means[1], covs[1], r[1])[0][:3]
+    assert np.linalg.norm(np.asarray(chord_long - relin_long)) > 5e-8
+
+
 def test_chunks_of_ues_track_as_one_batch(walked):
     """run_tracker in chunks of UEs (padded) gives the one-batch answer when the
     re-acquisition capacity is not the limit (all 20 UEs acquire at the 10th snapshot)."""
@@ -218,6 +247,7 @@ def test_an_outage_is_bridged_and_reacquired(walked):
         (lambda: tracking.Tracker(MODEL, "cv", dt=DT), "motion must be a ConstantVelocity"),
         (lambda: tracking.Tracker(MODEL, WALK, dt=DT, window=1), "window must be an int"),
         (lambda: tracking.Tracker(MODEL, WALK, dt=DT, relinearize=1), "relinearize must be"),
+        (lambda: tracking.Tracker(MODEL, WALK, dt=DT, chord_below=-1e-3), "chord_below must be"),
         (
             lambda: tracking.simulate_trajectory(
                 jax.random.PRNGKey(0), WALK, jnp.array([20.0, 5.0, 1.0]), None, 10, DT

@@ -9,15 +9,18 @@ the filter profiles it out: about a linearization point :math:`\mathbf x_i` the 
 offset. This is the Kalman update of the CPO-marginalized measurement (a flat prior on
 the CPO), with the Jacobian :math:`\mathbf H` by autodiff
 (:func:`dmimo_jax.bounds.linearize`, the core of the PEB); with ``num_iterations`` > 1 it
-is the iterated EKF (Gauss-Newton on the MAP cost, Bell and Cathey 1993). With
-``relinearize=False`` the iterations after the first are chord steps instead: the
-residuals are re-evaluated at the iterate, the Jacobian, the weights and the gain of the
-first linearization are kept (one forward-mode trace per snapshot instead of one per
-iteration). What a second iteration corrects is mostly the residuals' curvature (a
-prediction error :math:`\delta` leaves :math:`\sim\pi\delta^2/(\lambda d)` in the
-residuals), while :math:`\mathbf H` changes by a relative :math:`\delta/d`; but a chord
-converges linearly where Gauss-Newton converges quadratically, which shows at very high
-SNR and in re-acquisition (docs/tracking.md).
+is the iterated EKF (Gauss-Newton on the MAP cost, Bell and Cathey 1993). An iteration
+after the first whose previous step moved the position by less than ``chord_below`` is a
+chord step: the residuals are re-evaluated at the iterate, the Jacobian, the weights and
+the gain of the last linearization are kept (one forward-mode trace per snapshot instead
+of one per iteration). What a second iteration corrects is mostly the residuals'
+curvature (a prediction error :math:`\delta` leaves :math:`\sim\pi\delta^2/(\lambda d)`
+in the residuals), while :math:`\mathbf H` changes by a relative :math:`\delta/d`; a
+chord converges linearly where Gauss-Newton converges quadratically, which shows after
+long steps (acquisition, re-acquisition, very high SNR: docs/tracking.md), so long steps
+re-linearize. :func:`run_tracker` makes that choice per UE but skips the second trace for
+a whole batch when no UE needs it (a locked batch). ``relinearize=False``: chord steps
+whatever the step.
 
 **Lock.** The normalized innovation squared :math:`\nu` is computed as the MAP
 objective at the updated state, :math:`\boldsymbol\varepsilon^{+\top}\mathbf J(\boldsymbol\theta)\boldsymbol\varepsilon^+ + \Delta\mathbf s^\top(\mathbf P^-)^{-1}\Delta\mathbf s`
@@ -118,10 +121,13 @@ class Tracker:
             :class:`~dmimo_jax.tracking.RandomWalk`.
         dt: snapshot interval, s.
         num_iterations: Gauss-Newton iterations per snapshot (1: EKF; more: iterated EKF).
-        relinearize: every iteration re-linearizes (Jacobian and weights at the iterate:
-            the iterated EKF, the default). ``False``: iterations after the first
-            re-evaluate the residuals at the iterate and keep the first linearization's
-            Jacobian, weights and gain (chord steps: faster, less robust; module docstring).
+        relinearize: iterations after the first re-linearize (Jacobian and weights at the
+            iterate: the iterated EKF, the default) where the previous step was at least
+            ``chord_below`` long, and take a chord step (the residuals at the iterate, the
+            last linearization's Jacobian, weights and gain) where it was shorter.
+            ``False``: chord steps always (faster, less robust; module docstring).
+        chord_below: that step length, m (default :math:`\\lambda/100`; 0: re-linearize at
+            every iteration).
         window: snapshots in the lock test and in a re-acquisition (K >= 2).
         false_alarm: per-test probability :math:`\\alpha` of declaring a locked track lost.
         gate_false_alarm: per-snapshot probability that a locked track rejects a snapshot
@@ -157,6 +163,7 @@ class Tracker:
     offsets: Array
     reacquire_spacing: Array
     num_iterations: int = static_field()
+    chord_below: Array
     relinearize: bool = static_field()
     window: int = static_field()
     reacquire_batch: int = static_field()
@@ -169,6 +176,7 @@ class Tracker:
         dt: float,
         num_iterations: int = 2,
         relinearize: bool = True,
+        chord_below: float | None = None,
         window: int = 10,
         false_alarm: float = 1e-6,
         gate_false_alarm: float = 1e-9,
@@ -191,6 +199,10 @@ class Tracker:
             if not float(value) < 1:
                 raise ValueError(f"{name} must be in (0, 1), got {value!r}")
         lam = float(model.scene.wavelength)
+        chord_below = lam / 100 if chord_below is None else chord_below
+        check_scalar("chord_below", chord_below)
+        if not float(chord_below) >= 0:
+            raise ValueError(f"chord_below must be >= 0, got {chord_below!r}")
         max_std = lam / 12 if max_position_std is None else max_position_std
         radius = lam if reacquire_radius is None else reacquire_radius
         spacing = lam / 8 if reacquire_spacing is None else reacquire_spacing
@@ -221,6 +233,7 @@ class Tracker:
             offsets=jnp.asarray(cube_offsets(np.arange(-n, n + 1) * float(spacing)), dtype),
             reacquire_spacing=jnp.asarray(spacing, dtype),
             num_iterations=num_iterations,
+            chord_below=jnp.asarray(chord_below, dtype),
             relinearize=bool(relinearize),
             window=window,
             reacquire_batch=reacquire_batch,
@@ -331,32 +344,60 @@ def predict(tracker: Tracker, state: TrackState) -> TrackState:
     )
 
 
+class Linearization(NamedTuple):
+    """One linearization of the measurement update at an iterate (:func:`correct`)."""
+
+    mean: Array  # (M,) the model's phases at the iterate
+    jacobian: Array  # (M, 3) H, signed by the fold's parity
+    variance: Array  # (M,) sigma^2 (eq. 9)
+    info: Array  # (3, 3) H^T J(theta) H (eq. 14)
+    gain: Array  # (S, 3)
+    cov: Array  # (S, S) the posterior covariance
+
+
+def linearize_update(tracker: Tracker, x: Array, parity: Array, cov: Array) -> Linearization:
+    """The measurement model linearized at the folded iterate ``x`` (3,) and the Kalman
+    update it gives for the predicted covariance ``cov`` (the Woodbury form, kalman.py)."""
+    mu, h, var = linearize(x, tracker.model)
+    h = h * parity[None, :]
+    w = 1.0 / var
+    jh = w[:, None] * h - w[:, None] * (w @ h)[None, :] / jnp.sum(w)
+    info = h.T @ jh  # eq. (14)
+    gain, new_cov = position_update(cov, info)
+    return Linearization(mu, h, var, info, gain, new_cov)
+
+
 def correct(
-    tracker: Tracker, mean: Array, cov: Array, r: Array
+    tracker: Tracker, mean: Array, cov: Array, r: Array, axis_name: str | None = None
 ) -> tuple[Array, Array, Array, Array]:
     """(Iterated) EKF update of one predicted state with snapshot ``r`` (M,): the new mean
     and covariance, the normalized innovation squared (module docstring) and its prior
-    term, the squared Mahalanobis length of the update (``chi^2_3`` under lock)."""
+    term, the squared Mahalanobis length of the update (``chi^2_3`` under lock).
+
+    Inside ``jax.vmap(..., axis_name=axis_name)`` the second trace of an iteration runs
+    only if some UE of the batch needs it (``chord_below``); each UE's answer is the same
+    as alone.
+    """
     x_pred = mean[:3]
-    x_i, new_mean = x_pred, mean
+    x_prev, x_i, new_mean = x_pred, x_pred, mean
     for k in range(tracker.num_iterations):
         # the state is the free path; the phases see its fold into the region
         x_in, parity = tracker.motion.fold(x_i)
-        if k == 0 or tracker.relinearize:
-            mu, h, var = linearize(x_in, tracker.model)
-            h = h * parity[None, :]
-            w = 1.0 / var
-            jh = w[:, None] * h - w[:, None] * (w @ h)[None, :] / jnp.sum(w)
-            info = h.T @ jh  # eq. (14)
-            gain, new_cov = position_update(cov, info)
-        else:  # a chord step: the residuals at the iterate, the first Jacobian and gain
-            mu = tracker.model.mean(x_in)
-        eps = compressed_residuals(r, mu, var)
-        z = eps + h @ (x_i - x_pred)
+        if k == 0:
+            lin = linearize_update(tracker, x_in, parity, cov)
+        elif not tracker.relinearize:  # a chord step
+            lin = lin._replace(mean=tracker.model.mean(x_in))
+        else:
+            lin = _next_linearization(tracker, lin, x_in, parity, cov, x_i - x_prev, axis_name)
+        var = lin.variance
+        w = 1.0 / var
+        eps = compressed_residuals(r, lin.mean, var)
+        z = eps + lin.jacobian @ (x_i - x_pred)
         jz = w * z - w * (w @ z) / jnp.sum(w)  # J(theta) z, eq. (13b)
-        g = h.T @ jz
-        new_mean = mean + gain @ g
-        x_i = new_mean[:3]
+        g = lin.jacobian.T @ jz
+        new_mean = mean + lin.gain @ g
+        x_prev, x_i = x_i, new_mean[:3]
+    info, new_cov = lin.info, lin.cov
     # the NIS as the MAP objective at the updated state (equal to z^T S^-1 z for a linear
     # model, and free of the last linearization's error): the data term with the exact
     # residuals there, plus the prior's, ds^T P^-1 ds with ds = P S^T (I + J A)^-1 g
@@ -369,11 +410,38 @@ def correct(
     return new_mean, new_cov, data + jump, jump
 
 
-def step(tracker: Tracker, state: TrackState, r: Array, valid: Array) -> TrackState:
+def _next_linearization(
+    tracker: Tracker,
+    lin: Linearization,
+    x: Array,
+    parity: Array,
+    cov: Array,
+    moved: Array,
+    axis_name: str | None,
+) -> Linearization:
+    """Re-linearize at ``x`` if the last step ``moved`` (3,) was ``chord_below`` or longer,
+    else a chord step (``lin`` with the phases at ``x``)."""
+    long = jnp.linalg.norm(moved) >= tracker.chord_below
+    # one UE: a real branch; a named batch: re-linearize the batch if any UE needs it
+    # (the batch's answer is each UE's), else the chord step for all
+    any_long = long if axis_name is None else jax.lax.psum(long.astype(int), axis_name) > 0
+
+    def relinearized() -> Linearization:
+        new = linearize_update(tracker, x, parity, cov)
+        chord = lin._replace(mean=new.mean)  # the phases at x are the same in both
+        return jax.tree.map(lambda a, b: jnp.where(long, a, b), new, chord)
+
+    return jax.lax.cond(any_long, relinearized, lambda: lin._replace(mean=tracker.model.mean(x)))
+
+
+def step(
+    tracker: Tracker, state: TrackState, r: Array, valid: Array, axis_name: str | None = None
+) -> TrackState:
     """Predict, correct (if ``valid``), push the snapshot and test the lock; no
-    re-acquisition (:func:`needs_reacquisition` says whether one is due)."""
+    re-acquisition (:func:`needs_reacquisition` says whether one is due). ``axis_name``:
+    the name of a ``jax.vmap`` over UEs (:func:`correct`)."""
     state = predict(tracker, state)
-    mean, cov, nis, jump = correct(tracker, state.mean, state.cov, r)
+    mean, cov, nis, jump = correct(tracker, state.mean, state.cov, r, axis_name)
     # a validation gate: a snapshot the prior cannot explain (a track on a wrong maximum,
     # an outlier), or one explained only by a jump the prior rules out (to a neighbouring
     # maximum: the jump would go into the velocity) is not applied; the lock test counts
@@ -552,7 +620,7 @@ def _run_chunked(tracker: Tracker, state: TrackState, r: Array, valid: Array, ch
 
 
 def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
-    batch_step = jax.vmap(step, in_axes=(None, 0, 0, 0))
+    batch_step = jax.vmap(partial(step, axis_name="ues"), in_axes=(None, 0, 0, 0), axis_name="ues")
     batch_reacquire = jax.vmap(reacquire, in_axes=(None, 0))
     num_ues = state.mean.shape[0]
     capacity = min(tracker.reacquire_batch, num_ues)
