@@ -251,6 +251,7 @@ def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
     rows = json.loads(out.read_text())
     assert {r["method"] for r in rows} == {
         "tracker",
+        "tracker_always",
         "tracker_chord",
         "tracker_ekf",
         "online",
