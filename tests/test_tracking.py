@@ -184,6 +184,24 @@ def test_long_steps_relinearize_and_short_steps_take_chords_per_ue():
     assert np.linalg.norm(np.asarray(chord_long - relin_long)) > 5e-8
 
 
+def test_phases_at_the_update_after_a_short_step_are_the_exact_ones():
+    """The NIS's phases at the update: after a step under chord_below / 1000 (3.3 um)
+    the last iteration's moved along the Jacobian, within 1e-9 rad of the model's; after
+    a longer step the model's own."""
+    from dmimo_jax.tracking.filter import linearize_update, phases_at_update
+
+    tracker = tracking.Tracker(MODEL, WALK, dt=DT)
+    x0 = jnp.array([5.0, 5.0, 1.5])
+    lin = linearize_update(tracker, x0, jnp.ones(3), jnp.eye(6) * 1e-4)
+    short, long = jnp.array([2e-6, -1e-6, 1.5e-6]), jnp.array([0.0, 4e-6, 0.0])
+    exact = MODEL.mean(x0 + short)
+    gap = np.abs(np.asarray(phases_at_update(tracker, lin, x0 + short, short) - exact))
+    assert 0 < gap.max() < 1e-9, gap.max()  # linear, and close
+    np.testing.assert_array_equal(
+        phases_at_update(tracker, lin, x0 + long, long), MODEL.mean(x0 + long)
+    )
+
+
 def test_chunks_of_ues_track_as_one_batch(walked):
     """run_tracker in chunks of UEs (padded) gives the one-batch answer when the
     re-acquisition capacity is not the limit (all 20 UEs acquire at the 10th snapshot)."""

@@ -24,11 +24,14 @@ whatever the step.
 
 **Lock.** The normalized innovation squared :math:`\nu` is computed as the MAP
 objective at the updated state, :math:`\boldsymbol\varepsilon^{+\top}\mathbf J(\boldsymbol\theta)\boldsymbol\varepsilon^+ + \Delta\mathbf s^\top(\mathbf P^-)^{-1}\Delta\mathbf s`
-with the exact residuals :math:`\boldsymbol\varepsilon^+` there (for a linear model it is
+with the residuals :math:`\boldsymbol\varepsilon^+` there (for a linear model it is
 :math:`\mathbf z^\top\mathbf S^{-1}\mathbf z`; at high SNR a linearization's error would
-swamp it). Under lock it is :math:`\chi^2_{M-1}`: the CPO takes one degree of freedom. A
-snapshot with :math:`\nu` beyond a validation gate is not applied (an outlier, or a track
-on a wrong maximum, must not drag the velocity). The track is declared lost
+swamp it): the model's phases at the update, or after a last step shorter than
+``chord_below / 1000`` the last iteration's moved along its Jacobian
+(:func:`phases_at_update`: off by less than 1e-6 rad after such steps). Under lock it
+is :math:`\chi^2_{M-1}`: the CPO takes one degree of freedom. A snapshot with
+:math:`\nu` beyond a validation gate is not applied (an outlier, or a track on a wrong
+maximum, must not drag the velocity). The track is declared lost
 when the sum over the last ``window`` snapshots exceeds the
 :math:`1-\alpha` quantile of :math:`\chi^2_{\mathrm{window}(M-1)}` (a window, not one
 snapshot, so that one outlier does not break a track and a wrong lobe, whose residuals
@@ -399,10 +402,9 @@ def correct(
         x_prev, x_i = x_i, new_mean[:3]
     info, new_cov = lin.info, lin.cov
     # the NIS as the MAP objective at the updated state (equal to z^T S^-1 z for a linear
-    # model, and free of the last linearization's error): the data term with the exact
-    # residuals there, plus the prior's, ds^T P^-1 ds with ds = P S^T (I + J A)^-1 g
-    x_end, _ = tracker.motion.fold(x_i)
-    eps = compressed_residuals(r, tracker.model.mean(x_end), var)
+    # model, and free of the linearization's error): the data term with the residuals
+    # there, plus the prior's, ds^T P^-1 ds with ds = P S^T (I + J A)^-1 g
+    eps = compressed_residuals(r, phases_at_update(tracker, lin, x_i, x_i - x_prev, axis_name), var)
     data = jnp.sum(w * eps**2) - (w @ eps) ** 2 / jnp.sum(w)
     a = cov[:3, :3]
     cg = jnp.linalg.solve(jnp.eye(3, dtype=a.dtype) + info @ a, g)
@@ -432,6 +434,30 @@ def _next_linearization(
         return jax.tree.map(lambda a, b: jnp.where(long, a, b), new, chord)
 
     return jax.lax.cond(any_long, relinearized, lambda: lin._replace(mean=tracker.model.mean(x)))
+
+
+def phases_at_update(
+    tracker: Tracker,
+    lin: Linearization,
+    x: Array,
+    moved: Array,
+    axis_name: str | None = None,
+) -> Array:
+    """The model's phases at the updated free position ``x``: exact where the last step
+    ``moved`` (3,) was ``chord_below / 1000`` or longer, else the last iteration's phases
+    moved along the Jacobian (off by the curvature, :math:`\\sim\\pi\\delta^2/(\\lambda d)`, and
+    by the chord's Jacobian error, :math:`\\sim 2\\pi\\delta\\,\\Delta/(\\lambda d)` for a
+    first step :math:`\\Delta`: below 1e-6 rad for steps under 3.3 um and 3.3 mm). As
+    :func:`_next_linearization`, the exact phases are computed for a named batch only if
+    some UE needs them."""
+    linear = lin.mean + lin.jacobian @ moved
+    long = jnp.linalg.norm(moved) >= tracker.chord_below / 1000
+    any_long = long if axis_name is None else jax.lax.psum(long.astype(int), axis_name) > 0
+
+    def exact() -> Array:
+        return jnp.where(long, tracker.model.mean(tracker.motion.fold(x)[0]), linear)
+
+    return jax.lax.cond(any_long, exact, lambda: linear)
 
 
 def step(
