@@ -412,6 +412,13 @@ def correct(
     return new_mean, new_cov, data + jump, jump
 
 
+def any_in_batch(flag: Array, axis_name: str | None) -> Array:
+    """``flag`` () for one UE; inside ``jax.vmap(..., axis_name=axis_name)`` whether any UE's
+    is set, an unbatched value, so that a ``lax.cond`` on it stays a branch (a batched
+    predicate would run both branches for every UE)."""
+    return flag if axis_name is None else jax.lax.psum(flag.astype(jnp.int32), axis_name) > 0
+
+
 def _next_linearization(
     tracker: Tracker,
     lin: Linearization,
@@ -423,10 +430,9 @@ def _next_linearization(
 ) -> Linearization:
     """Re-linearize at ``x`` if the last step ``moved`` (3,) was ``chord_below`` or longer,
     else a chord step (``lin`` with the phases at ``x``)."""
-    long = jnp.linalg.norm(moved) >= tracker.chord_below
-    # one UE: a real branch; a named batch: re-linearize the batch if any UE needs it
-    # (the batch's answer is each UE's), else the chord step for all
-    any_long = long if axis_name is None else jax.lax.psum(long.astype(int), axis_name) > 0
+    long = moved @ moved >= tracker.chord_below**2
+    # a named batch re-linearizes if any UE needs it (selecting per UE), else chords for all
+    any_long = any_in_batch(long, axis_name)
 
     def relinearized() -> Linearization:
         new = linearize_update(tracker, x, parity, cov)
@@ -451,8 +457,8 @@ def phases_at_update(
     :func:`_next_linearization`, the exact phases are computed for a named batch only if
     some UE needs them."""
     linear = lin.mean + lin.jacobian @ moved
-    long = jnp.linalg.norm(moved) >= tracker.chord_below / 1000
-    any_long = long if axis_name is None else jax.lax.psum(long.astype(int), axis_name) > 0
+    long = moved @ moved >= (tracker.chord_below / 1000) ** 2
+    any_long = any_in_batch(long, axis_name)
 
     def exact() -> Array:
         return jnp.where(long, tracker.model.mean(tracker.motion.fold(x)[0]), linear)
