@@ -86,15 +86,17 @@ def stored_phase_model(
         np.savez(tmp, *(np.asarray(v) for v in leaves))
         tmp.replace(path)  # atomic: a kill leaves no partial file under ``path``
         return model
-    # the tree structure of a GP conditioned on the same snapshots at the starting point
+    # the tree structure, shapes and dtypes of a GP conditioned on the same snapshots
+    # (abstractly: no conditioning is computed)
     x, r = jnp.asarray(x), jnp.asarray(r)
-    template = gp.GPPhaseModel.from_data(
-        gp.initial_params(x, r, scene), gp.initial_cpos(x, r, scene), x, r, noise_var, scene
+    params, cpo = gp.initial_params(x, r, scene), gp.initial_cpos(x, r, scene)
+    template = jax.eval_shape(
+        lambda: gp.GPPhaseModel.from_data(params, cpo, x, r, noise_var, scene)
     )
     leaves, treedef = jax.tree_util.tree_flatten(template)
     with np.load(path) as f:
         stored = [f[f"arr_{i}"] for i in range(len(f.files))]
-    if [(v.shape, v.dtype) for v in stored] != [(np.shape(v), np.asarray(v).dtype) for v in leaves]:
+    if [(v.shape, v.dtype) for v in stored] != [(v.shape, v.dtype) for v in leaves]:
         raise ValueError(f"{path} holds another GP (leaf shapes or dtypes differ); remove it")
     return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(v) for v in stored])
 
