@@ -124,6 +124,21 @@ def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
     assert 0.8 < popt[0]["flops_xla"] / popt[0]["flops_formula"] < 1.3
 
 
+@pytest.mark.slow  # .ci/run runs these after the test command
+def test_gp_table_benchmark_quick(tmp_path, monkeypatch):
+    out = tmp_path / "table.json"
+    argv = ["--num-train", "4", "--repeats", "1", "--json", str(out)]
+    _run("benchmarks/gp_table.py", argv, monkeypatch)
+    rows = json.loads(out.read_text())
+    assert [r["method"] for r in rows] == [
+        "mean (factorized)",
+        "mean + variance",
+        "mean node by node",
+    ]
+    assert all(r["median_s"] > 0 and r["training_inputs"] == 4 * 17 for r in rows)
+    assert rows[0]["max_abs_diff_rad"] < 1e-9  # the factorized table is the node-by-node one
+
+
 def test_train_throughput_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "tt.json"
     argv = ["--steps", "2", "--epochs", "2", "--only", "POPT cpu-preset", "MLP", "--json", str(out)]

@@ -61,6 +61,29 @@ def test_kernel_matches_eq_22_elementwise():
     assert float(kernel.evaluate(a, b)) == pytest.approx(0.3 * np.exp(-(LAM**2) / 5.0), rel=1e-10)
 
 
+def test_kernel_factors_multiply_to_the_kernel_and_tabulate_eq_25a():
+    params = gp.GPParams.from_natural(0.3, 0.7, 2.5, 0.4)
+    k_dd, k_gamma = gp.kernel_factors(params, LAM)
+    s = jax.random.uniform(jax.random.key(1), (40, 2)) * jnp.array([[3.0, 1.4]])
+    t = jax.random.uniform(jax.random.key(2), (30, 2)) * jnp.array([[3.0, 1.4]])
+    np.testing.assert_allclose(
+        np.asarray(k_dd(s[:, 0], t[:, 0]) * k_gamma(s[:, 1], t[:, 1])),
+        np.asarray(gp.build_kernel(params, LAM)(s, t)),
+        rtol=1e-14,
+    )
+    # the mean table (an outer product of the factors per row) holds eq. (25a) at its nodes
+    x, r, nv, cpo = _data(2, 6)
+    model = gp.GPPhaseModel.from_data(params, cpo, x, r, nv, SCENE)
+    table = gp.TabulatedGPModel.from_model(model, dd_step=0.05, num_gamma=9, variance=False)
+    dd = np.arange(table.values.shape[0]) * float(table.step[0])
+    gamma = np.arange(9) * float(table.step[1])
+    f = jnp.asarray(np.stack(np.meshgrid(dd, gamma, indexing="ij"), -1).reshape(-1, 2))
+    want = gp.build_kernel(params, LAM)(f, model.cond_kernel.X) @ model.alpha
+    np.testing.assert_allclose(
+        np.asarray(table.values).reshape(-1), np.asarray(want), rtol=1e-9, atol=1e-12
+    )
+
+
 def test_log_marginal_likelihood_is_tinygp_gaussian_with_known_noise():
     x, r, nv, cpo = _data(1, 3)
     params = gp.GPParams.from_natural(0.05, 1.0, 2.0, 0.3)

@@ -44,6 +44,7 @@ __all__ = [
     "check_training_data",
     "features",
     "flat_features",
+    "kernel_factors",
     "log_marginal_likelihood",
     "los_noise_var",
     "los_phase",
@@ -105,23 +106,36 @@ def los_noise_var(x: ArrayLike, scene: Scene) -> Array:
     return noise_var_from_amplitude(alpha, scene)
 
 
-def build_kernel(params: GPParams, wavelength: ArrayLike) -> kernels.Kernel:
-    r"""The quasi-periodic product kernel of eq. (22) on inputs ``[Delta d, gamma]``.
+def kernel_factors(
+    params: GPParams, wavelength: ArrayLike
+) -> tuple[kernels.Kernel, kernels.Kernel]:
+    r"""The two factors of the separable kernel of eq. (22), tinygp kernels on scalar inputs:
+    :math:`k(\mathbf s, \mathbf s') = k_{\Delta d}(\Delta d, \Delta d')\,k_\gamma(\gamma, \gamma')`
+    with :math:`k_{\Delta d} = \sigma_f^2 k_{pe}(\cdot\mid\ell_1^2) k_{se}(\cdot\mid\ell_2^2)`
+    and :math:`k_\gamma = k_{se}(\cdot\mid\ell_3^2)`.
 
-    :math:`k_{pe}(\Delta d\mid\ell_1^2) = \exp(-\tfrac{2}{\ell_1^2}\sin^2(\pi(\Delta d - \Delta d')/\lambda))`
-    is tinygp's ``ExpSineSquared(scale=lambda, gamma=2/ell1^2)``; :math:`k_{se}(\cdot\mid\ell^2)`
-    is ``ExpSquared(scale=ell)``; ``Subspace`` picks the feature each factor sees.
+    On a grid of features (every :math:`\Delta d` with every :math:`\gamma`) a
+    cross-covariance with the training inputs is an outer product of the two factors'
+    cross-covariances, so eq. (25a) over the grid is a matrix product
+    (:meth:`~dmimo_jax.gp.TabulatedGPModel.from_model`).
     """
     sigma_f2, ell1_sq, ell2_sq, ell3_sq = (jnp.exp(p) for p in params)
     k_pe = kernels.ExpSineSquared(scale=wavelength, gamma=2.0 / ell1_sq)
     k_se_dd = kernels.ExpSquared(scale=jnp.sqrt(ell2_sq))
     k_se_gamma = kernels.ExpSquared(scale=jnp.sqrt(ell3_sq))
-    return (
-        sigma_f2
-        * transforms.Subspace(0, k_pe)
-        * transforms.Subspace(0, k_se_dd)
-        * transforms.Subspace(1, k_se_gamma)
-    )
+    return sigma_f2 * k_pe * k_se_dd, k_se_gamma
+
+
+def build_kernel(params: GPParams, wavelength: ArrayLike) -> kernels.Kernel:
+    r"""The quasi-periodic product kernel of eq. (22) on inputs ``[Delta d, gamma]``.
+
+    :math:`k_{pe}(\Delta d\mid\ell_1^2) = \exp(-\tfrac{2}{\ell_1^2}\sin^2(\pi(\Delta d - \Delta d')/\lambda))`
+    is tinygp's ``ExpSineSquared(scale=lambda, gamma=2/ell1^2)``; :math:`k_{se}(\cdot\mid\ell^2)`
+    is ``ExpSquared(scale=ell)``; ``Subspace`` picks the feature each factor of
+    :func:`kernel_factors` sees.
+    """
+    k_dd, k_gamma = kernel_factors(params, wavelength)
+    return transforms.Subspace(0, k_dd) * transforms.Subspace(1, k_gamma)
 
 
 def residuals(x: ArrayLike, r: ArrayLike, cpo: ArrayLike, scene: Scene) -> Array:

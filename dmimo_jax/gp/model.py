@@ -20,6 +20,7 @@ from dmimo_jax.gp.kernel import (
     check_params,
     check_training_data,
     features,
+    kernel_factors,
     los_noise_var,
     los_phase,
     residuals,
@@ -318,22 +319,28 @@ def interpolate(
 def _grid_values(model, dd_max, h, num_gamma, chunk, rows):
     dd = jnp.arange(int(np.ceil(dd_max / h)) + 1) * h
     gamma = jnp.linspace(0.0, jnp.pi / 2, num_gamma)
-    f = jnp.stack(jnp.meshgrid(dd, gamma, indexing="ij"), axis=-1).reshape(-1, 2)
-    values = rows(model, f, chunk).reshape(dd.shape[0], num_gamma)
+    values = rows(model, dd, gamma, chunk)
     return values, jnp.array([h, float(gamma[1] - gamma[0])])
 
 
 @partial(jax.jit, static_argnames=("chunk",))
-def _mean_rows(model: GPPhaseModel, f: Array, chunk: int) -> Array:
-    k = model.cond_kernel.kernel
-    row = lambda fi: jax.vmap(k.evaluate, in_axes=(None, 0))(fi, model.cond_kernel.X) @ model.alpha
-    return jax.lax.map(row, f, batch_size=chunk)
+def _mean_rows(model: GPPhaseModel, dd: Array, gamma: Array, chunk: int) -> Array:
+    # eq. (25a) on the grid: with the separable kernel (kernel_factors) the cross-covariance
+    # of node (dd_i, gamma_j) with training input n is a_in b_jn, so the table is
+    # (a * alpha) b^T, a matrix product per block of Delta d rows
+    k_dd, k_gamma = kernel_factors(model.params, model.scene.wavelength)
+    x = model.cond_kernel.X
+    b = k_gamma(gamma, x[:, 1]) * model.alpha[None, :]  # (num_gamma, L M)
+    row = lambda d: k_dd(d[None], x[:, 0])[0] @ b.T
+    return jax.lax.map(row, dd, batch_size=max(1, chunk // gamma.shape[0]))
 
 
 @partial(jax.jit, static_argnames=("chunk",))
-def _var_rows(model: GPPhaseModel, f: Array, chunk: int) -> Array:
+def _var_rows(model: GPPhaseModel, dd: Array, gamma: Array, chunk: int) -> Array:
     # eq. (25b) in blocks: k(f, f) - |L^{-1} k(X, f)|^2 with one triangular solve per block
-    return jax.lax.map(model._var_g, f.reshape(-1, 1, 2), batch_size=chunk)[:, 0]
+    f = jnp.stack(jnp.meshgrid(dd, gamma, indexing="ij"), axis=-1).reshape(-1, 1, 2)
+    values = jax.lax.map(model._var_g, f, batch_size=chunk)[:, 0]
+    return values.reshape(dd.shape[0], gamma.shape[0])
 
 
 @pytree_dataclass
