@@ -93,9 +93,10 @@ def test_pcrb_of_a_static_ue_tends_to_peb_over_sqrt_k():
 
 @pytest.fixture(scope="module")
 def walked():
-    """20 UEs walking 2 s at -10 dBm, tracked from their true start (+ 1 cm)."""
+    """20 UEs walking 2 s at -10 dBm, tracked from their true start (+ 1 cm); all 20
+    acquire at the same step (no UE waits for re-acquisition capacity)."""
     path, r = _walks(jax.random.PRNGKey(5), 20, 201)
-    tracker = tracking.Tracker(MODEL, WALK, dt=DT)
+    tracker = tracking.Tracker(MODEL, WALK, dt=DT, reacquire_batch=20)
     x0 = path.positions[:, 0] + jnp.array([[0.01, -0.01, 0.005]])
     state = jax.vmap(lambda x: tracker.init(x, position_std=0.01))(x0)
     rs = jnp.swapaxes(r[:, 1:], 0, 1)
@@ -203,18 +204,22 @@ def test_phases_at_the_update_after_a_short_step_are_the_exact_ones():
 
 
 def test_chunks_of_ues_track_as_one_batch(walked):
-    """run_tracker in chunks of UEs (padded) gives the one-batch answer when the
-    re-acquisition capacity is not the limit (all 20 UEs acquire at the 10th snapshot)."""
-    tracker = tracking.Tracker(MODEL, WALK, dt=DT, reacquire_batch=20)
-    rs = walked["rs"][:40]
-    _, whole = tracking.run_tracker(tracker, walked["state"], rs)
-    final, parts = tracking.run_tracker(tracker, walked["state"], rs, ue_chunk=8)
+    """run_tracker in chunks of UEs (padded: 20 = 8 + 8 + 4 + 4 copies) gives the one-batch
+    answer when the re-acquisition capacity is not the limit (all 20 UEs acquire at the
+    10th snapshot in both)."""
+    final, parts = tracking.run_tracker(
+        walked["tracker"], walked["state"], walked["rs"], ue_chunk=8
+    )
+    whole = walked["out"]
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(parts), strict=True):
         assert a.shape == b.shape
         np.testing.assert_allclose(
             np.asarray(a, float), np.asarray(b, float), rtol=1e-9, atol=1e-12
         )
-    assert final.mean.shape == walked["state"].mean.shape
+    for a, b in zip(jax.tree.leaves(walked["final"]), jax.tree.leaves(final), strict=True):
+        np.testing.assert_allclose(
+            np.asarray(a, float), np.asarray(b, float), rtol=1e-9, atol=1e-12
+        )
 
 
 def test_update_matches_run_tracker(walked):
