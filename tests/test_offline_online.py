@@ -1,6 +1,8 @@
 """The pipeline on any PhaseModel (issue 22): run_offline for every kind under a physical
 model, the cache key that covers everything, and the one Locator equal to the composed stages."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,8 +10,8 @@ import pytest
 
 import dmimo_jax as dj
 from dmimo_jax import pipeline
-from dmimo_jax.learning import CellConfig, TrainConfig
-from dmimo_jax.learning.presets import CellsPreset
+from dmimo_jax.learning import CellConfig, POPTConfig, TrainConfig
+from dmimo_jax.learning.presets import CellsPreset, Preset
 
 # a 0.6 m x 0.6 m x 0.4 m UE region: small tables, 0.2 m cells
 SCENE = dj.paper_scene(-10.0, convention="itu").replace(
@@ -24,6 +26,8 @@ CELLS = CellsPreset(
     4000,
     cell_size=0.2,
 )
+# the cpu preset's loop with a one-block POPT: what is tested is the wiring, not the network
+TINY = Preset("tiny", POPTConfig.tiny(), TrainConfig(epochs=15, batch_size=100), 400, CELLS)
 
 
 def _labeled(num=20, seed=0, model=MODEL):
@@ -37,7 +41,7 @@ LABELED = _labeled()
 
 
 def _offline(tmp, *, scene=SCENE, model=MODEL, labeled=LABELED, kinds=(), **kw):
-    kw = {"num_samples": 400, "cells": CELLS, "progress": False, **kw}
+    kw = {"preset": TINY, "cells": CELLS, "progress": False, **kw}
     return pipeline.run_offline(*labeled, scene, model=model, kinds=kinds, cache_dir=tmp, **kw)
 
 
@@ -133,6 +137,9 @@ def test_the_cache_key_covers_everything_that_determines_the_result(tmp_path):
         "seed": dict(seed=1),
         "samples": dict(num_samples=500),
         "preset": dict(preset="quick"),
+        "own network": dict(
+            preset=dataclasses.replace(TINY, popt=dataclasses.replace(POPTConfig.tiny(), d_h=8))
+        ),
     }
     folders = {}
     for name, change in changed.items():
@@ -140,6 +147,12 @@ def test_the_cache_key_covers_everything_that_determines_the_result(tmp_path):
         folders[name] = _folder(tmp_path, **kwargs)
     assert base not in folders.values()
     assert len(set(folders.values())) == len(folders), folders
+
+
+@pytest.mark.parametrize("preset", ["fast", 3, None])
+def test_a_preset_is_a_known_name_or_a_preset(preset, tmp_path):
+    with pytest.raises(ValueError, match=r"preset must be one of \['cpu', 'paper', 'quick'\]"):
+        _offline(tmp_path, preset=preset)
 
 
 def test_cache_key_of_trees_and_settings():

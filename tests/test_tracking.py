@@ -111,7 +111,9 @@ def test_noise_free_snapshots_converge_to_the_path(walked):
     path = walked["path"]
     cpo = jax.random.uniform(jax.random.PRNGKey(4), (20, 201), minval=-np.pi, maxval=np.pi)
     r = dj.wrap(jax.vmap(jax.vmap(MODEL.mean))(path.positions) + cpo[..., None])
-    tracker = tracking.Tracker(dj.TwoRayModel(dj.paper_scene(60.0)), WALK, dt=DT)
+    tracker = tracking.Tracker(
+        dj.TwoRayModel(dj.paper_scene(60.0)), WALK, dt=DT, reacquire_batch=20
+    )
     x0 = path.positions[:, 0] + 1e-3
     state = jax.vmap(lambda x: tracker.init(x, position_std=3e-3, acquire=False))(x0)
     _, out = tracking.run_tracker(tracker, state, jnp.swapaxes(r[:, 1:], 0, 1))
@@ -171,17 +173,18 @@ def test_long_steps_relinearize_and_short_steps_take_chords_per_ue():
     off = jnp.array([[2e-5, 0.0, 0.0], [0.0, 2e-2, 0.0]])  # short (20 um), long (2 cm)
     means = jnp.concatenate([x + off, jnp.zeros((2, 3))], axis=1)
     covs = jnp.broadcast_to(jnp.diag(jnp.array([1e-4] * 3 + [1.0] * 3)), (2, 6, 6))
-    batch = jax.vmap(partial(correct, default, axis_name="ues"), axis_name="ues")
+    batch = jax.jit(jax.vmap(partial(correct, default, axis_name="ues"), axis_name="ues"))
     got = batch(means, covs, r)
+    correct_one = jax.jit(correct)  # one program per tracker structure, not op by op
     for ue, like in [(0, chords), (1, always)]:
-        alone = correct(like, means[ue], covs[ue], r[ue])
+        alone = correct_one(like, means[ue], covs[ue], r[ue])
         for a, b in zip(got, alone, strict=True):
             b = np.asarray(b)  # to 1e-9 of each output's scale (rounding in a batch)
             np.testing.assert_allclose(np.asarray(a[ue]), b, rtol=0, atol=1e-9 * np.abs(b).max())
     # the choice matters for the long step: a chord lands ~1e-7 m elsewhere (measured
     # 9.4e-8), about 15 times what the comparison above tolerates (6e-9 m)
-    chord_long = correct(chords, means[1], covs[1], r[1])[0][:3]
-    relin_long = correct(always, means[1], covs[1], r[1])[0][:3]
+    chord_long = correct_one(chords, means[1], covs[1], r[1])[0][:3]
+    relin_long = correct_one(always, means[1], covs[1], r[1])[0][:3]
     assert np.linalg.norm(np.asarray(chord_long - relin_long)) > 5e-8
 
 

@@ -75,8 +75,11 @@ PRESETS = MappingProxyType(
 )
 
 
-def get_preset(name: str) -> Preset:
-    """The preset ``name`` (``ValueError`` naming the known ones otherwise)."""
-    if name not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
-    return PRESETS[name]
+def get_preset(preset: str | Preset) -> Preset:
+    """The preset named ``preset`` in :data:`PRESETS`, or ``preset`` itself if it is a
+    :class:`Preset` of your own (``ValueError`` naming the known ones otherwise)."""
+    if isinstance(preset, Preset):
+        return preset
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)} or a Preset, got {preset!r}")
+    return PRESETS[preset]

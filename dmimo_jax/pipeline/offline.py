@@ -35,7 +35,7 @@ from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator
 from dmimo_jax.learning.io import load_model, save_model
 from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
 from dmimo_jax.learning.popt import POPT, POPTConfig
-from dmimo_jax.learning.presets import CellsPreset, get_preset
+from dmimo_jax.learning.presets import CellsPreset, Preset, get_preset
 from dmimo_jax.learning.train import TrainConfig, train
 from dmimo_jax.physics import PhaseModel
 from dmimo_jax.pipeline.cache import cache_key, default_cache_dir
@@ -121,7 +121,7 @@ def train_estimator(
     data: Any,
     scene: Scene,
     *,
-    preset: str = "cpu",
+    preset: str | Preset = "cpu",
     config: TrainConfig | None = None,
     network: POPTConfig | MLPConfig | None = None,
     checkpoint_dir: str | pathlib.Path | None = None,
@@ -131,7 +131,8 @@ def train_estimator(
 ):
     """Step 3: build and train ``kind`` in ``{"popt", "mlp", "hi", "cells"}`` on ``data``.
 
-    ``preset`` picks POPT's network and the loop settings (:data:`~dmimo_jax.learning.presets.PRESETS`);
+    ``preset`` (a name in :data:`~dmimo_jax.learning.presets.PRESETS` or a
+    :class:`~dmimo_jax.learning.presets.Preset`) picks POPT's network and the loop settings;
     ``config`` / ``network`` override them. Returns the :class:`~dmimo_jax.learning.train.TrainResult`.
     """
     p = get_preset(preset)
@@ -226,7 +227,7 @@ def run_offline(
     *,
     model: str | PhaseModel = "gp",
     kinds: tuple[str, ...] = ("popt",),
-    preset: str = "cpu",
+    preset: str | Preset = "cpu",
     num_samples: int | None = None,
     cache_dir: str | pathlib.Path | None = None,
     seed: int = 0,
@@ -255,7 +256,9 @@ def run_offline(
             powers (with ``model="gp"``, its permittivity is not used).
         model: ``"gp"`` or a PhaseModel of ``scene``'s M APs.
         kinds: estimators to train, from ``{"popt", "mlp", "hi", "cells"}``.
-        preset: ``"cpu"`` or ``"paper"`` (:data:`~dmimo_jax.learning.presets.PRESETS`).
+        preset: a name in :data:`~dmimo_jax.learning.presets.PRESETS` (``"quick"``,
+            ``"cpu"``, ``"paper"``) or a :class:`~dmimo_jax.learning.presets.Preset` of your
+            own (its name, network, loop and sample count enter the cache key).
         num_samples: synthetic set size (default: the preset's).
         cache_dir: root of the cache (default :func:`~dmimo_jax.pipeline.cache.default_cache_dir`).
         seed: seeds the synthetic set and the initializations.
@@ -278,7 +281,7 @@ def run_offline(
     x, r, noise_var = (jnp.asarray(v) for v in (x, r, noise_var))
     config = dict(
         model=model if isinstance(model, str) else type(model).__name__,
-        preset=preset,
+        preset=p.name,
         num_samples=num,
         seed=seed,
         train=dataclasses.asdict(p.train),
@@ -318,7 +321,7 @@ def run_offline(
                 kind,
                 data,
                 scene,
-                preset=preset,
+                preset=p,
                 checkpoint_dir=folder / kind / "ckpt",
                 seed=seed,
                 progress=progress,
