@@ -163,7 +163,9 @@ def test_sharded_and_single_device_results_identical(tmp_path):
     import subprocess
     import sys
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    # the suite's XLA flags (conftest.py) and four host devices
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    env = dict(os.environ, XLA_FLAGS=flags.strip())
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED)
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)

@@ -240,7 +240,9 @@ def test_data_parallel_training_matches_one_device(tmp_path):
         print("result", rel, np.max(np.abs(np.subtract(*losses)) / np.abs(losses[0])))
         """
     )
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    # the suite's XLA flags (conftest.py) and four host devices
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    env = dict(os.environ, XLA_FLAGS=flags.strip())
     root = pathlib.Path(__file__).parents[1]
     proc = subprocess.run(
         [sys.executable, "-c", script],
