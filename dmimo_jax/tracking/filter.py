@@ -145,6 +145,9 @@ class Tracker:
         reacquire_spacing: its spacing, m (default :math:`\\lambda/8`).
         reacquire_batch: UEs re-acquired per step at most in :func:`run_tracker` (memory:
             each scores ``window`` snapshots at every lattice point).
+        screen_snapshots: newest snapshots the re-acquisition's certified screen scores
+            every lattice point on (:func:`lattice_argmin`; 1 to ``window``).
+        screen_size: lattice points (times velocities) it scores on the whole window.
 
     Examples:
         >>> import jax, jax.numpy as jnp
@@ -170,6 +173,8 @@ class Tracker:
     relinearize: bool = static_field()
     window: int = static_field()
     reacquire_batch: int = static_field()
+    screen_snapshots: int = static_field()
+    screen_size: int = static_field()
 
     def __init__(
         self,
@@ -187,6 +192,8 @@ class Tracker:
         reacquire_radius: float | None = None,
         reacquire_spacing: float | None = None,
         reacquire_batch: int = 8,
+        screen_snapshots: int = 2,
+        screen_size: int = 256,
     ):
         model = as_phase_model(model)
         check_num_aps(model.num_aps)
@@ -197,6 +204,12 @@ class Tracker:
             raise ValueError(f"relinearize must be a bool, got {relinearize!r}")
         check_int("window", window, minimum=2)
         check_int("reacquire_batch", reacquire_batch, minimum=1)
+        check_int("screen_snapshots", screen_snapshots, minimum=1)
+        if screen_snapshots > window:
+            raise ValueError(
+                f"screen_snapshots must be at most window = {window}, got {screen_snapshots}"
+            )
+        check_int("screen_size", screen_size, minimum=1)
         for name, value in [("false_alarm", false_alarm), ("gate_false_alarm", gate_false_alarm)]:
             check_scalar(name, value, positive=True)
             if not float(value) < 1:
@@ -240,6 +253,8 @@ class Tracker:
             relinearize=bool(relinearize),
             window=window,
             reacquire_batch=reacquire_batch,
+            screen_snapshots=screen_snapshots,
+            screen_size=screen_size,
         )
         for name, value in fields.items():
             object.__setattr__(self, name, value)
@@ -512,30 +527,89 @@ def needs_reacquisition(tracker: Tracker, state: TrackState) -> Array:
     return state.lost | (state.pending & (state.since_pending >= tracker.window))
 
 
-def window_costs(tracker: Tracker, state: TrackState, positions: Array, velocity: Array) -> Array:
+def window_costs(
+    tracker: Tracker,
+    state: TrackState,
+    positions: Array,
+    velocity: Array,
+    newest: int | None = None,
+) -> Array:
     r"""Joint ML cost (eq. 17) of the buffered snapshots for candidate current positions
     (G, 3) of the free path: each older snapshot is scored at the candidate moved back
-    along ``velocity`` (3,) by its age, folded into the region; the weights :math:`1/\sigma_m^2` are the model's at the track. (G,)."""
+    along ``velocity`` (3,) by its age, folded into the region; the weights :math:`1/\sigma_m^2`
+    are the model's at the track. (G,).
+
+    ``newest``: score only the newest ``newest`` snapshots of the buffer (static; default
+    all). Every snapshot's term is >= 0, so such a cost is a lower bound of the whole
+    window's (the screen of :func:`reacquire`)."""
+    rows = slice(None) if newest is None else slice(tracker.window - newest, None)
+    age, r, valid = state.recent_age[rows], state.recent_r[rows], state.recent_valid[rows]
     var = tracker.model.variance(tracker.motion.fold(state.mean[:3])[0])
-    past = positions[:, None, :] - state.recent_age[None, :, None] * velocity[None, None, :]
+    past = positions[:, None, :] - age[None, :, None] * velocity[None, None, :]
     past, _ = tracker.motion.fold(past)  # the free path folded into the region
     theta = jax.vmap(jax.vmap(tracker.model.mean))(past)  # (G, K, M)
-    res = compressed_residuals(state.recent_r[None], theta, jnp.broadcast_to(var, theta.shape))
+    res = compressed_residuals(r[None], theta, jnp.broadcast_to(var, theta.shape))
     cost = jnp.sum(res**2 / var[None, None, :], axis=-1)  # (G, K)
-    return jnp.sum(jnp.where(state.recent_valid[None, :], cost, 0.0), axis=-1)
+    return jnp.sum(jnp.where(valid[None, :], cost, 0.0), axis=-1)
+
+
+def lattice_argmin(
+    tracker: Tracker,
+    state: TrackState,
+    candidates: Array,
+    velocities: Array,
+    prior: Array,
+    axis_name: str | None = None,
+) -> tuple[Array, Array]:
+    r"""The (velocity, candidate) pair of least window cost plus ``prior`` (G,) over
+    ``candidates`` (G, 3) and ``velocities`` (V, 3): ``(which velocity, which candidate)``.
+
+    A certified screen, exact like the EGS of eq. (18): every pair is first scored on the
+    newest ``tracker.screen_snapshots`` snapshots (a lower bound of its whole cost); the
+    ``tracker.screen_size`` lowest bounds are scored on the whole window. If the best of
+    those costs no more than the least bound left out, no pair left out can beat it and it
+    is the argmin; otherwise every pair is scored on the whole window. In a batch named
+    ``axis_name`` the whole lattice is scored (for all its UEs, each keeping its own
+    certified answer) only when some UE's screen is not certified.
+    """
+    num = candidates.shape[0]
+    bound = jax.vmap(
+        lambda v: window_costs(tracker, state, candidates, v, tracker.screen_snapshots)
+    )(velocities)
+    bound = (bound + prior[None, :]).reshape(-1)
+    size = min(tracker.screen_size, bound.shape[0])
+    neg_bound, kept = jax.lax.top_k(-bound, size)
+    which, point = kept // num, kept % num
+    full = jax.vmap(lambda p, v: window_costs(tracker, state, p[None], v)[0])(
+        candidates[point], velocities[which]
+    )
+    best = jnp.argmin(full + prior[point])
+    screened = kept[best]
+    # the least bound left out: the size-th lowest (or none when nothing was left out)
+    left_out = -neg_bound[-1] if size < bound.shape[0] else jnp.inf
+    certified = (full + prior[point])[best] <= left_out
+
+    def whole_lattice() -> Array:
+        costs = jax.vmap(lambda v: window_costs(tracker, state, candidates, v))(velocities)
+        every = jnp.argmin((costs + prior[None, :]).reshape(-1)).astype(screened.dtype)
+        return jnp.where(certified, screened, every)
+
+    flat = jax.lax.cond(any_in_batch(~certified, axis_name), whole_lattice, lambda: screened)
+    return flat // num, flat % num
 
 
 def _velocity(mean: Array) -> Array:
     return mean[3:6] if mean.shape[0] == 6 else jnp.zeros(3, mean.dtype)
 
 
-def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
+def reacquire(tracker: Tracker, state: TrackState, axis_name: str | None = None) -> TrackState:
     """Re-acquire the track if one is due (:func:`needs_reacquisition`): the best point of
     the lattice around the prior (module docstring) by the window's ML cost plus the
     prior's. If the filter already sits within one lattice spacing of it, the filter's
     state is kept; otherwise the track restarts there with a position variance of
     ``spacing**2 / 12`` per axis (the lattice's quantization), the velocity that scored best
-    and no position-velocity correlation."""
+    and no position-velocity correlation. The lattice is searched by :func:`lattice_argmin`
+    (``axis_name``: the name of a ``jax.vmap`` over UEs)."""
     due = needs_reacquisition(tracker, state)
     # a pending acquisition weighs the prediction since the prior stopped resolving the
     # comb; a lost track's own prior sits on the wrong maximum and is dropped
@@ -548,9 +622,7 @@ def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
     precision = jnp.where(lost, 0.0, jnp.linalg.inv(state.prior_cov[:3, :3]))
     prior = jnp.einsum("gi,ij,gj->g", tracker.offsets, precision, tracker.offsets)
     candidates = center[None, :3] + tracker.offsets
-    costs = jax.vmap(lambda v: window_costs(tracker, state, candidates, v))(velocities)
-    flat = jnp.argmin(costs + prior[None, :])
-    which, point = flat // candidates.shape[0], flat % candidates.shape[0]
+    which, point = lattice_argmin(tracker, state, candidates, velocities, prior, axis_name)
     best, velocity = candidates[point], velocities[which]
     keep = jnp.max(jnp.abs(state.mean[:3] - best)) <= tracker.reacquire_spacing
     pos_var = tracker.reacquire_spacing**2 / 12
@@ -653,7 +725,15 @@ def _run_chunked(tracker: Tracker, state: TrackState, r: Array, valid: Array, ch
 
 def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
     batch_step = jax.vmap(partial(step, axis_name="ues"), in_axes=(None, 0, 0, 0), axis_name="ues")
-    batch_reacquire = jax.vmap(reacquire, in_axes=(None, 0))
+
+    def reacquire_one(s: TrackState) -> TrackState:
+        # one UE at a time (each scores a lattice of thousands of points, enough work to
+        # keep the machine busy), so that a UE that is not due, or whose certified screen
+        # settles it, skips the rest (a vmapped branch would run for every UE)
+        return jax.lax.cond(
+            needs_reacquisition(tracker, s), partial(reacquire, tracker), lambda s: s, s
+        )
+
     num_ues = state.mean.shape[0]
     capacity = min(tracker.reacquire_batch, num_ues)
 
@@ -661,7 +741,7 @@ def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
         # up to `capacity` due UEs per step; the others stay due and wait a step
         rows = jnp.nonzero(due, size=capacity, fill_value=num_ues)[0]
         sub = jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), s)
-        new = batch_reacquire(tracker, sub)
+        new = jax.lax.map(reacquire_one, sub)
         return jax.tree.map(lambda a, n: a.at[rows].set(n, mode="drop"), s, new)
 
     def body(s, inputs):
