@@ -326,3 +326,38 @@ def test_medoid_start_ignores_a_minority_of_wrong_maxima():
         tracking.medoid_start(jnp.zeros((4, 2)))
     with pytest.raises(ValueError, match="estimates must be finite"):
         tracking.medoid_start(jnp.asarray(est).at[0, 0].set(jnp.nan))
+
+
+def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
+    """lattice_argmin (the screen on the newest snapshots, then the whole window for the
+    lowest bounds, the whole lattice if uncertified) == the brute-force argmin, for a
+    screen that certifies and for one too small to (the fallback)."""
+    from dmimo_jax.tracking.filter import lattice_argmin, window_costs
+
+    tracker, path = walked["tracker"], walked["path"]
+    # one UE at step 12 with a buffer full of snapshots: the lattice 2 cm off its path
+    s = jax.tree.map(lambda a: a[0], walked["state"])
+    update = jax.jit(tracking.Tracker.update)
+    for t in range(12):
+        s = update(tracker, s, walked["rs"][t, 0])
+    # its newest snapshot taken half a wavelength away: alone it points elsewhere
+    far = path.positions[0, 12] + jnp.array([LAM / 2, 0.0, 0.0])
+    s = s._replace(recent_r=s.recent_r.at[-1].set(dj.wrap(MODEL.mean(far) + 0.3)))
+    candidates = path.positions[0, 12][None, :] + 0.02 + tracker.offsets
+    velocities = jnp.stack([path.velocities[0, 12], jnp.zeros(3)])
+    prior = jnp.linspace(0.0, 5.0, candidates.shape[0])
+    costs = jax.vmap(lambda v: window_costs(tracker, s, candidates, v))(velocities) + prior[None, :]
+    want = np.unravel_index(int(jnp.argmin(costs)), costs.shape)
+    bound = (
+        jax.vmap(lambda v: window_costs(tracker, s, candidates, v, 2))(velocities) + prior[None, :]
+    )
+    assert bool(jnp.all(bound <= costs))  # the newest snapshots' cost is a lower bound
+    for kw in [{}, dict(screen_snapshots=1, screen_size=1)]:
+        like = tracking.Tracker(MODEL, WALK, dt=DT, reacquire_batch=20, **kw)
+        got = jax.jit(lattice_argmin)(like, s, candidates, velocities, prior)
+        assert tuple(int(g) for g in got) == tuple(int(w) for w in want), (kw, got, want)
+    # one kept bound (the misleading newest snapshot) does not certify: the fallback ran
+    bound1 = jax.vmap(lambda v: window_costs(tracker, s, candidates, v, 1))(velocities)
+    bound1 = np.asarray(bound1 + prior[None, :]).ravel()
+    assert float(costs.ravel()[np.argmin(bound1)]) > np.sort(bound1)[1]
+    assert np.argmin(bound1) != np.ravel_multi_index(want, costs.shape)  # screen alone: wrong

@@ -554,12 +554,7 @@ def window_costs(
 
 
 def lattice_argmin(
-    tracker: Tracker,
-    state: TrackState,
-    candidates: Array,
-    velocities: Array,
-    prior: Array,
-    axis_name: str | None = None,
+    tracker: Tracker, state: TrackState, candidates: Array, velocities: Array, prior: Array
 ) -> tuple[Array, Array]:
     r"""The (velocity, candidate) pair of least window cost plus ``prior`` (G,) over
     ``candidates`` (G, 3) and ``velocities`` (V, 3): ``(which velocity, which candidate)``.
@@ -568,9 +563,8 @@ def lattice_argmin(
     newest ``tracker.screen_snapshots`` snapshots (a lower bound of its whole cost); the
     ``tracker.screen_size`` lowest bounds are scored on the whole window. If the best of
     those costs no more than the least bound left out, no pair left out can beat it and it
-    is the argmin; otherwise every pair is scored on the whole window. In a batch named
-    ``axis_name`` the whole lattice is scored (for all its UEs, each keeping its own
-    certified answer) only when some UE's screen is not certified.
+    is the argmin; otherwise (a ``lax.cond``: under ``jax.vmap`` both branches run) every
+    pair is scored on the whole window.
     """
     num = candidates.shape[0]
     bound = jax.vmap(
@@ -583,18 +577,16 @@ def lattice_argmin(
     full = jax.vmap(lambda p, v: window_costs(tracker, state, p[None], v)[0])(
         candidates[point], velocities[which]
     )
-    best = jnp.argmin(full + prior[point])
-    screened = kept[best]
-    # the least bound left out: the size-th lowest (or none when nothing was left out)
+    full = full + prior[point]
+    screened = kept[jnp.argmin(full)]
+    # the least bound left out: the size-th lowest (none when nothing was left out)
     left_out = -neg_bound[-1] if size < bound.shape[0] else jnp.inf
-    certified = (full + prior[point])[best] <= left_out
 
     def whole_lattice() -> Array:
         costs = jax.vmap(lambda v: window_costs(tracker, state, candidates, v))(velocities)
-        every = jnp.argmin((costs + prior[None, :]).reshape(-1)).astype(screened.dtype)
-        return jnp.where(certified, screened, every)
+        return jnp.argmin((costs + prior[None, :]).reshape(-1)).astype(screened.dtype)
 
-    flat = jax.lax.cond(any_in_batch(~certified, axis_name), whole_lattice, lambda: screened)
+    flat = jax.lax.cond(jnp.min(full) <= left_out, lambda: screened, whole_lattice)
     return flat // num, flat % num
 
 
@@ -602,14 +594,13 @@ def _velocity(mean: Array) -> Array:
     return mean[3:6] if mean.shape[0] == 6 else jnp.zeros(3, mean.dtype)
 
 
-def reacquire(tracker: Tracker, state: TrackState, axis_name: str | None = None) -> TrackState:
+def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
     """Re-acquire the track if one is due (:func:`needs_reacquisition`): the best point of
     the lattice around the prior (module docstring) by the window's ML cost plus the
     prior's. If the filter already sits within one lattice spacing of it, the filter's
     state is kept; otherwise the track restarts there with a position variance of
     ``spacing**2 / 12`` per axis (the lattice's quantization), the velocity that scored best
-    and no position-velocity correlation. The lattice is searched by :func:`lattice_argmin`
-    (``axis_name``: the name of a ``jax.vmap`` over UEs)."""
+    and no position-velocity correlation. The lattice is searched by :func:`lattice_argmin`."""
     due = needs_reacquisition(tracker, state)
     # a pending acquisition weighs the prediction since the prior stopped resolving the
     # comb; a lost track's own prior sits on the wrong maximum and is dropped
@@ -622,7 +613,7 @@ def reacquire(tracker: Tracker, state: TrackState, axis_name: str | None = None)
     precision = jnp.where(lost, 0.0, jnp.linalg.inv(state.prior_cov[:3, :3]))
     prior = jnp.einsum("gi,ij,gj->g", tracker.offsets, precision, tracker.offsets)
     candidates = center[None, :3] + tracker.offsets
-    which, point = lattice_argmin(tracker, state, candidates, velocities, prior, axis_name)
+    which, point = lattice_argmin(tracker, state, candidates, velocities, prior)
     best, velocity = candidates[point], velocities[which]
     keep = jnp.max(jnp.abs(state.mean[:3] - best)) <= tracker.reacquire_spacing
     pos_var = tracker.reacquire_spacing**2 / 12
