@@ -55,3 +55,35 @@ def _xla_optimized_if_marked(request):
     else:
         with xla_optimized():
             yield
+
+
+# The longest files first. xdist's `--dist loadfile` hands each worker one file at a time
+# in collection order (`--no-loadscope-reorder`; its default orders files by their number
+# of tests), so a long file started last keeps one core busy after the other is idle.
+# Seconds of one worker, `python -m pytest --durations=0` summed per file (2026-11-24):
+# a stale entry only costs balance, never a result. Files not listed run after these.
+LONGEST_FILES = (
+    "tests/test_examples.py",  # 82 s
+    "tests/test_tracking.py",  # 72 s
+    "tests/test_pipeline.py",  # 50 s
+    "tests/test_learning.py",  # 45 s
+    "tests/test_offline_online.py",  # 42 s
+    "tests/test_gp.py",  # 40 s
+    "tests/test_candidates.py",  # 38 s
+    "tests/test_calibrate.py",  # 34 s
+    "tests/test_grid.py",  # 30 s
+    "tests/test_bad_input.py",  # 26 s
+    "tests/test_calibration.py",  # 23 s
+    "tests/test_datasets.py",  # 20 s
+    "tests/test_structure.py",  # 19 s
+    "tests/test_deployment.py",  # 16 s
+    "tests/test_bounds.py",  # 15 s
+    "tests/test_design.py",  # 14 s
+    "docs/getting_started.md",  # 14 s
+    "tests/test_physics.py",  # 13 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
