@@ -58,6 +58,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--num-cells", type=int, default=16, help="candidate cells per snapshot")
     ap.add_argument("--min-mass", type=float, default=0.5, help="fallback below this mass")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--spacing-div", type=int, default=8, help="MLE grid: lambda / this")
     ap.add_argument(
         "--cache", type=pathlib.Path, default=None, help="default: the user cache directory"
     )
@@ -98,10 +99,11 @@ def main(argv=None) -> list[dict]:
     xt, rt = test_snapshots(scene, args.num_test, args.seed)
     pebs = np.asarray(dj.peb_map(xt, scene))
 
-    print("[3/4] matched MLE: lambda/8 EGS + refinement with the true analytic model")
+    div = args.spacing_div
+    print(f"[3/4] matched MLE: lambda/{div} EGS + refinement with the true analytic model")
     t0 = time.perf_counter()
-    mle = MLE(scene, float(scene.wavelength) / 8)
-    rows = [row("MLE (l/8, matched)", xt, *mle(rt), pebs, time.perf_counter() - t0)]
+    mle = MLE(scene, float(scene.wavelength) / div)
+    rows = [row(f"MLE (l/{div}, matched)", xt, *mle(rt), pebs, time.perf_counter() - t0)]
 
     print(f"[4/4] top-{args.num_cells} cells -> two-tier cell screen -> 2 tabulated GP steps")
     t0 = time.perf_counter()

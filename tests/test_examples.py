@@ -72,6 +72,7 @@ def test_quickstart_tiny(tmp_path, monkeypatch):
     """The README's main job end to end at toy sizes: offline stage, cache, online stage."""
     out = tmp_path / "q.json"
     argv = ["--num-train", "20", "--num-test", "8", "--num-samples", "2000"]
+    argv += ["--spacing-div", "4"]  # the MLE's table: lambda/8 is 3.9 M points, 7 s here
     argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "o"), "--json", str(out)]
     _run("examples/quickstart.py", argv, monkeypatch)
     rows = {r["method"].split()[0]: r for r in json.loads(out.read_text())}
