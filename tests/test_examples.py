@@ -260,6 +260,24 @@ def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.optimized
+def test_reacquisition_benchmark_quick(tmp_path, monkeypatch):
+    out = tmp_path / "reacq.json"
+    _run("benchmarks/reacquisition.py", ["--quick", "--json", str(out)], monkeypatch)
+    rows = json.loads(out.read_text())
+    assert [r["setting"] for r in rows] == [
+        "whole",
+        "screen 2/256",
+        "screen 2/64",
+        "screen 2/1024",
+        "screen 1/256",
+    ]
+    # the outage forces a re-acquisition, and the certified screen changes no track
+    assert all(r["restarts"] >= 1 and r["identical_to_whole"] for r in rows)
+    assert all(r["rmse_after_outage_m"] < 1e-3 for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.optimized
 def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "tt.json"
     argv = ["--quick", "--num-ues", "4", "--online-snapshots", "8", "--json", str(out)]
