@@ -1,5 +1,7 @@
 """Moving UEs: motion models, the tracking filter, the posterior bound (dmimo_jax.tracking)."""
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -346,18 +348,21 @@ def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
     candidates = path.positions[0, 12][None, :] + 0.02 + tracker.offsets
     velocities = jnp.stack([path.velocities[0, 12], jnp.zeros(3)])
     prior = jnp.linspace(0.0, 5.0, candidates.shape[0])
-    costs = jax.vmap(lambda v: window_costs(tracker, s, candidates, v))(velocities) + prior[None, :]
+
+    @partial(jax.jit, static_argnums=1)  # one program per number of snapshots scored
+    def lattice_costs(s, newest):
+        cost = lambda v: window_costs(tracker, s, candidates, v, newest)  # noqa: E731
+        return jax.vmap(cost)(velocities) + prior[None, :]
+
+    costs = lattice_costs(s, None)
     want = np.unravel_index(int(jnp.argmin(costs)), costs.shape)
-    bound = (
-        jax.vmap(lambda v: window_costs(tracker, s, candidates, v, 2))(velocities) + prior[None, :]
-    )
+    bound = lattice_costs(s, 2)
     assert bool(jnp.all(bound <= costs))  # the newest snapshots' cost is a lower bound
     for kw in [{}, dict(screen_snapshots=1, screen_size=1)]:
         like = tracking.Tracker(MODEL, WALK, dt=DT, reacquire_batch=20, **kw)
         got = jax.jit(lattice_argmin)(like, s, candidates, velocities, prior)
         assert tuple(int(g) for g in got) == tuple(int(w) for w in want), (kw, got, want)
     # one kept bound (the misleading newest snapshot) does not certify: the fallback ran
-    bound1 = jax.vmap(lambda v: window_costs(tracker, s, candidates, v, 1))(velocities)
-    bound1 = np.asarray(bound1 + prior[None, :]).ravel()
+    bound1 = np.asarray(lattice_costs(s, 1)).ravel()
     assert float(costs.ravel()[np.argmin(bound1)]) > np.sort(bound1)[1]
     assert np.argmin(bound1) != np.ravel_multi_index(want, costs.shape)  # screen alone: wrong
