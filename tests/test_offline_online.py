@@ -26,8 +26,9 @@ CELLS = CellsPreset(
     4000,
     cell_size=0.2,
 )
-# the cpu preset's loop with a one-block POPT: what is tested is the wiring, not the network
-TINY = Preset("tiny", POPTConfig.tiny(), TrainConfig(epochs=15, batch_size=100), 400, CELLS)
+# a one-block POPT, 3 epochs: what is tested is the wiring (training, caching, loading,
+# the locators), not the networks' accuracy (each epoch also writes an orbax checkpoint)
+TINY = Preset("tiny", POPTConfig.tiny(), TrainConfig(epochs=3, batch_size=100), 400, CELLS)
 
 
 def _labeled(num=20, seed=0, model=MODEL):
