@@ -29,8 +29,10 @@ def gp_model():
 
 @pytest.fixture(scope="module")
 def screen(gp_model):
+    # the mean-only table: what pipeline.locate builds when no screen is given (the
+    # variance table is tested in tests/test_candidates.py and tests/test_bad_input.py)
     with xla_optimized():  # tabulating: run time, not compilation
-        return gp.TabulatedGPModel.from_model(gp_model)
+        return gp.TabulatedGPModel.from_model(gp_model, variance=False)
 
 
 def _noise_free(num, seed=3):
