@@ -313,6 +313,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/deployment"))
     ap.add_argument("--json", type=pathlib.Path, default=None, help="default OUT.json")
     args = ap.parse_args(argv)
+    if args.spacing_div < 1:
+        raise ValueError(f"--spacing-div must be an integer >= 1, got {args.spacing_div}")
     if args.quick:
         args.num_test = 256
     json_path = args.json or args.out.with_suffix(".json")

@@ -65,6 +65,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/quickstart"))
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
+    if args.spacing_div < 1:
+        raise ValueError(f"--spacing-div must be an integer >= 1, got {args.spacing_div}")
     t_start = time.perf_counter()
 
     scene = dj.paper_scene(args.power_dbm, args.material)

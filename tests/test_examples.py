@@ -49,6 +49,12 @@ def test_mle_mismatch_rejects_bad_arguments(bad, tmp_path, monkeypatch):
         _run("examples/mle_mismatch.py", [*bad, "--out", str(tmp_path / "x")], monkeypatch)
 
 
+@pytest.mark.parametrize("script", ["examples/quickstart.py", "examples/deployment.py"])
+def test_mle_grid_divisor_must_be_positive(script, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="--spacing-div must be an integer >= 1, got 0"):
+        _run(script, ["--spacing-div", "0", "--out", str(tmp_path / "x")], monkeypatch)
+
+
 @pytest.mark.slow  # .ci/run runs these after the test command
 def test_gp_examples_quick(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend("examples")

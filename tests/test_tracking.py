@@ -163,8 +163,6 @@ def test_long_steps_relinearize_and_short_steps_take_chords_per_ue():
     """In a named batch, the UE whose first step is long re-linearizes (the iterated EKF's
     answer) and the one whose step is short takes a chord step (relinearize=False's),
     each as it would alone."""
-    from functools import partial
-
     from dmimo_jax.tracking.filter import correct
 
     default = tracking.Tracker(MODEL, WALK, dt=DT)  # chord_below = lambda / 100
@@ -334,7 +332,7 @@ def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
     """lattice_argmin (the screen on the newest snapshots, then the whole window for the
     lowest bounds, the whole lattice if uncertified) == the brute-force argmin, for a
     screen that certifies and for one too small to (the fallback)."""
-    from dmimo_jax.tracking.filter import lattice_argmin, window_costs
+    from dmimo_jax.tracking.filter import lattice_argmin, lattice_costs
 
     tracker, path = walked["tracker"], walked["path"]
     # one UE at step 12 with a buffer full of snapshots: the lattice 2 cm off its path
@@ -349,20 +347,17 @@ def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
     velocities = jnp.stack([path.velocities[0, 12], jnp.zeros(3)])
     prior = jnp.linspace(0.0, 5.0, candidates.shape[0])
 
-    @partial(jax.jit, static_argnums=1)  # one program per number of snapshots scored
-    def lattice_costs(s, newest):
-        cost = lambda v: window_costs(tracker, s, candidates, v, newest)  # noqa: E731
-        return jax.vmap(cost)(velocities) + prior[None, :]
-
-    costs = lattice_costs(s, None)
+    # one program per number of snapshots scored
+    brute = jax.jit(lattice_costs, static_argnums=5)
+    costs = brute(tracker, s, candidates, velocities, prior, None)
     want = np.unravel_index(int(jnp.argmin(costs)), costs.shape)
-    bound = lattice_costs(s, 2)
+    bound = brute(tracker, s, candidates, velocities, prior, 2)
     assert bool(jnp.all(bound <= costs))  # the newest snapshots' cost is a lower bound
     for kw in [{}, dict(screen_snapshots=1, screen_size=1)]:
         like = tracking.Tracker(MODEL, WALK, dt=DT, reacquire_batch=20, **kw)
         got = jax.jit(lattice_argmin)(like, s, candidates, velocities, prior)
         assert tuple(int(g) for g in got) == tuple(int(w) for w in want), (kw, got, want)
     # one kept bound (the misleading newest snapshot) does not certify: the fallback ran
-    bound1 = np.asarray(lattice_costs(s, 1)).ravel()
+    bound1 = np.asarray(brute(tracker, s, candidates, velocities, prior, 1)).ravel()
     assert float(costs.ravel()[np.argmin(bound1)]) > np.sort(bound1)[1]
     assert np.argmin(bound1) != np.ravel_multi_index(want, costs.shape)  # screen alone: wrong

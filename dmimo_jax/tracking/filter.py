@@ -553,6 +553,20 @@ def window_costs(
     return jnp.sum(jnp.where(valid[None, :], cost, 0.0), axis=-1)
 
 
+def lattice_costs(
+    tracker: Tracker,
+    state: TrackState,
+    candidates: Array,
+    velocities: Array,
+    prior: Array,
+    newest: int | None = None,
+) -> Array:
+    """(V, G) :func:`window_costs` of every candidate (G, 3) for every velocity (V, 3), plus
+    ``prior`` (G,); ``newest`` as in :func:`window_costs` (the screen's lower bounds)."""
+    cost = lambda v: window_costs(tracker, state, candidates, v, newest)  # noqa: E731
+    return jax.vmap(cost)(velocities) + prior[None, :]
+
+
 def lattice_argmin(
     tracker: Tracker, state: TrackState, candidates: Array, velocities: Array, prior: Array
 ) -> tuple[Array, Array]:
@@ -567,10 +581,8 @@ def lattice_argmin(
     pair is scored on the whole window.
     """
     num = candidates.shape[0]
-    bound = jax.vmap(
-        lambda v: window_costs(tracker, state, candidates, v, tracker.screen_snapshots)
-    )(velocities)
-    bound = (bound + prior[None, :]).reshape(-1)
+    args = (tracker, state, candidates, velocities, prior)
+    bound = lattice_costs(*args, tracker.screen_snapshots).reshape(-1)
     size = min(tracker.screen_size, bound.shape[0])
     neg_bound, kept = jax.lax.top_k(-bound, size)
     which, point = kept // num, kept % num
@@ -583,8 +595,7 @@ def lattice_argmin(
     left_out = -neg_bound[-1] if size < bound.shape[0] else jnp.inf
 
     def whole_lattice() -> Array:
-        costs = jax.vmap(lambda v: window_costs(tracker, state, candidates, v))(velocities)
-        return jnp.argmin((costs + prior[None, :]).reshape(-1)).astype(screened.dtype)
+        return jnp.argmin(lattice_costs(*args).reshape(-1)).astype(screened.dtype)
 
     flat = jax.lax.cond(jnp.min(full) <= left_out, lambda: screened, whole_lattice)
     return flat // num, flat % num
@@ -717,13 +728,14 @@ def _run_chunked(tracker: Tracker, state: TrackState, r: Array, valid: Array, ch
 def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
     batch_step = jax.vmap(partial(step, axis_name="ues"), in_axes=(None, 0, 0, 0), axis_name="ues")
 
-    def reacquire_one(s: TrackState) -> TrackState:
+    def reacquire_one(args: tuple[TrackState, Array]) -> TrackState:
         # one UE at a time (each scores a lattice of thousands of points, enough work to
         # keep the machine busy), so that a UE that is not due, or whose certified screen
-        # settles it, skips the rest (a vmapped branch would run for every UE)
-        return jax.lax.cond(
-            needs_reacquisition(tracker, s), partial(reacquire, tracker), lambda s: s, s
-        )
+        # settles it, skips the rest (a vmapped branch would run for every UE); a padding
+        # row (a copy of the last UE, dropped below) skips it too
+        s, real = args
+        due = real & needs_reacquisition(tracker, s)
+        return jax.lax.cond(due, partial(reacquire, tracker), lambda s: s, s)
 
     num_ues = state.mean.shape[0]
     capacity = min(tracker.reacquire_batch, num_ues)
@@ -732,7 +744,7 @@ def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
         # up to `capacity` due UEs per step; the others stay due and wait a step
         rows = jnp.nonzero(due, size=capacity, fill_value=num_ues)[0]
         sub = jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), s)
-        new = jax.lax.map(reacquire_one, sub)
+        new = jax.lax.map(reacquire_one, (sub, rows < num_ues))
         return jax.tree.map(lambda a, n: a.at[rows].set(n, mode="drop"), s, new)
 
     def body(s, inputs):
