@@ -9,6 +9,8 @@
   posterior of the ground's permittivity (:func:`material_posterior`).
 * :mod:`~dmimo_jax.calibration.residual`: what the calibrated physics still misses, a GP per
   AP on the residual phasors (:func:`fit_residual_field`), for measured data.
+* :mod:`~dmimo_jax.calibration.self_training`: that field relearned from unlabeled snapshots
+  in time order, pseudo-labels confirmed by their neighbours (:func:`self_train_field`).
 """
 
 from dmimo_jax.calibration.deployment import (
@@ -34,6 +36,11 @@ from dmimo_jax.calibration.residual import (
     fit_residual_field,
     residual_phasors,
 )
+from dmimo_jax.calibration.self_training import (
+    SelfTraining,
+    confirmed_by_neighbours,
+    self_train_field,
+)
 
 __all__ = [
     "CALIBRATION_STARTS",
@@ -44,6 +51,9 @@ __all__ = [
     "ResidualFieldModel",
     "fit_residual_field",
     "residual_phasors",
+    "SelfTraining",
+    "confirmed_by_neighbours",
+    "self_train_field",
     "MaterialPosterior",
     "calibrate",
     "fit_material",

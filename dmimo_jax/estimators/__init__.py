@@ -23,7 +23,9 @@ from dmimo_jax.estimators.candidates import (
 )
 from dmimo_jax.estimators.coherent import (
     CoherentResult,
+    CoherentTable,
     coherent_search,
+    coherent_table,
     expected_phasor,
     knn_locate,
 )
@@ -55,7 +57,9 @@ from dmimo_jax.estimators.window import window_covers_table, window_search
 __all__ = [
     "CandidateResult",
     "CoherentResult",
+    "CoherentTable",
     "coherent_search",
+    "coherent_table",
     "expected_phasor",
     "knn_locate",
     "CellGrid",

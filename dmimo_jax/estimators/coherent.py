@@ -29,8 +29,16 @@ from jax.typing import ArrayLike
 from dmimo_jax._checks import check_int, check_phases, check_positions
 from dmimo_jax.estimators.grid import Grid, grid_points
 from dmimo_jax.physics import PhaseModel, as_phase_model
+from dmimo_jax.pytree import pytree_dataclass
 
-__all__ = ["CoherentResult", "coherent_search", "expected_phasor", "knn_locate"]
+__all__ = [
+    "CoherentResult",
+    "CoherentTable",
+    "coherent_search",
+    "coherent_table",
+    "expected_phasor",
+    "knn_locate",
+]
 
 
 class CoherentResult(NamedTuple):
@@ -45,16 +53,70 @@ def expected_phasor(model: PhaseModel, x: ArrayLike) -> Array:
     return jnp.exp(-0.5 * model.variance(x) - 1j * model.mean(x))
 
 
+@pytree_dataclass
+class CoherentTable:
+    """The grid stage's matched filters, computed once (:func:`coherent_table`): the paper's
+    phasor table (Sec. IV-A) for the expected phasors of any model.
+
+    Attributes:
+        grid: the grid the table covers.
+        rows: (chunks, chunk_size, 2M) float32 ``[Re, Im]`` of :func:`expected_phasor` at the
+            grid points in order, padded with zero rows to whole chunks.
+    """
+
+    grid: Grid
+    rows: Array
+
+
+def coherent_table(model: PhaseModel, grid: Grid, *, chunk_size: int = 4096) -> CoherentTable:
+    """Tabulate the grid stage of :func:`coherent_search` once: for a model that is costly
+    to evaluate (e.g. a residual field on many snapshots) and many calls on one grid. The
+    table holds ``grid.size x 2M`` float32 numbers (20 MB for 60,000 points and 42 APs).
+
+    Raises:
+        ValueError: ``grid`` not a ``Grid``, bad ``chunk_size``.
+    """
+    model = as_phase_model(model)
+    _check_grid(grid)
+    check_int("chunk_size", chunk_size, minimum=1)
+    return _tabulate(model, grid, min(chunk_size, grid.size))
+
+
+@partial(jax.jit, static_argnames=("chunk_size",))
+def _tabulate(model, grid: Grid, chunk_size: int) -> CoherentTable:
+    def chunk(c):
+        return _rows(model, grid, c * chunk_size + jnp.arange(chunk_size))
+
+    num_chunks = -(-grid.size // chunk_size)
+    return CoherentTable(grid, jax.lax.map(chunk, jnp.arange(num_chunks)))
+
+
+def _rows(model, grid: Grid, idx: Array) -> Array:
+    """(chunk, 2M) float32 [Re, Im] matched filters at grid indices ``idx`` (0 beyond)."""
+    idx = idx.astype(jnp.int32)
+    pts = grid_points(grid, jnp.minimum(idx, grid.size - 1))
+    rows = jax.vmap(partial(expected_phasor, model))(pts)  # (chunk, M)
+    rows = jnp.where((idx < grid.size)[:, None], rows, 0.0)
+    return jnp.concatenate([rows.real, rows.imag], axis=1).astype(jnp.float32)
+
+
+def _check_grid(grid) -> None:
+    if not isinstance(grid, Grid):
+        raise ValueError(f"grid must be a Grid (make_grid), got {type(grid).__name__}")
+
+
 def _snapshots(r: Array, amplitudes: Array | None) -> Array:
     w = jnp.ones_like(r) if amplitudes is None else amplitudes
     return (w * jnp.exp(1j * r)) / jnp.sum(w, axis=1, keepdims=True)
 
 
 @partial(jax.jit, static_argnames=("chunk_size",))
-def _grid_argmax(model, grid: Grid, e: Array, chunk_size: int) -> tuple[Array, Array]:
+def _grid_argmax(model, grid: Grid, e: Array, chunk_size: int, table=None) -> tuple[Array, Array]:
     """Best grid cell per snapshot, scored in float32 like the paper's phasor table (the
     float64 local stage re-scores around the winner): one real (chunk, 2M) x (2M, 2N)
-    product per chunk, [Re t, Im t] @ [[Re e, Im e], [-Im e, Re e]] = [Re te, Im te]."""
+    product per chunk, [Re t, Im t] @ [[Re e, Im e], [-Im e, Re e]] = [Re te, Im te]. The
+    rows come from ``table`` (a :class:`CoherentTable` of ``chunk_size`` rows per chunk) when
+    given, else from ``model``."""
     num_chunks = -(-grid.size // chunk_size)
     n = e.shape[0]
     b = jnp.block([[e.real.T, e.imag.T], [-e.imag.T, e.real.T]]).astype(jnp.float32)
@@ -62,9 +124,7 @@ def _grid_argmax(model, grid: Grid, e: Array, chunk_size: int) -> tuple[Array, A
     def body(carry, c):
         best, arg = carry
         idx = (c * chunk_size + jnp.arange(chunk_size)).astype(jnp.int32)
-        pts = grid_points(grid, jnp.minimum(idx, grid.size - 1))
-        rows = jax.vmap(partial(expected_phasor, model))(pts)  # (chunk, M)
-        a = jnp.concatenate([rows.real, rows.imag], axis=1).astype(jnp.float32)
+        a = _rows(model, grid, idx) if table is None else table.rows[c]
         p = a @ b  # (chunk, 2N)
         s = p[:, :n] ** 2 + p[:, n:] ** 2
         s = jnp.where((idx < grid.size)[:, None], s, -1.0)
@@ -104,6 +164,7 @@ def coherent_search(
     *,
     refine_steps: int = 11,
     chunk_size: int = 4096,
+    table: CoherentTable | None = None,
 ) -> CoherentResult:
     r"""Maximize the coherent score (module docstring) over ``grid``, then locally.
 
@@ -120,7 +181,10 @@ def coherent_search(
         r: (N, M) or (M,) wrapped phases.
         amplitudes: optional (N, M) or (M,) non-negative measured amplitudes (weights).
         refine_steps: points per axis of the local stage (1: no local stage).
-        chunk_size: grid points per matrix product.
+        chunk_size: grid points per matrix product (ignored with ``table``).
+        table: the grid stage tabulated beforehand (:func:`coherent_table` of ``model`` on
+            ``grid``): the same positions, without evaluating the model at every grid point
+            in every call.
 
     Returns:
         :class:`CoherentResult` (N, 3) positions and the coherence in [0, 1].
@@ -130,8 +194,7 @@ def coherent_search(
             bad ``refine_steps``/``chunk_size``.
     """
     model = as_phase_model(model)
-    if not isinstance(grid, Grid):
-        raise ValueError(f"grid must be a Grid (make_grid), got {type(grid).__name__}")
+    _check_grid(grid)
     check_phases("r", r, model.num_aps)
     check_int("refine_steps", refine_steps, minimum=1)
     check_int("chunk_size", chunk_size, minimum=1)
@@ -145,12 +208,32 @@ def coherent_search(
             raise ValueError("amplitudes must be finite, >= 0 and not all zero in a snapshot")
         a = jnp.asarray(a_np, r.dtype)
     e = _snapshots(r, a)
-    arg, score = _grid_argmax(model, grid, e, min(chunk_size, grid.size))
+    if table is None:
+        arg, score = _grid_argmax(model, grid, e, min(chunk_size, grid.size))
+    else:
+        _check_table(table, grid, model.num_aps)
+        arg, score = _grid_argmax(None, grid, e, table.rows.shape[1], table)
     x = grid_points(grid, arg)
     if refine_steps > 1:
         offsets = jnp.asarray(local_offsets(grid, refine_steps), x.dtype)
         x, score = _local_refine(model, x, e, offsets)
     return CoherentResult(x, score)
+
+
+def _check_table(table, grid: Grid, num_aps: int) -> None:
+    if not isinstance(table, CoherentTable):
+        raise ValueError(f"table must be a CoherentTable (coherent_table), got {type(table)}")
+    t = table.grid
+    same = (
+        t.shape == grid.shape
+        and np.allclose(np.asarray(t.low), np.asarray(grid.low))
+        and float(t.spacing) == float(grid.spacing)
+    )
+    if not same or table.rows.shape[2] != 2 * num_aps:
+        raise ValueError(
+            "table must be coherent_table(model, grid) of this grid and model's "
+            f"{num_aps} APs, got a table of grid {t.shape} and {table.rows.shape[2] // 2} APs"
+        )
 
 
 def knn_locate(x_labeled: ArrayLike, r_labeled: ArrayLike, r: ArrayLike, *, k: int = 1) -> Array:
