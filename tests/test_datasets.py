@@ -295,6 +295,19 @@ def test_residual_field_learns_a_smooth_perturbation(tmp_path):
     extra = np.asarray(fitted.variance(far) - model.variance(far))
     np.testing.assert_allclose(extra, -2 * np.log(prior), rtol=1e-6)
     assert np.all(extra > 0.4)
+    # a mask conditions on a subset at a fixed shape: the same field as the subset's
+    mask = np.arange(100) % 3 != 0
+    masked = fit_residual_field(model, d.positions[train], r[train], mask=mask)
+    subset = fit_residual_field(model, d.positions[train][mask], r[train][mask])
+    np.testing.assert_allclose(
+        jax.vmap(masked.phasor)(d.positions[test]),
+        jax.vmap(subset.phasor)(d.positions[test]),
+        atol=1e-9,
+    )
+    with pytest.raises(ValueError, match="mask"):
+        fit_residual_field(model, d.positions[train], r[train], mask=mask[:50])
+    with pytest.raises(ValueError, match="mask"):
+        fit_residual_field(model, d.positions[:5], r[:5], mask=np.array([1, 0, 0, 0, 0], bool))
     with pytest.raises(ValueError, match="length_scale"):
         fit_residual_field(model, d.positions[train], r[train], length_scale=-1.0)
     with pytest.raises(ValueError, match="same L"):

@@ -52,6 +52,8 @@ __all__ = [
 RESIDUAL_LENGTH_SCALE = 0.25
 RESIDUAL_NOISE = 1.0
 _MAX_VARIANCE = np.pi**2 / 3  # a uniform phase: the model knows nothing there
+# the noise variance of a masked-out snapshot: its weight in the posterior mean is ~1e-12
+_OFF_NOISE = 1e12
 
 
 def residual_phasors(model: PhaseModel, x: ArrayLike, r: ArrayLike) -> Array:
@@ -73,15 +75,17 @@ def _matern(length_scale: ArrayLike) -> kernels.Kernel:
     return kernels.Matern32(scale=length_scale, distance=kernels.distance.L2Distance())
 
 
-def _condition(model: PhaseModel, x: Array, r: Array, length_scale, noise):
-    """(2M, L) alphas and (2M,) prior means of the per-AP residual GPs, unchecked."""
+def _condition(model: PhaseModel, x: Array, r: Array, length_scale, noise, mask: Array):
+    """(2M, L) alphas and (2M,) prior means of the per-AP residual GPs, unchecked; the
+    snapshots where ``mask`` is False carry a noise of ``_OFF_NOISE`` (no weight)."""
     z = _residual_phasors(model, x, r)
     y = jnp.concatenate([z.real, z.imag], axis=1).T  # (2M, L)
-    prior = jnp.mean(y, axis=1)
+    prior = jnp.sum(jnp.where(mask, y, 0.0), axis=1) / jnp.sum(mask)
     kernel = _matern(length_scale)
+    diag = jnp.where(mask, noise, _OFF_NOISE)
 
     def alpha(col: Array, mean: Array) -> Array:
-        gp = GaussianProcess(kernel, x, diag=noise, mean=mean)
+        gp = GaussianProcess(kernel, x, diag=diag, mean=mean)
         return gp.condition(col).gp.mean_function.alpha
 
     return jax.vmap(alpha)(y, prior), prior
@@ -143,6 +147,7 @@ def fit_residual_field(
     *,
     length_scale: float = RESIDUAL_LENGTH_SCALE,
     noise: float = RESIDUAL_NOISE,
+    mask: ArrayLike | None = None,
 ) -> ResidualFieldModel:
     """Condition the per-AP residual-phasor GPs on L labeled snapshots (module docstring).
 
@@ -152,10 +157,13 @@ def fit_residual_field(
         r: (L, M) their wrapped phases.
         length_scale: Matern-3/2 length scale, m.
         noise: the GP's noise variance (per real/imaginary part of a unit phasor).
+        mask: optional (L,) bool, the snapshots to condition on; the others are carried
+            with a noise variance of 1e12 (a weight of ~1e-12 in the mean), so repeated
+            fits on changing subsets keep one shape and compile once.
 
     Raises:
-        ValueError: bad shapes, non-finite values, fewer than 2 snapshots, non-positive
-            ``length_scale`` or ``noise``.
+        ValueError: bad shapes, non-finite values, fewer than 2 snapshots (in ``mask``),
+            non-positive ``length_scale`` or ``noise``.
     """
     model = as_phase_model(model)
     check_positions("x", x, batched=True)
@@ -168,5 +176,13 @@ def fit_residual_field(
         )
     check_scalar("length_scale", length_scale, positive=True)
     check_scalar("noise", noise, positive=True)
-    alpha, prior = _conditioned(model, x, r, float(length_scale), float(noise))
+    if mask is None:
+        mask = np.ones(x.shape[0], bool)
+    mask = np.asarray(mask)
+    if mask.shape != (x.shape[0],) or mask.dtype != bool or mask.sum() < 2:
+        raise ValueError(
+            f"mask must be ({x.shape[0]},) bool with at least 2 True, got {mask.shape} "
+            f"{mask.dtype} with {int(np.sum(mask))} True"
+        )
+    alpha, prior = _conditioned(model, x, r, float(length_scale), float(noise), mask)
     return ResidualFieldModel(model, _matern(length_scale), x, alpha, prior)

@@ -148,7 +148,18 @@ def self_train_field(
     _check_times(time_index, r_unlabeled.shape[0])
     check_int("rounds", rounds, minimum=1)
     x, r = np.asarray(x, float), np.asarray(r, float)
-    field = fit_residual_field(model, x, r, length_scale=length_scale, noise=noise)
+    settings = {"length_scale": length_scale, "noise": noise}
+    labels = np.r_[np.ones(len(x), bool), np.zeros(len(r_unlabeled), bool)]
+    r_all = np.concatenate([r, r_unlabeled])
+    # every round's field holds all L + N snapshots, the unconfirmed masked out: one shape,
+    # so the fit and the search compile once, not once per round
+    field = fit_residual_field(
+        model,
+        np.concatenate([x, np.repeat(x[:1], len(r_unlabeled), 0)]),
+        r_all,
+        mask=labels,
+        **settings,
+    )
     counts = []
     for _ in tqdm(range(rounds), desc="self-training", disable=not progress):
         xe = np.asarray(coherent_search(field, grid, r_unlabeled, amplitudes).x)
@@ -161,13 +172,14 @@ def self_train_field(
             max_coherence=max_coherence,
         )
         counts.append(int(keep.sum()))
+        x_all = np.concatenate([x, xe])
         field = fit_residual_field(
-            model,
-            np.concatenate([x, xe[keep]]),
-            np.concatenate([r, r_unlabeled[keep]]),
-            length_scale=length_scale,
-            noise=noise,
+            model, x_all, r_all, mask=np.r_[labels[: len(x)], keep], **settings
         )
+    # the result holds the conditioned snapshots only
+    field = fit_residual_field(
+        model, np.concatenate([x, xe[keep]]), np.concatenate([r, r_unlabeled[keep]]), **settings
+    )
     return SelfTraining(jax.block_until_ready(field), xe, keep, np.asarray(counts))
 
 
