@@ -74,7 +74,7 @@ LONGEST_FILES = (
     "tests/test_grid.py",  # 30 s
     "tests/test_bad_input.py",  # 26 s
     "tests/test_calibration.py",  # 23 s
-    "tests/test_datasets.py",  # 20 s
+    "tests/test_datasets.py",  # 23 s
     "tests/test_structure.py",  # 19 s
     "tests/test_deployment.py",  # 16 s
     "tests/test_bounds.py",  # 15 s
