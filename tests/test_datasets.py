@@ -238,6 +238,8 @@ def test_coherent_search_and_knn(tmp_path):
         coherent_search(model, other, r[:2], table=table)
     with pytest.raises(ValueError, match="table must be"):
         coherent_search(model, grid, r[:2], table=table.rows)
+    with pytest.raises(ValueError, match="of this model"):
+        coherent_search(los, grid, r[:2], table=table)  # the offsets differ
     with pytest.raises(ValueError, match="grid"):
         coherent_table(model, "grid")
     # a wrong offset model misses by far

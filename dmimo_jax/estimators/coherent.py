@@ -55,8 +55,9 @@ def expected_phasor(model: PhaseModel, x: ArrayLike) -> Array:
 
 @pytree_dataclass
 class CoherentTable:
-    """The grid stage's matched filters, computed once (:func:`coherent_table`): the paper's
-    phasor table (Sec. IV-A) for the expected phasors of any model.
+    """The grid stage's matched filters, computed once (:func:`coherent_table`): the EGS
+    phasor table (:class:`~dmimo_jax.estimators.PhasorTable`, Sec. II-D) for the expected
+    phasors of any model.
 
     Attributes:
         grid: the grid the table covers.
@@ -211,7 +212,7 @@ def coherent_search(
     if table is None:
         arg, score = _grid_argmax(model, grid, e, min(chunk_size, grid.size))
     else:
-        _check_table(table, grid, model.num_aps)
+        _check_table(table, grid, model)
         arg, score = _grid_argmax(None, grid, e, table.rows.shape[1], table)
     x = grid_points(grid, arg)
     if refine_steps > 1:
@@ -220,7 +221,8 @@ def coherent_search(
     return CoherentResult(x, score)
 
 
-def _check_table(table, grid: Grid, num_aps: int) -> None:
+def _check_table(table, grid: Grid, model: PhaseModel) -> None:
+    num_aps = model.num_aps
     if not isinstance(table, CoherentTable):
         raise ValueError(f"table must be a CoherentTable (coherent_table), got {type(table)}")
     t = table.grid
@@ -234,6 +236,10 @@ def _check_table(table, grid: Grid, num_aps: int) -> None:
             "table must be coherent_table(model, grid) of this grid and model's "
             f"{num_aps} APs, got a table of grid {t.shape} and {table.rows.shape[2] // 2} APs"
         )
+    # a table of another model on the same grid: its first row disagrees (float32 rows)
+    first = _rows(model, grid, jnp.zeros(1, jnp.int32))[0]
+    if not np.allclose(np.asarray(first), np.asarray(table.rows[0, 0]), atol=1e-5):
+        raise ValueError("table must be coherent_table(model, grid) of this model: its rows differ")
 
 
 def knn_locate(x_labeled: ArrayLike, r_labeled: ArrayLike, r: ArrayLike, *, k: int = 1) -> Array:
