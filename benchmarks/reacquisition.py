@@ -38,6 +38,7 @@ import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import tracking  # noqa: E402
 
 DT = 0.01
+WINDOW = 10
 SETTINGS = ((None, 1), (2, 256), (2, 64), (2, 1024), (1, 256))  # None: the window
 
 
@@ -80,13 +81,12 @@ def main(argv=None) -> list[dict]:
         truth = np.swapaxes(np.asarray(path.positions[:, 1:]), 0, 1)
         reference = None
         for snapshots, size in SETTINGS:
-            window = 10
             tracker = tracking.Tracker(
                 dj.TwoRayModel(scene),
                 motion,
                 dt=DT,
-                window=window,
-                screen_snapshots=window if snapshots is None else snapshots,
+                window=WINDOW,
+                screen_snapshots=WINDOW if snapshots is None else snapshots,
                 screen_size=size,
             )
             state = jax.vmap(lambda x, t=tracker: t.init(x, position_std=0.04))(
@@ -98,6 +98,7 @@ def main(argv=None) -> list[dict]:
             position = np.asarray(out.position)
             if reference is None:
                 reference = position
+            same = bool(np.array_equal(position, reference))
             err = np.linalg.norm(position[after:] - truth[after:], axis=-1)
             rows.append(
                 dict(
@@ -108,8 +109,8 @@ def main(argv=None) -> list[dict]:
                     first_call_s=first,
                     restarts=int(np.asarray(out.reacquired).sum()),
                     rmse_after_outage_m=float(np.sqrt(np.mean(err**2))),
-                    identical_to_whole=bool(np.array_equal(position, reference)),
-                    same_tracks="yes" if np.array_equal(position, reference) else "no",
+                    identical_to_whole=same,
+                    same_tracks="yes" if same else "no",
                     device=device_name(),
                     **summarize(times),
                 )

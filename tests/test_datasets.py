@@ -260,16 +260,17 @@ def test_coherent_search_and_knn(tmp_path):
         knn_locate(x[:5], r[:4], r[10])
 
 
+def _smooth_field(x):
+    """(N, M) a smooth per-AP phase perturbation the LoS model lacks: 1.2 rad, ~0.5 m period."""
+    k = np.array([[np.cos(a), np.sin(a)] for a in np.linspace(0, np.pi, len(TILES))]) * 12.0
+    return 1.2 * np.sin(x[:, :2] @ k.T + np.arange(len(TILES)))
+
+
 def test_residual_field_learns_a_smooth_perturbation(tmp_path):
     """A smooth per-AP phase field the LoS model lacks: the field recovers it between labels."""
     d, truth, los = _labeled(tmp_path)
     model = ImageSourceModel(los.scene.replace(ap_phase_offsets=truth["offsets"]), [])
-    k = np.array([[np.cos(a), np.sin(a)] for a in np.linspace(0, np.pi, len(TILES))]) * 12.0
-
-    def field(x):
-        return 1.2 * np.sin(x[:, :2] @ k.T + np.arange(len(TILES)))  # (N, M), ~0.5 m period
-
-    r = np.angle(np.exp(1j * (d.phases + field(d.positions))))
+    r = np.angle(np.exp(1j * (d.phases + _smooth_field(d.positions))))
     train, test = slice(0, 100), slice(100, None)
     fitted = fit_residual_field(model, d.positions[train], r[train], length_scale=0.15, noise=0.01)
 
@@ -346,9 +347,8 @@ def test_self_training_finds_the_lobes_the_labels_miss(tmp_path):
     i, j = np.meshgrid(np.arange(13), np.arange(13), indexing="ij")
     j = np.where(i % 2 == 1, 12 - j, j)  # boustrophedon: consecutive snapshots 5 cm apart
     x = np.c_[4.0 + 0.05 * i.ravel(), 1.6 + 0.05 * j.ravel(), np.full(169, 0.74)]
-    k = np.array([[np.cos(a), np.sin(a)] for a in np.linspace(0, np.pi, len(TILES))]) * 12.0
     rng = np.random.default_rng(0)
-    phase = np.asarray(jax.vmap(model.mean)(x)) + 1.2 * np.sin(x[:, :2] @ k.T + np.arange(8))
+    phase = np.asarray(jax.vmap(model.mean)(x)) + _smooth_field(x)
     phase += 0.1 * rng.standard_normal(phase.shape) + rng.uniform(-np.pi, np.pi, (169, 1))
     r = np.angle(np.exp(1j * phase))
     lab = np.sort(rng.permutation(169)[:12])

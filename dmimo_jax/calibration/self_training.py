@@ -88,17 +88,26 @@ def confirmed_by_neighbours(
         ValueError: shapes that disagree, non-finite values, ``time_index`` not strictly
             increasing integers, settings out of range.
     """
-    x = np.asarray(x, float)
+    x, r = np.asarray(x, float), np.asarray(r, float)
     check_positions("x", x, batched=True)
-    r = np.asarray(r, float)
-    if r.ndim != 2 or r.shape[0] != x.shape[0] or not np.all(np.isfinite(r)):
-        raise ValueError(f"r must be finite (N, M) phases with N = {x.shape[0]}, got {r.shape}")
+    check_phases("r", r, r.shape[-1] if r.ndim else 0, batched=True)
+    if r.shape[0] != x.shape[0]:
+        raise ValueError(f"r must hold the N = {x.shape[0]} snapshots of x, got {r.shape[0]}")
     t = _check_times(time_index, x.shape[0])
+    _check_neighbour_settings(max_step, max_gap, max_coherence)
+    return _confirmed(x, r, t, max_step, max_gap, max_coherence)
+
+
+def _check_neighbour_settings(max_step, max_gap, max_coherence) -> None:
     check_scalar("max_step", max_step, positive=True)
     check_int("max_gap", max_gap, minimum=1)
     check_scalar("max_coherence", max_coherence, positive=True)
     if max_coherence > 1:
         raise ValueError(f"max_coherence must be in (0, 1], got {max_coherence}")
+
+
+def _confirmed(x, r, t, max_step, max_gap, max_coherence) -> np.ndarray:
+    """:func:`confirmed_by_neighbours` without its checks."""
     step = np.linalg.norm(np.diff(x[:, :2], axis=0), axis=1)
     coherence = np.abs(np.mean(np.exp(1j * (r[1:] - r[:-1])), axis=1))
     good = (np.diff(t) <= max_gap) & (step < max_step) & (coherence <= max_coherence)
@@ -145,38 +154,25 @@ def self_train_field(
     model = as_phase_model(model)
     check_phases("r_unlabeled", r_unlabeled, model.num_aps, batched=True)
     r_unlabeled = np.asarray(r_unlabeled, float)
-    _check_times(time_index, r_unlabeled.shape[0])
+    t = _check_times(time_index, r_unlabeled.shape[0])
     check_int("rounds", rounds, minimum=1)
+    _check_neighbour_settings(max_step, max_gap, max_coherence)
     x, r = np.asarray(x, float), np.asarray(r, float)
     settings = {"length_scale": length_scale, "noise": noise}
-    labels = np.r_[np.ones(len(x), bool), np.zeros(len(r_unlabeled), bool)]
+    labels = np.ones(len(x), bool)
     r_all = np.concatenate([r, r_unlabeled])
     # every round's field holds all L + N snapshots, the unconfirmed masked out: one shape,
     # so the fit and the search compile once, not once per round
-    field = fit_residual_field(
-        model,
-        np.concatenate([x, np.repeat(x[:1], len(r_unlabeled), 0)]),
-        r_all,
-        mask=labels,
-        **settings,
-    )
+    x_all = np.concatenate([x, np.repeat(x[:1], len(r_unlabeled), 0)])
+    keep = np.zeros(len(r_unlabeled), bool)
     counts = []
     for _ in tqdm(range(rounds), desc="self-training", disable=not progress):
+        field = fit_residual_field(model, x_all, r_all, mask=np.r_[labels, keep], **settings)
         xe = np.asarray(coherent_search(field, grid, r_unlabeled, amplitudes).x)
-        keep = confirmed_by_neighbours(
-            xe,
-            r_unlabeled,
-            time_index,
-            max_step=max_step,
-            max_gap=max_gap,
-            max_coherence=max_coherence,
-        )
+        keep = _confirmed(xe, r_unlabeled, t, max_step, max_gap, max_coherence)
         counts.append(int(keep.sum()))
         x_all = np.concatenate([x, xe])
-        field = fit_residual_field(
-            model, x_all, r_all, mask=np.r_[labels[: len(x)], keep], **settings
-        )
-    # the result holds the conditioned snapshots only
+    # the last round's field, holding the conditioned snapshots only
     field = fit_residual_field(
         model, np.concatenate([x, xe[keep]]), np.concatenate([r, r_unlabeled[keep]]), **settings
     )
