@@ -79,6 +79,37 @@ def test_candidate_search_bad_input(small_table):
         est.candidate_search(jnp.full((2, 17), jnp.nan), MODEL, small_table, jnp.zeros((2, 4), int))
 
 
+def test_cell_major_screen_picks_the_starts_of_the_snapshot_major_one():
+    from dmimo_jax.estimators import candidates
+
+    scene = _tiny_scene()
+    model = dj.TwoRayModel(scene)
+    table = est.cell_table(model, est.cell_grid(scene, 0.2))  # 8 cells of 125 points
+    x = dj.sample_positions(jax.random.key(4), 300, scene)
+    r = dj.simulate_phases_batch(jax.random.key(5), model, x, jnp.zeros(300))
+    rng = np.random.default_rng(1)
+    cells = np.stack([rng.permutation(8)[:3] for _ in range(300)])
+    cells[:40, 0] = 7  # one cell named more often than the others
+    groups = candidates.cell_groups(cells, 8)
+    members = np.asarray(groups.members)
+    assert members.shape[1] == 16 and np.all(np.asarray(groups.cell)[: len(members)] < 8)
+    # every pair sits in an item of its cell, in a lane that names its snapshot
+    item, lane = np.asarray(groups.item), np.asarray(groups.lane)
+    np.testing.assert_array_equal(np.asarray(groups.cell)[item], cells)
+    np.testing.assert_array_equal(members[item, lane], np.arange(300)[:, None].repeat(3, 1))
+    assert (members < 300).sum() == cells.size  # each pair once, the other lanes empty
+    by_snapshot = jax.jit(candidates.starts_by_snapshot, static_argnums=(3, 4))
+    by_cell = jax.jit(candidates.starts_by_cell, static_argnums=(3,))
+    for k in (4, 130):  # 130 > the 125 points of a cell
+        np.testing.assert_array_equal(
+            by_cell(r, table, jnp.asarray(cells), k, groups),
+            by_snapshot(r, table, jnp.asarray(cells), k, 8),
+        )
+    # a single snapshot, or one candidate each for a few: gathering is cheaper
+    assert candidates.cell_groups(cells[:1], 8) is None
+    assert candidates.cell_groups(cells[:2, :1], 8) is None
+
+
 def _tiny_scene():
     """A 0.4 m cube of UE positions: 8 cells of 0.2 m."""
     return SCENE.replace(ue_low=jnp.array([5.0, 5.0, 1.5]), ue_high=jnp.array([5.4, 5.4, 1.9]))

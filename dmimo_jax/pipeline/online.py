@@ -35,7 +35,11 @@ from dmimo_jax.estimators import (
     window_covers_table,
     window_search,
 )
-from dmimo_jax.estimators.candidates import candidate_search_unchecked
+from dmimo_jax.estimators.candidates import (
+    bucket_size,
+    candidate_search_unchecked,
+    cell_groups,
+)
 from dmimo_jax.estimators.mle import check_num_steps, refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.physics import PhaseModel
@@ -162,13 +166,6 @@ def _cell_probabilities(classifier: nnx.Module, r: Array, k: int) -> tuple[Array
 @partial(jax.jit, static_argnums=(0, 3))
 def _top_cells(graphdef: Any, state: Any, r: Array, k: int) -> tuple[Array, Array]:
     return nnx.merge(graphdef, state).top_cells(r, k)
-
-
-def bucket_size(n: int) -> int:
-    """The padded size of a part of n rows: n rounded up to a multiple of 2^(b - 3), b the
-    bit length of n (at most 4 sizes per octave, under 25% padding)."""
-    q = 1 << max(int(n).bit_length() - 3, 0)
-    return -(-int(n) // q) * q
 
 
 def bucketed(fn: Any, rows: np.ndarray, *arrays: Array) -> Array:
@@ -331,10 +328,15 @@ def _screen_candidates(
     xs = jnp.zeros((r.shape[0], 3), r64.dtype)
     cells = cells.astype(jnp.int32)
 
-    def search(k):
-        return lambda ri, ci: (
-            candidate_search_unchecked(ri, screen, table, ci[:, :k], num_starts, screen_steps, 8).x
-        )
+    def search(k):  # grouped cell by cell when that pays (estimators.cell_groups)
+        def run(ri, ci):
+            ci = ci[:, :k]
+            groups = cell_groups(ci, table.cells.num_cells)
+            return candidate_search_unchecked(
+                ri, screen, table, ci, num_starts, screen_steps, 8, groups
+            ).x
+
+        return run
 
     tiers = (
         (np.flatnonzero(narrow), first_cells),
