@@ -40,7 +40,7 @@ from dmimo_jax import estimators as est  # noqa: E402
 
 FINE_STEPS_EXACT = 15  # the paper pipeline's refinement with the exact GP model
 CHEAP_FINE_STEPS = 2  # exact steps after the tabulated-model refinement
-TABLE_FINE_STEPS = 2  # steps under the tabulated eq. (27) model (the learned stage's default)
+TABLE_FINE_STEPS = 3  # steps under the tabulated eq. (27) model (the learned stage's default)
 
 
 def timed(fn):
@@ -111,7 +111,13 @@ def build_methods(off, scene, args, mle_model=None):
             ]
         for fine_name, fine, steps in fines:
             loc = pipeline.locator(
-                off, "cells", num_cells=k, min_mass=args.min_mass, fine=fine, fine_steps=steps
+                off,
+                "cells",
+                num_cells=k,
+                min_mass=args.min_mass,
+                fine=fine,
+                fine_steps=steps,
+                screen_steps=args.screen_steps,
             )
             unsure_too = dataclasses.replace(loc, min_mass=0.0)  # the screen without fallback
             last = {}  # the cost gate's recoveries of the latest run (they count as fallbacks)
@@ -189,6 +195,9 @@ def main(argv=None) -> list[dict]:
     )
     ap.add_argument("--num-cells", type=int, default=16)
     ap.add_argument("--min-mass", type=float, default=0.5)
+    ap.add_argument(
+        "--screen-steps", type=int, default=None, help="LM steps of each cell-screen start"
+    )
     ap.add_argument(
         "--cache", type=pathlib.Path, default=None, help="default: the user cache directory"
     )

@@ -183,7 +183,7 @@ class Candidates:
     ``stats``.
     """
 
-    def __init__(self, offline, *, num_cells=16, min_mass=0.5, fine_steps=2):
+    def __init__(self, offline, *, num_cells=16, min_mass=0.5, fine_steps=None):
         self.loc = pipeline.locator(
             offline, "cells", num_cells=num_cells, min_mass=min_mass, fine_steps=fine_steps
         )

@@ -107,7 +107,7 @@ def gp_pipeline(x_l, r_l, nv_l, scene, r):
 
 
 def learned(model, x_l, r_l, nv_l, x, r, args):
-    """The learned online stage trained on ``model`` (no GP): cells -> screen -> 2 steps ->
+    """The learned online stage trained on ``model`` (no GP): cells -> screen -> 3 steps ->
     the cost gate (an answer far above chi-square is re-screened over the whole region)."""
     cells = get_preset(args.preset).cells
     if args.num_samples is not None:  # a smaller synthetic set (and minibatch) for smoke runs
@@ -377,12 +377,12 @@ def main(argv=None) -> dict:
                 table_s=t_table,
             )
         )
-    # the learned online stage under the last calibrated model: cells -> screen -> 2 steps
+    # the learned online stage under the last calibrated model: cells -> screen -> 3 steps
     fine_learned, t, extra = learned(cal.model, x_l, r_l, nv_l, x, r, args)
     agree = np.linalg.norm(fine_learned - fine, axis=1) < 1e-3  # vs the calibrated room's MLE
     rows.append(
         score(
-            f"{name} calibrated + learned cells -> screen -> 2 steps -> gate",
+            f"{name} calibrated + learned cells -> screen -> 3 steps -> gate",
             x,
             fine_learned,
             t,

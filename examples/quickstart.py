@@ -5,7 +5,7 @@ Offline: L labeled snapshots of the true two-ray channel -> the shared GP phase 
 coarse stage (a cell classifier over the 1 m cells of the UE region, beyond the paper;
 ``quick`` preset, cached: a second run loads it). Online, on random test snapshots: the
 16 most likely cells -> a two-tier screen of those cells (the first 4 when they hold
-99.9% of the probability) -> two refinement steps under the tabulated GP model of
+99.9% of the probability) -> three refinement steps under the tabulated GP model of
 eq. (27) (no kernel evaluation online), next to the matched MLE (lambda/8 EGS +
 refinement with the true analytic model) and the PEB. The paper's POPT (MAE regression) is in
 ``benchmarks/online_latency.py`` and ``examples/paper/``.
@@ -107,7 +107,7 @@ def main(argv=None) -> list[dict]:
     mle = MLE(scene, float(scene.wavelength) / div)
     rows = [row(f"MLE (l/{div}, matched)", xt, *mle(rt), pebs, time.perf_counter() - t0)]
 
-    print(f"[4/4] top-{args.num_cells} cells -> two-tier cell screen -> 2 tabulated GP steps")
+    print(f"[4/4] top-{args.num_cells} cells -> two-tier cell screen -> 3 tabulated GP steps")
     t0 = time.perf_counter()
     learned = Candidates(off, num_cells=args.num_cells, min_mass=args.min_mass)
     rows.append(

@@ -101,13 +101,40 @@ def test_cell_major_screen_picks_the_starts_of_the_snapshot_major_one():
     by_snapshot = jax.jit(candidates.starts_by_snapshot, static_argnums=(3, 4))
     by_cell = jax.jit(candidates.starts_by_cell, static_argnums=(3,))
     for k in (4, 130):  # 130 > the 125 points of a cell
-        np.testing.assert_array_equal(
+        np.testing.assert_allclose(  # the same points; sub-grid shifts to float32 rounding
             by_cell(r, table, jnp.asarray(cells), k, groups),
             by_snapshot(r, table, jnp.asarray(cells), k, 8),
+            rtol=0,
+            atol=1e-5,  # 1e-4 of a spacing: one point in 1e5 moves 1.5 um
         )
     # a single snapshot, or one candidate each for a few: gathering is cheaper
     assert candidates.cell_groups(cells[:1], 8) is None
     assert candidates.cell_groups(cells[:2, :1], 8) is None
+
+
+def test_subgrid_shift_finds_the_peak_of_a_parabola():
+    from dmimo_jax.estimators import candidates
+
+    scene = _tiny_scene()
+    table = est.cell_table(dj.TwoRayModel(scene), est.cell_grid(scene, 0.2))
+    spacing = float(table.offsets[1, 2] - table.offsets[0, 2])
+    peaks = np.array(
+        [
+            [0.10, 0.13, 0.04],  # inside the cell's grid, off its points
+            [0.07, 0.11, 0.45],  # beyond the grid's top face in z
+        ]
+    )
+    amplitude = 10.0 - np.sum((np.asarray(table.offsets)[None] - peaks[:, None]) ** 2, -1)
+    score = jnp.asarray(amplitude**2, jnp.float32)  # squared coherences (2, P)
+    point = jnp.argmax(score, axis=-1)[:, None]
+    x = np.asarray(table.offsets)[np.asarray(point[:, 0])] + np.asarray(
+        candidates.subgrid_shift(table, score, point)[:, 0]
+    )
+    np.testing.assert_allclose(x[0], peaks[0], atol=1e-5)  # a parabola's peak, exactly
+    np.testing.assert_allclose(x[1, :2], peaks[1, :2], atol=1e-5)
+    top = float(table.offsets[-1, 2])
+    assert x[1, 2] == pytest.approx(top)  # on the face: no shift along z (no point above)
+    assert spacing / 2 < peaks[1, 2] - top  # the peak is beyond what a shift may reach
 
 
 def _tiny_scene():

@@ -52,9 +52,11 @@ __all__ = [
     "cell_grid",
     "CellGroups",
     "cell_groups",
+    "check_cell_table",
     "bucket_size",
     "starts_by_cell",
     "starts_by_snapshot",
+    "subgrid_shift",
     "cell_table",
 ]
 
@@ -116,7 +118,8 @@ class CellTable:
 
     Attributes:
         cells: the :class:`CellGrid`.
-        offsets: (P, 3) point offsets from a cell's lower corner, m.
+        offsets: (P, 3) point offsets from a cell's lower corner, m: an n x n x n grid of
+            one spacing, C order (:func:`cell_table`).
         data: (num_cells, P, 2M) float32.
     """
 
@@ -131,6 +134,11 @@ class CellTable:
     @property
     def points_per_cell(self) -> int:
         return self.offsets.shape[0]
+
+    @property
+    def points_per_side(self) -> int:
+        """n of the n x n x n grid of each cell."""
+        return round(self.points_per_cell ** (1 / 3))
 
 
 def cell_table(
@@ -176,6 +184,21 @@ def _cell_rows(model: PhaseModel, cells: CellGrid, offsets: Array) -> Array:
         return phasor_rows(theta)
 
     return jax.lax.map(one, jnp.arange(cells.num_cells))
+
+
+def check_cell_table(table: CellTable, model: PhaseModel) -> None:
+    """``ValueError`` unless ``table`` is a :class:`CellTable` of ``model``'s AP count whose
+    points form each cell's n x n x n grid (what :func:`cell_table` builds)."""
+    if not isinstance(table, CellTable):
+        raise ValueError(
+            f"table must be a CellTable (estimators.cell_table), got {type(table).__name__}"
+        )
+    check_table_aps(table, model)
+    if table.points_per_side**3 != table.points_per_cell:
+        raise ValueError(
+            f"table's {table.points_per_cell} points per cell are not an n x n x n grid "
+            "(build it with estimators.cell_table)"
+        )
 
 
 class CandidateResult(NamedTuple):
@@ -282,7 +305,7 @@ def candidate_search(
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
     r = as_snapshot_batch("r", r, model.num_aps)
-    check_table_aps(table, model)
+    check_cell_table(table, model)
     cells = jnp.asarray(cells)
     if cells.ndim != 2 or cells.shape[0] != r.shape[0]:
         raise ValueError(f"cells must have shape ({r.shape[0]}, K), got {cells.shape}")
@@ -311,7 +334,7 @@ def candidate_search_unchecked(
     k: int,
     num_steps: int,
     chunk: int,
-    groups: CellGroups | None = None,
+    groups: CellGroups | None,
 ) -> CandidateResult:
     """:func:`candidate_search`'s jitted core, without input checks: ``r`` (B, M), ``cells``
     (B, K) int32 indices of the table's cells, ``k`` starts of ``num_steps`` LM steps,
@@ -333,13 +356,16 @@ def starts_by_snapshot(r: Array, table: CellTable, cells: Array, k: int, chunk: 
     """The ``k`` most coherent points (B, k, 3) of each snapshot's candidate ``cells``
     (B, K), snapshot by snapshot: gathered rows times one snapshot, ``chunk`` at a time."""
 
+    per_cell = table.points_per_cell
+
     def starts(args):  # (k, 3) most coherent screened points of one snapshot
         ri, ci = args
         rows = table.data[ci].reshape(-1, table.data.shape[-1])  # (K P, 2M) [cos, sin]
         score = squared_coherence(rows, coherence_weights(ri[None, :]))[0]  # (K P,)
         _, idx = jax.lax.top_k(score, k)
-        cell = ci[idx // table.points_per_cell]
-        return table.cells.corner(cell) + table.offsets[idx % table.points_per_cell]  # (k, 3)
+        slot, point = idx // per_cell, idx % per_cell
+        shift = subgrid_shift(table, score.reshape(-1, per_cell)[slot], point[:, None])[:, 0]
+        return table.cells.corner(ci[slot]) + table.offsets[point] + shift  # (k, 3)
 
     return jax.lax.map(starts, (r, cells), batch_size=chunk)
 
@@ -358,11 +384,42 @@ def starts_by_cell(r: Array, table: CellTable, cells: Array, k: int, groups: Cel
     def best(args):  # (G, per_cell) best points of one cell for the item's snapshots
         c, who = args
         score = squared_coherence(table.data[c], jnp.concatenate([real[:, who], imag[:, who]], 1))
-        return jax.lax.top_k(score, per_cell)
+        top, point = jax.lax.top_k(score, per_cell)
+        return top, point, subgrid_shift(table, score, point)
 
-    score, point = jax.lax.map(best, (groups.cell, groups.members))
+    score, point, shift = jax.lax.map(best, (groups.cell, groups.members))
     score = score[groups.item, groups.lane].reshape(batch, -1)  # (B, K per_cell)
     point = point[groups.item, groups.lane].reshape(batch, -1)
+    shift = shift[groups.item, groups.lane].reshape(batch, -1, 3)
     _, top = jax.lax.top_k(score, k)  # the k best of the snapshot's K cells' best
     cell = jnp.take_along_axis(cells, top // per_cell, axis=1)
-    return table.cells.corner(cell) + table.offsets[jnp.take_along_axis(point, top, axis=1)]
+    start = table.cells.corner(cell) + table.offsets[jnp.take_along_axis(point, top, axis=1)]
+    return start + jnp.take_along_axis(shift, top[..., None], axis=1)
+
+
+def subgrid_shift(table: CellTable, score: Array, point: Array) -> Array:
+    r"""Shifts (..., k, 3) in metres from the table points ``point`` (..., k) of a cell to
+    the peak of a parabola through the coherence amplitude :math:`\sqrt{\text{score}}` at
+    each point and its two neighbours along each axis (``score`` (..., P): the squared
+    coherences of the cell's points). Zero along an axis where the point lies on the
+    cell grid's face or the amplitude is not concave there; at most half a spacing.
+
+    The refinement then starts within about a tenth of a wavelength of the peak instead of
+    up to :math:`\sqrt 3/2` spacings from it, so fewer steps reach the same minimum.
+    """
+    n = table.points_per_side
+    amp = jnp.sqrt(jnp.maximum(score, 0.0))
+    at = lambda i: jnp.take_along_axis(amp, i, axis=-1)
+    centre = at(point)
+    spacing = table.offsets[1, 2] - table.offsets[0, 2]
+    index = jnp.unravel_index(point, (n, n, n))
+    shifts = []
+    for axis, stride in enumerate((n * n, n, 1)):
+        inside = (index[axis] > 0) & (index[axis] < n - 1)
+        below = at(jnp.where(inside, point - stride, point))
+        above = at(jnp.where(inside, point + stride, point))
+        curvature = below - 2 * centre + above
+        ok = inside & (curvature < 0)
+        shift = jnp.where(ok, 0.5 * (below - above) / jnp.where(ok, curvature, -1.0), 0.0)
+        shifts.append(jnp.clip(shift, -0.5, 0.5))
+    return spacing.astype(score.dtype) * jnp.stack(shifts, axis=-1)

@@ -227,12 +227,22 @@ def _refine(x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: flo
     )
 
 
-@partial(jax.jit, static_argnums=(3,))
 def refine_batch_unchecked(
     x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: float = 1e-3
 ) -> RefineResult:
     """:func:`refine_batch`'s jitted core, without input checks: ``x0`` (N, 3) and ``r``
-    (N, M) of one dtype, ``num_steps`` static (for callers that checked their inputs)."""
+    (N, M) of one dtype, ``num_steps`` static (for callers that checked their inputs).
+
+    Every call reaches the compiled function with the same five arguments, whether or not
+    ``damping`` was given: a jitted function called with and without a default argument
+    compiles twice."""
+    return _refine_batch(x0, r, model, num_steps, damping)
+
+
+@partial(jax.jit, static_argnums=(3,))
+def _refine_batch(
+    x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: float
+) -> RefineResult:
     return jax.vmap(_refine, in_axes=(0, 0, None, None, None))(x0, r, model, num_steps, damping)
 
 

@@ -39,6 +39,7 @@ from dmimo_jax.estimators.candidates import (
     bucket_size,
     candidate_search_unchecked,
     cell_groups,
+    check_cell_table,
 )
 from dmimo_jax.estimators.mle import check_num_steps, refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
@@ -208,7 +209,7 @@ def screen_candidates(
     first_mass: float = 0.999,
     min_mass: float = 0.5,
     num_starts: int = 4,
-    screen_steps: int = 4,
+    screen_steps: int = 2,
 ) -> CandidateScreen:
     """The candidate safeguard: screen each snapshot's candidate cells, in two tiers.
 
@@ -293,7 +294,7 @@ def check_screen_settings(
     ``screen``, its cell ``table`` and ``num_cells`` candidates; returns them checked, with
     ``first_cells``'s default (``min(4, num_cells)``) filled in."""
     check_num_aps(screen.num_aps)
-    check_table_aps(table, screen)
+    check_cell_table(table, screen)
     first_cells = min(4, num_cells) if first_cells is None else first_cells
     check_int("first_cells", first_cells, minimum=1)
     if first_cells > num_cells:
@@ -380,8 +381,8 @@ def locate_candidates(
     first_mass: float = 0.999,
     min_mass: float = 0.5,
     num_starts: int = 4,
-    screen_steps: int = 4,
-    fine_steps: int = 2,
+    screen_steps: int = 2,
+    fine_steps: int = 3,
 ) -> CandidateOnlineResult:
     """The online stage with a cell classifier: candidates -> cell screen -> refinement.
 
@@ -490,8 +491,8 @@ class Locator:
         num_cells, first_cells, first_mass, min_mass: the candidate screen's tiers (cells,
             :func:`screen_candidates`).
         num_starts: refinement starts of the screen (default 4 for cells, 8 for a window).
-        screen_steps: LM steps of each start (default 4 for cells, 15 for a window).
-        fine_steps: LM steps of the fine stage (default 2 for cells, 15 for a window).
+        screen_steps: LM steps of each start (default 2 for cells, 15 for a window).
+        fine_steps: LM steps of the fine stage (default 3 for cells, 15 for a window).
         fine: ``"screen"`` (default: the screen's model; for the GP its tables of eq. 27, no
             kernel online) or ``"model"`` (``offline.model``: the exact GP).
         cost_gate: the likelihood check of ``__call__``: an answer whose ML cost (eq. 17,
@@ -532,8 +533,8 @@ class Locator:
         cells = self.kind == "cells"
         defaults = dict(
             num_starts=4 if cells else 8,
-            screen_steps=4 if cells else 15,
-            fine_steps=2 if cells else 15,
+            screen_steps=2 if cells else 15,
+            fine_steps=3 if cells else 15,
         )
         for name, default in defaults.items():
             if getattr(self, name) is None:
