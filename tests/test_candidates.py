@@ -77,6 +77,11 @@ def test_candidate_search_bad_input(small_table):
         est.candidate_search(jnp.zeros((2, 16)), MODEL, small_table, jnp.zeros((2, 4), int))
     with pytest.raises(ValueError, match="finite"):
         est.candidate_search(jnp.full((2, 17), jnp.nan), MODEL, small_table, jnp.zeros((2, 4), int))
+    ragged = est.CellTable(small_table.cells, small_table.offsets[:-1], small_table.data[:, :-1])
+    with pytest.raises(ValueError, match="n x n x n"):
+        est.candidate_search(r, MODEL, ragged, jnp.zeros((2, 4), int))
+    with pytest.raises(ValueError, match="must be a CellTable"):
+        est.candidate_search(r, MODEL, small_table.data, jnp.zeros((2, 4), int))
 
 
 def test_cell_major_screen_picks_the_starts_of_the_snapshot_major_one():

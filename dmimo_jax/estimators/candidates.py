@@ -8,8 +8,10 @@ the paper's lookup table), the coherence
 :math:`|\sum_m e^{j(r_m - \theta_m(\mathbf x))}|` of the candidate cells' points is one
 gathered matrix product per snapshot (or, for a large batch, one product per table cell
 with every snapshot naming it: :func:`starts_by_cell`), and the ``num_starts`` most
-coherent points start the multi-start refinement
-(:func:`~dmimo_jax.estimators.refine_multistart`) under the same cheap model. :func:`candidate_search` returns the refined best point and its LS cost.
+coherent points, each moved to the sub-grid peak of the coherence (:func:`subgrid_shift`),
+start the multi-start refinement (:func:`~dmimo_jax.estimators.refine_multistart`) under
+the same cheap model. :func:`candidate_search` returns the refined best point and its LS
+cost.
 """
 
 from __future__ import annotations
@@ -232,11 +234,11 @@ def cell_groups(cells: ArrayLike, num_cells: int) -> CellGroups | None:
     The candidate screen can run snapshot by snapshot (gather the K candidate cells' rows,
     one matrix-vector product each: B x K cell reads, :func:`starts_by_snapshot`) or cell by
     cell (:func:`starts_by_cell`: one matrix product of a cell's rows with up to G
-    snapshots that named it, so each read serves many snapshots). Grouping pays when the
-    items' lanes (padded) are at most twice the pairs; G is 16, or 8 when that pads less
-    (measured: 2-3x faster than gathering from 64 snapshots of 16 candidates up, the
-    gather faster for sparse batches). Host-side: ``cells`` (B, K) must be concrete; the
-    item count is padded by :func:`bucket_size` so few shapes ever compile.
+    snapshots that named it, so each read serves many snapshots). Grouping is chosen when
+    the items' lanes (padded) are at most twice the pairs, with G = 16, or 8 when 16 pads
+    too much; sparse batches gather (measurements: docs/learning.md). Host-side: ``cells``
+    (B, K) must be concrete; the item count is padded by :func:`bucket_size` so few shapes
+    ever compile.
     """
     cells = np.asarray(cells)
     if cells.ndim != 2 or cells.size == 0:
@@ -404,8 +406,8 @@ def subgrid_shift(table: CellTable, score: Array, point: Array) -> Array:
     coherences of the cell's points). Zero along an axis where the point lies on the
     cell grid's face or the amplitude is not concave there; at most half a spacing.
 
-    The refinement then starts within about a tenth of a wavelength of the peak instead of
-    up to :math:`\sqrt 3/2` spacings from it, so fewer steps reach the same minimum.
+    The refinement then starts nearer the peak than the grid point (up to
+    :math:`\sqrt 3/2` spacings from it), so fewer steps reach the same minimum.
     """
     n = table.points_per_side
     amp = jnp.sqrt(jnp.maximum(score, 0.0))
