@@ -106,6 +106,17 @@ def test_quickstart_tiny(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
+def test_cell_screen_benchmark_quick(tmp_path, monkeypatch):
+    out = tmp_path / "cs.json"
+    _run(
+        "benchmarks/cell_screen.py", ["--quick", "--repeats", "1", "--json", str(out)], monkeypatch
+    )
+    rows = json.loads(out.read_text())
+    assert [r["rule"] for r in rows] == ["by cell", "gather"]  # 64 x 16 grouped, 32 x 16 not
+    assert rows[0]["same_starts"] and rows[0]["ms_by_cell"] > 0 and rows[1]["ms_gather"] > 0
+
+
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "lat.json"
     _run(

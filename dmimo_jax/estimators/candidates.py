@@ -256,13 +256,14 @@ def cell_groups(cells: ArrayLike, num_cells: int) -> CellGroups | None:
     in_order = flat[order]
     rank = np.arange(flat.size) - (np.cumsum(count) - count)[in_order]  # within its cell
     item_sorted = (np.cumsum(blocks) - blocks)[in_order] + rank // size
-    num_items = bucket_size(int(blocks.sum()))
-    cell = np.zeros(num_items, np.int32)
-    cell[: blocks.sum()] = np.repeat(np.arange(num_cells), blocks)
-    members = np.full((num_items, size), batch, np.int32)
-    members[item_sorted, rank % size] = order // named
+    lane_sorted = rank % size
+    used = int(blocks.sum())
+    cell = np.zeros(bucket_size(used), np.int32)  # padding items: cell 0, empty lanes
+    cell[:used] = np.repeat(np.arange(num_cells), blocks)
+    members = np.full((cell.size, size), batch, np.int32)
+    members[item_sorted, lane_sorted] = order // named
     item, lane = np.empty(flat.size, np.int32), np.empty(flat.size, np.int32)
-    item[order], lane[order] = item_sorted, rank % size
+    item[order], lane[order] = item_sorted, lane_sorted
     return CellGroups(
         *(
             jnp.asarray(v)

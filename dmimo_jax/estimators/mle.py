@@ -6,6 +6,10 @@ same code serves the matched model, a mismatched one
 
 Shapes: ``r`` is one snapshot (M,) of wrapped phases; ``x`` one position (3,). Batch
 with ``jax.vmap`` (or :func:`refine_batch`).
+
+The unchecked cores (:func:`refine_batch_unchecked`, :func:`refine_multistart_unchecked`)
+are plain functions that call their jitted bodies with every argument given: a jitted
+function called once with a default left out and once with it passed compiles twice.
 """
 
 from __future__ import annotations
@@ -232,10 +236,7 @@ def refine_batch_unchecked(
 ) -> RefineResult:
     """:func:`refine_batch`'s jitted core, without input checks: ``x0`` (N, 3) and ``r``
     (N, M) of one dtype, ``num_steps`` static (for callers that checked their inputs).
-
-    Every call reaches the compiled function with the same five arguments, whether or not
-    ``damping`` was given: a jitted function called with and without a default argument
-    compiles twice."""
+    Calls its jitted body with all five arguments (module docstring: one compile)."""
     return _refine_batch(x0, r, model, num_steps, damping)
 
 
@@ -292,13 +293,19 @@ def refine_multistart(
     return refine_multistart_unchecked(starts, r, model, num_steps, damping)
 
 
-@partial(jax.jit, static_argnums=(3,))
 def refine_multistart_unchecked(
     starts: Array, r: Array, model: PhaseModel, num_steps: int, damping: float = 1e-3
 ) -> MultiStartResult:
     """:func:`refine_multistart`'s jitted core, without input checks: the searches that
     screened ``starts`` (B, K, 3) themselves call it (their inputs are checked once, at
-    their own boundary)."""
+    their own boundary). Calls its jitted body with all five arguments (module docstring)."""
+    return _refine_multistart(starts, r, model, num_steps, damping)
+
+
+@partial(jax.jit, static_argnums=(3,))
+def _refine_multistart(
+    starts: Array, r: Array, model: PhaseModel, num_steps: int, damping: float
+) -> MultiStartResult:
     batch, k, _ = starts.shape
     rr = jnp.repeat(r, k, axis=0)
     fine = refine_batch_unchecked(starts.reshape(batch * k, 3), rr, model, num_steps, damping)
