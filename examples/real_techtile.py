@@ -19,7 +19,14 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   experiment; they were chosen on EXP003/EXP005 (docs/real_data.md). By default it
   self-trains on the snapshots it then locates (a deployment's own traffic);
   ``--unlabeled-half`` self-trains on every other held-out snapshot and scores every method
-  on the others.
+  on the others;
+* ``trajectory``: ``best``'s field, the 8 most coherent local maxima of each snapshot
+  (``estimators.coherent_peaks``), one chosen per snapshot along the trajectory by the
+  Viterbi path of ``tracking.most_likely_path`` (cycle numbers as times), then refined
+  (``estimators.coherent_refine``); settings chosen on EXP003/EXP005 (docs/real_data.md);
+* ``lobe_oracle``: a diagnostic, not a method: of the same 8 maxima, the one nearest the
+  **true** position, refined: what any choice among the lobes (a trajectory, a robust cost)
+  could reach under ``best``'s field.
 
 Every search is ``estimators.coherent_search`` with its grid stage tabulated beforehand
 (``estimators.coherent_table``, counted in ``fit_s``). Per experiment, the noise-floor references:
@@ -62,16 +69,25 @@ from dmimo_jax.calibration import (  # noqa: E402
 from dmimo_jax.calibration.residual import residual_phasors  # noqa: E402
 from dmimo_jax.datasets import list_experiments, load_techtile, techtile_scene  # noqa: E402
 from dmimo_jax.estimators import (  # noqa: E402
+    coherent_peaks,
+    coherent_refine,
     coherent_search,
     coherent_table,
     knn_locate,
     make_grid,
 )
 from dmimo_jax.physics import ImageSourceModel  # noqa: E402
+from dmimo_jax.tracking import most_likely_path  # noqa: E402
 
 DEFAULT_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "techtile"
 STILL_STD = 0.05  # rad: 355 snapshots of EXP002 within 1.4 mm repeat to this (data README)
-METHODS = ("los_offsets", "knn", "paper_gp", "field", "best")
+METHODS = ("los_offsets", "knn", "paper_gp", "field", "best", "trajectory", "lobe_oracle")
+LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among best's lobes
+NUM_LOBES = 8  # local maxima per snapshot (estimators.coherent_peaks)
+# tracking.most_likely_path, chosen on EXP003/EXP005 at L = 50 (docs/real_data.md): a
+# random walk of 15 cm per square root of a cycle, a 10% jump probability over the search
+# area, the coherence (in [0, 1]) weighted by 20
+PATH_SETTINGS = dict(step_std=0.15, jump_probability=0.1, score_weight=20.0)
 PAPER_GP_STEPS = 20  # L-BFGS steps of gp.fit (eq. 23)
 GP_FIT_OBSERVATIONS = 2100  # L x (APs) of the hyperparameter fit: all 42 APs up to L = 50
 
@@ -106,6 +122,18 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
+def choose_lobe(model, grid, table, r, amplitudes, cycles, area, truth=None):
+    """One of each snapshot's ``NUM_LOBES`` most coherent maxima, refined: along the Viterbi
+    path over the trajectory, or (``truth`` given: the diagnostic) the one nearest the truth."""
+    peaks = coherent_peaks(model, grid, r, amplitudes, num_peaks=NUM_LOBES, table=table)
+    if truth is None:
+        x = most_likely_path(peaks.x, peaks.score, cycles, area=area, **PATH_SETTINGS).x
+    else:
+        d = np.linalg.norm(np.asarray(peaks.x)[:, :, :2] - truth[:, None, :2], axis=2)
+        x = np.asarray(peaks.x)[np.arange(len(d)), np.argmin(d, axis=1)]
+    return coherent_refine(model, grid, x, r, amplitudes).x
+
+
 def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, half=False):
     """Rows (one per method) and the per-snapshot errors, for one experiment and L; with
     ``half``, ``best`` self-trains on every other held-out snapshot (time order) and every
@@ -132,7 +160,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
     t_offsets = time.perf_counter() - t0
     amps = data.amplitudes / np.median(data.amplitudes[li], axis=0)
 
-    rows, errors, extras = [], {}, {}
+    rows, errors, extras, fitted = [], {}, {}, {}
     for method in methods:
         model, fit_s, amplitudes = None, t_offsets, None
         if method == "los_offsets":
@@ -157,28 +185,41 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             model = jax.block_until_ready(fit_residual_field(los, xl, rl))
             fit_s += time.perf_counter() - t0
             amplitudes = amps[ti]
-        elif method == "best":
+        elif method == "best" or (method in LOBE_METHODS and "best" not in fitted):
             # the unlabeled snapshots' phases, amplitudes and times only: never their positions
             t0 = time.perf_counter()
             model = self_train_field(
                 los, grid, xl, rl, data.phases[pool], data.cycles[pool], amplitudes=amps[pool]
             ).model
-            fit_s += time.perf_counter() - t0
+            table = jax.block_until_ready(coherent_table(model, grid))
+            fitted["best"] = (model, table, fit_s + time.perf_counter() - t0)
+        if method in ("best", *LOBE_METHODS):
+            model, table, fit_s = fitted["best"]
             amplitudes = amps[ti]
         if method == "knn":
             xe, t = timed(knn_locate, xl, rl, rt)
             fit_s = 0.0
+        elif method in LOBE_METHODS:
+            area = float(np.prod(np.asarray(grid.shape[:2]) * grid.spacing))
+            truth = xt if method == "lobe_oracle" else None
+            xe, t = timed(
+                choose_lobe, model, grid, table, rt, amplitudes, data.cycles[ti], area, truth
+            )
         else:
             # the grid stage tabulated once (offline, counted in fit_s), then searched
-            t0 = time.perf_counter()
-            table = jax.block_until_ready(coherent_table(model, grid))
-            fit_s += time.perf_counter() - t0
+            if method != "best":
+                t0 = time.perf_counter()
+                table = jax.block_until_ready(coherent_table(model, grid))
+                fit_s += time.perf_counter() - t0
             res, t = timed(coherent_search, model, grid, rt, amplitudes, table=table)
             xe = res.x
         err = np.linalg.norm((np.asarray(xe) - xt)[:, :2], axis=1)
         errors[method] = err
+        residual = None
         if model is not None:
-            extras[method] = np.angle(np.asarray(residual_phasors(model, xt, rt)))
+            residual = np.angle(np.asarray(residual_phasors(model, xt, rt)))
+            if method not in LOBE_METHODS:  # best's model: its residuals are plotted once
+                extras[method] = residual
         rows.append(
             {
                 "experiment": data.experiment,
@@ -194,7 +235,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
                 "max_m": float(err.max()),
                 # RMS of the CPO-free held-out residual at the true positions, rad
                 "residual_rms_rad": (
-                    None if model is None else float(np.sqrt(np.mean(extras[method] ** 2)))
+                    None if residual is None else float(np.sqrt(np.mean(residual**2)))
                 ),
                 "ms_per_snapshot": 1e3 * t / len(ti),
                 "fit_s": float(fit_s),
@@ -221,7 +262,8 @@ def plot(plt, detail, path):
         d = detail[e]
         ax = axes[0, c]
         for m, err in d["errors"].items():
-            ax.plot(np.sort(err) * 100, np.linspace(0, 1, len(err)), label=m)
+            label = f"{m} (uses the truth)" if m == "lobe_oracle" else m
+            ax.plot(np.sort(err) * 100, np.linspace(0, 1, len(err)), label=label)
         ax.set(xscale="log", xlabel="error (cm)", ylabel="CDF", title=f"{e}: held-out snapshots")
         ax = axes[1, c]
         for k, (m, res) in enumerate(d["residuals"].items()):

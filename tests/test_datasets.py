@@ -7,6 +7,7 @@ format of ``../shared/data/techtile`` (NetCDF3 via scipy, YAML geometry).
 import json
 import runpy
 import sys
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,15 @@ from dmimo_jax.datasets import (
     techtile_room_model,
     techtile_scene,
 )
-from dmimo_jax.estimators import coherent_search, coherent_table, knn_locate, make_grid
+from dmimo_jax.estimators import (
+    coherent_peaks,
+    coherent_refine,
+    coherent_search,
+    coherent_table,
+    expected_phasor,
+    knn_locate,
+    make_grid,
+)
 from dmimo_jax.physics import ImageSourceModel
 
 FREQ = 920e6
@@ -260,6 +269,55 @@ def test_coherent_search_and_knn(tmp_path):
         knn_locate(x[:5], r[:4], r[10])
 
 
+def test_coherent_peaks_are_the_local_maxima_and_refine_like_the_search(tmp_path):
+    d, truth, _ = _labeled(tmp_path)
+    model = ImageSourceModel(techtile_scene(d).replace(ap_phase_offsets=truth["offsets"]), [])
+    x, r = d.positions, d.phases
+    z = float(np.median(x[:, 2]))
+    grid = make_grid([3.9, 1.5, z - 0.005], [4.8, 2.4, z + 0.005], 0.01)  # 8 APs: many lobes
+    peaks = coherent_peaks(model, grid, r[:6], num_peaks=5, separation=3, batch_size=4)
+    assert peaks.x.shape == (6, 5, 3) and peaks.score.shape == (6, 5)
+    # the grid score everywhere, by brute force in float64: the peaks are its 5 largest
+    # local maxima (no point within 3 cells scores higher), best first
+    pts = (
+        np.asarray(grid.low)[:2]
+        + (np.stack(np.mgrid[: grid.shape[0], : grid.shape[1]], -1) + 0.5) * 0.01
+    )
+    full = np.concatenate([pts, np.full((*pts.shape[:2], 1), z)], -1).reshape(-1, 3)
+    h = np.asarray(jax.vmap(partial(expected_phasor, model))(jnp.asarray(full)))  # (P, M)
+    score = np.abs(np.exp(1j * r[:6]) @ h.T) / len(TILES)  # (6, P)
+    for k in range(6):
+        s = score[k].reshape(grid.shape[:2])
+        pad = np.pad(s, 3, constant_values=-np.inf)
+        win = np.lib.stride_tricks.sliding_window_view(pad, (7, 7)).max(axis=(2, 3))
+        ij = np.argwhere(s >= win - 1e-6)
+        top = ij[np.argsort(-s[ij[:, 0], ij[:, 1]])[:5]]
+        np.testing.assert_allclose(
+            np.asarray(peaks.x[k])[:, :2], pts[top[:, 0], top[:, 1]], atol=1e-9
+        )
+        np.testing.assert_allclose(np.asarray(peaks.score[k]), s[top[:, 0], top[:, 1]], atol=1e-5)
+    # the best peak is the search's grid stage; the true position's lobe is among the peaks
+    coarse = coherent_search(model, grid, r[:6], refine_steps=1)
+    np.testing.assert_array_equal(peaks.x[:, 0], coarse.x)
+    near = np.min(np.linalg.norm(np.asarray(peaks.x)[:, :, :2] - x[:6, None, :2], axis=2), axis=1)
+    assert np.all(near < 0.01)
+    # refined from a peak: the search's own local stage
+    np.testing.assert_array_equal(
+        coherent_refine(model, grid, peaks.x[:, 0], r[:6]).x, coherent_search(model, grid, r[:6]).x
+    )
+    # a grid too small for K maxima: the missing ones repeat the best, at -inf
+    small = make_grid([4.0, 1.6, z - 0.005], [4.04, 1.64, z + 0.005], 0.01)
+    few = coherent_peaks(model, small, r[:2], num_peaks=4, separation=3)
+    assert np.all(np.isfinite(few.score[:, 0])) and np.all(few.score[:, 1:] == -np.inf)
+    np.testing.assert_array_equal(few.x[:, 1:], np.repeat(few.x[:, :1], 3, axis=1))
+    with pytest.raises(ValueError, match="num_peaks"):
+        coherent_peaks(model, small, r[:2], num_peaks=17)
+    with pytest.raises(ValueError, match="separation"):
+        coherent_peaks(model, grid, r[:2], separation=0)
+    with pytest.raises(ValueError, match="one position per snapshot"):
+        coherent_refine(model, grid, peaks.x[:3, 0], r[:6])
+
+
 def _smooth_field(x):
     """(N, M) a smooth per-AP phase perturbation the LoS model lacks: 1.2 rad, ~0.5 m period."""
     k = np.array([[np.cos(a), np.sin(a)] for a in np.linspace(0, np.pi, len(TILES))]) * 12.0
@@ -417,7 +475,7 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     assert {(r["experiment"], r["kind"]) for r in rows} == {
         (e, k)
         for e in ("EXP901", "EXP902")
-        for k in ("los_offsets", "knn", "paper_gp", "field", "best")
+        for k in ("los_offsets", "knn", "paper_gp", "field", "best", "trajectory", "lobe_oracle")
     }
     for r in rows:
         assert r["num_labeled"] == 12

@@ -361,3 +361,87 @@ def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
     bound1 = np.asarray(brute(tracker, s, candidates, velocities, prior, 1)).ravel()
     assert float(costs.ravel()[np.argmin(bound1)]) > np.sort(bound1)[1]
     assert np.argmin(bound1) != np.ravel_multi_index(want, costs.shape)  # screen alone: wrong
+
+
+def _path_log_prob(x, s, t, k, sigma, eps, area, kappa):
+    """The log-probability of the candidate choice k (N,), written out (module docstring)."""
+    total = kappa * s[0, k[0]]
+    for i in range(1, len(k)):
+        v = sigma**2 * (t[i] - t[i - 1])
+        d2 = np.sum((x[i, k[i], :2] - x[i - 1, k[i - 1], :2]) ** 2)
+        walk = (1 - eps) * np.exp(-d2 / (2 * v)) / (2 * np.pi * v)
+        total += np.log(walk + eps / area) + kappa * s[i, k[i]]
+    return total
+
+
+def test_most_likely_path_is_the_best_of_every_path():
+    import itertools
+
+    rng = np.random.default_rng(3)
+    n, k = 6, 3
+    x = np.concatenate([rng.uniform(0, 1, (n, k, 2)), np.ones((n, k, 1))], -1)
+    s = rng.uniform(0, 1, (n, k))
+    t = np.cumsum(rng.integers(1, 4, n)).astype(float)
+    kw = dict(step_std=0.3, jump_probability=0.05, area=1.0, score_weight=3.0)
+    got = tracking.most_likely_path(x, s, t, **kw)
+    logp = {
+        c: _path_log_prob(x, s, t, np.array(c), 0.3, 0.05, 1.0, 3.0)
+        for c in itertools.product(range(k), repeat=n)
+    }
+    best = max(logp, key=logp.get)
+    np.testing.assert_array_equal(got.index, best)
+    np.testing.assert_array_equal(got.x, x[np.arange(n), np.array(best)])
+    np.testing.assert_allclose(got.log_prob, logp[best], rtol=1e-12)
+    one = tracking.most_likely_path(x[:1], s[:1], t[:1], **kw)  # one snapshot: its best score
+    assert int(one.index[0]) == int(np.argmax(s[0]))
+
+
+def test_the_path_overrules_a_wrong_lobe_and_a_missing_candidate():
+    # a walk along x, 5 cm per step; at step 3 a wrong lobe 0.5 m away scores higher
+    n = 8
+    true = np.stack([np.arange(n) * 0.05, np.zeros(n), np.ones(n)], -1)
+    wrong = true + np.array([0.0, 0.5, 0.0])
+    x = np.stack([true, wrong], axis=1)
+    s = np.tile([0.9, 0.5], (n, 1))
+    s[3] = [0.8, 0.95]
+    kw = dict(step_std=0.05, jump_probability=0.01, area=4.0)
+    path = tracking.most_likely_path(x, s, np.arange(n), score_weight=20.0, **kw)
+    np.testing.assert_array_equal(path.index, np.zeros(n))
+    np.testing.assert_allclose(path.x, true)
+    # trusting the scores alone follows them
+    greedy = tracking.most_likely_path(x, s, np.arange(n), score_weight=1e4, **kw)
+    np.testing.assert_array_equal(greedy.index, np.argmax(s, axis=1))
+    # a missing candidate (-inf) is never chosen, even where the path would prefer it
+    s[5, 0] = -np.inf
+    assert int(tracking.most_likely_path(x, s, np.arange(n), score_weight=20.0, **kw).index[5]) == 1
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(candidates=np.zeros((4, 2, 2))), "candidates must have shape"),
+        (dict(scores=np.zeros((4, 3))), "scores must have shape"),
+        (dict(scores=np.full((4, 2), np.nan)), "scores must be finite or -inf"),
+        (dict(scores=np.full((4, 2), -np.inf)), "a finite score in every snapshot"),
+        (dict(times=np.array([0.0, 1.0, 1.0, 2.0])), "strictly increasing"),
+        (dict(step_std=0.0), "step_std"),
+        (dict(jump_probability=1.0), "jump_probability"),
+        (dict(area=-1.0), "area"),
+        (dict(score_weight=-1.0), "score_weight"),
+    ],
+)
+def test_most_likely_path_refuses_bad_input(change, match):
+    args = dict(
+        candidates=np.ones((4, 2, 3)),
+        scores=np.zeros((4, 2)),
+        times=np.arange(4.0),
+        step_std=0.1,
+        jump_probability=0.1,
+        area=1.0,
+        score_weight=1.0,
+    )
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        tracking.most_likely_path(
+            args.pop("candidates"), args.pop("scores"), args.pop("times"), **args
+        )

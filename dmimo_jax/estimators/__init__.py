@@ -24,6 +24,8 @@ from dmimo_jax.estimators.candidates import (
 from dmimo_jax.estimators.coherent import (
     CoherentResult,
     CoherentTable,
+    coherent_peaks,
+    coherent_refine,
     coherent_search,
     coherent_table,
     expected_phasor,
@@ -58,6 +60,8 @@ __all__ = [
     "CandidateResult",
     "CoherentResult",
     "CoherentTable",
+    "coherent_peaks",
+    "coherent_refine",
     "coherent_search",
     "coherent_table",
     "expected_phasor",

@@ -11,8 +11,11 @@ of (large ``variance``) is weighted down smoothly, and a snapshot's measured amp
           e^{-\sigma_m^2(\mathbf x)/2}\, e^{-j\mu_m(\mathbf x)}\Big|,
 
 the modulus profiling the CPO out as eq. (15) does. With unit amplitudes and equal variances
-it is the paper's EGS. :func:`knn_locate` is the model-free fingerprinting baseline: the
-labeled snapshots whose phase differences are closest (the same CPO-free coherence).
+it is the paper's EGS. :func:`coherent_peaks` lists the K most coherent local maxima of the
+grid score instead of the best one (the lobes a snapshot leaves ambiguous) and
+:func:`coherent_refine` runs the local stage from positions chosen among them.
+:func:`knn_locate` is the model-free fingerprinting baseline: the labeled snapshots whose
+phase differences are closest (the same CPO-free coherence).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from dmimo_jax.pytree import pytree_dataclass
 __all__ = [
     "CoherentResult",
     "CoherentTable",
+    "coherent_peaks",
+    "coherent_refine",
     "coherent_search",
     "coherent_table",
     "expected_phasor",
@@ -42,7 +47,8 @@ __all__ = [
 
 
 class CoherentResult(NamedTuple):
-    """Positions (N, 3) and their normalized coherence score (N,) in [0, 1]."""
+    """Positions (N, 3) and their normalized coherence score (N,) in [0, 1] (from
+    :func:`coherent_peaks`: (N, K, 3) and (N, K))."""
 
     x: Array
     score: Array
@@ -109,6 +115,21 @@ def _check_grid(grid) -> None:
 def _snapshots(r: Array, amplitudes: Array | None) -> Array:
     w = jnp.ones_like(r) if amplitudes is None else amplitudes
     return (w * jnp.exp(1j * r)) / jnp.sum(w, axis=1, keepdims=True)
+
+
+def _checked_snapshots(model: PhaseModel, r: ArrayLike, amplitudes: ArrayLike | None):
+    """(r (N, M), its amplitude-weighted unit phasors (N, M)) after the input checks."""
+    check_phases("r", r, model.num_aps)
+    r = jnp.atleast_2d(jnp.asarray(r))
+    a = None
+    if amplitudes is not None:
+        a_np = np.atleast_2d(np.asarray(amplitudes, float))
+        if a_np.shape != r.shape:
+            raise ValueError(f"amplitudes must have the shape of r {r.shape}, got {a_np.shape}")
+        if not np.all(np.isfinite(a_np)) or np.any(a_np < 0) or np.any(a_np.sum(1) <= 0):
+            raise ValueError("amplitudes must be finite, >= 0 and not all zero in a snapshot")
+        a = jnp.asarray(a_np, r.dtype)
+    return r, _snapshots(r, a)
 
 
 @partial(jax.jit, static_argnames=("chunk_size",))
@@ -196,19 +217,9 @@ def coherent_search(
     """
     model = as_phase_model(model)
     _check_grid(grid)
-    check_phases("r", r, model.num_aps)
     check_int("refine_steps", refine_steps, minimum=1)
     check_int("chunk_size", chunk_size, minimum=1)
-    r = jnp.atleast_2d(jnp.asarray(r))
-    a = None
-    if amplitudes is not None:
-        a_np = np.atleast_2d(np.asarray(amplitudes, float))
-        if a_np.shape != r.shape:
-            raise ValueError(f"amplitudes must have the shape of r {r.shape}, got {a_np.shape}")
-        if not np.all(np.isfinite(a_np)) or np.any(a_np < 0) or np.any(a_np.sum(1) <= 0):
-            raise ValueError("amplitudes must be finite, >= 0 and not all zero in a snapshot")
-        a = jnp.asarray(a_np, r.dtype)
-    e = _snapshots(r, a)
+    r, e = _checked_snapshots(model, r, amplitudes)
     if table is None:
         arg, score = _grid_argmax(model, grid, e, min(chunk_size, grid.size))
     else:
@@ -219,6 +230,114 @@ def coherent_search(
         offsets = jnp.asarray(local_offsets(grid, refine_steps), x.dtype)
         x, score = _local_refine(model, x, e, offsets)
     return CoherentResult(x, score)
+
+
+def coherent_peaks(
+    model: PhaseModel,
+    grid: Grid,
+    r: ArrayLike,
+    amplitudes: ArrayLike | None = None,
+    *,
+    num_peaks: int = 8,
+    separation: int = 3,
+    batch_size: int = 32,
+    table: CoherentTable | None = None,
+) -> CoherentResult:
+    r"""The ``num_peaks`` most coherent local maxima of :func:`coherent_search`'s grid score
+    per snapshot: the lobes a snapshot leaves ambiguous, for a later stage to choose among
+    (e.g. :func:`dmimo_jax.tracking.most_likely_path` along a trajectory), then
+    :func:`coherent_refine` the chosen one.
+
+    A grid point is a local maximum when no point of the :math:`(2s+1)^3` cube of cells
+    around it (:math:`s` = ``separation``) scores higher. Positions are grid points and scores the grid
+    stage's float32 ones (:func:`coherent_search` with ``refine_steps=1`` is the first column).
+
+    Args:
+        model, grid, r, amplitudes, table: as in :func:`coherent_search`.
+        num_peaks: maxima per snapshot, K.
+        separation: half-width of the local-maximum window, grid cells (>= 1).
+        batch_size: snapshots scored over the whole grid at once (memory: the grid size x
+            2 x ``batch_size`` float32 scores).
+
+    Returns:
+        :class:`CoherentResult` with ``x`` (N, K, 3) and ``score`` (N, K), best first; where
+        a snapshot has fewer than K maxima the missing entries repeat its best position with
+        score ``-inf``.
+
+    Raises:
+        ValueError: as :func:`coherent_search`; ``num_peaks`` above the grid size, bad
+            ``separation`` or ``batch_size``.
+    """
+    model = as_phase_model(model)
+    _check_grid(grid)
+    check_int("num_peaks", num_peaks, minimum=1, maximum=grid.size)
+    check_int("separation", separation, minimum=1)
+    check_int("batch_size", batch_size, minimum=1)
+    r, e = _checked_snapshots(model, r, amplitudes)
+    if table is None:
+        table = _tabulate(model, grid, min(4096, grid.size))
+    else:
+        _check_table(table, grid, model)
+    n = e.shape[0]
+    batch = min(batch_size, n)
+    padded = jnp.concatenate([e, jnp.repeat(e[-1:], -n % batch, axis=0)])
+    arg, score = _peaks(table, padded.reshape(-1, batch, e.shape[1]), num_peaks, separation)
+    arg, score = arg.reshape(-1, num_peaks)[:n], score.reshape(-1, num_peaks)[:n]
+    arg = jnp.where(jnp.isfinite(score), arg, arg[:, :1])
+    return CoherentResult(grid_points(grid, arg), score.astype(r.dtype))
+
+
+def coherent_refine(
+    model: PhaseModel,
+    grid: Grid,
+    x: ArrayLike,
+    r: ArrayLike,
+    amplitudes: ArrayLike | None = None,
+    *,
+    refine_steps: int = 11,
+) -> CoherentResult:
+    """:func:`coherent_search`'s float64 local stage from given positions ``x`` (N, 3) (e.g.
+    the maxima of :func:`coherent_peaks` a later stage chose): the best of a
+    ``refine_steps``-point-per-axis grid of half-width one ``grid`` spacing around each.
+
+    Raises:
+        ValueError: as :func:`coherent_search`; ``x`` not (N, 3) finite positions, one per
+            snapshot.
+    """
+    model = as_phase_model(model)
+    _check_grid(grid)
+    check_int("refine_steps", refine_steps, minimum=2)
+    r, e = _checked_snapshots(model, r, amplitudes)
+    check_positions("x", x, batched=True)
+    x = jnp.asarray(x, r.dtype)
+    if x.shape[0] != r.shape[0]:
+        raise ValueError(f"x must hold one position per snapshot ({r.shape[0]}), got {x.shape[0]}")
+    offsets = jnp.asarray(local_offsets(grid, refine_steps), x.dtype)
+    return CoherentResult(*_local_refine(model, x, e, offsets))
+
+
+@partial(jax.jit, static_argnames=("num_peaks", "separation"))
+def _peaks(table: CoherentTable, e: Array, num_peaks: int, separation: int):
+    """Top local maxima of the grid score, for batches ``e`` (B, n, M): (B, n, K) flat
+    indices and float32 scores (``-inf`` where fewer than K maxima)."""
+    grid = table.grid
+    rows = table.rows.reshape(-1, table.rows.shape[-1])[: grid.size]  # (P, 2M)
+    w = 2 * separation + 1
+
+    def one(eb: Array):
+        n = eb.shape[0]
+        b = jnp.block([[eb.real.T, eb.imag.T], [-eb.imag.T, eb.real.T]]).astype(jnp.float32)
+        p = rows @ b  # (P, 2n)
+        s = jnp.sqrt(p[:, :n] ** 2 + p[:, n:] ** 2).T.reshape((n, *grid.shape))
+        top = s
+        for axis in range(1, 4):  # the window's maximum, one axis at a time (separable)
+            if s.shape[axis] > 1:
+                win = tuple(w if a == axis else 1 for a in range(4))
+                top = jax.lax.reduce_window(top, -jnp.inf, jax.lax.max, win, (1,) * 4, "SAME")
+        v, i = jax.lax.top_k(jnp.where(s >= top, s, -jnp.inf).reshape(n, -1), num_peaks)
+        return i.astype(jnp.int32), v
+
+    return jax.lax.map(one, e)
 
 
 def _check_table(table, grid: Grid, model: PhaseModel) -> None:

@@ -5,6 +5,9 @@ snapshots along a path, a tracking filter on the carrier phases and its posterio
   :func:`simulate_trajectory`, :func:`simulate_track_phases`.
 - :mod:`~dmimo_jax.tracking.filter`: :class:`Tracker` (iterated EKF with profiled CPOs, a
   windowed lock test, lattice re-acquisition), :func:`run_tracker`.
+- :mod:`~dmimo_jax.tracking.paths`: :func:`most_likely_path`, the Viterbi choice of one
+  candidate position per snapshot along a trajectory (e.g. among the lobes of
+  :func:`dmimo_jax.estimators.coherent_peaks`).
 - :mod:`~dmimo_jax.tracking.bound`: :func:`pcrb`, the posterior Cramér-Rao bound of the
   state, from the same position FIM as :func:`dmimo_jax.peb`.
 """
@@ -18,6 +21,7 @@ from dmimo_jax.tracking.motion import (
     simulate_track_phases,
     simulate_trajectory,
 )
+from dmimo_jax.tracking.paths import PathResult, most_likely_path
 
 __all__ = [
     "ConstantVelocity",
@@ -30,6 +34,8 @@ __all__ = [
     "TrackOutput",
     "run_tracker",
     "medoid_start",
+    "PathResult",
+    "most_likely_path",
     "pcrb",
     "pcrb_position_rmse",
 ]
