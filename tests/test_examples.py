@@ -239,8 +239,11 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
     _run("examples/deployment.py", argv, monkeypatch)
     result = json.loads(out.read_text())
     rows = {r["method"].split(" + ")[0]: r for r in result["rows"]}
-    keys = {"fine_rmse_m", "fine_over_peb", "p99_m", "max_m", "ms_per_snapshot"}
-    assert all(keys <= set(r) for r in rows.values())
+    keys = {"fine_rmse_m", "fine_over_peb", "fine_over_rms_peb", "p99_m", "max_m"}
+    assert all(keys | {"ms_per_snapshot"} <= set(r) for r in rows.values())
+    # the RMS PEB is at least the mean PEB (equal only for equal PEBs)
+    assert result["rms_peb_m"] > result["mean_peb_m"]
+    assert all(r["fine_over_rms_peb"] < r["fine_over_peb"] for r in rows.values())
     # the calibrated room is the world to the noise; the nominal room misses by metres (the
     # MLE rows' lambda/2 grid is too coarse to trust here: the learned stage's cost gate
     # re-screens its misses over the whole region at lambda/4)
