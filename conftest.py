@@ -60,27 +60,27 @@ def _xla_optimized_if_marked(request):
 # The longest files first. xdist's `--dist loadfile` hands each worker one file at a time
 # in collection order (`--no-loadscope-reorder`; its default orders files by their number
 # of tests), so a long file started last keeps one core busy after the other is idle.
-# Seconds of one worker, `python -m pytest --durations=0` summed per file (2026-11-24):
+# Seconds of one worker, `python -m pytest --durations=0` summed per file (2026-11-25):
 # a stale entry only costs balance, never a result. Files not listed run after these.
 LONGEST_FILES = (
-    "tests/test_examples.py",  # 82 s
+    "tests/test_examples.py",  # 91 s
     "tests/test_tracking.py",  # 72 s
-    "tests/test_pipeline.py",  # 50 s
-    "tests/test_learning.py",  # 45 s
-    "tests/test_offline_online.py",  # 42 s
-    "tests/test_gp.py",  # 40 s
-    "tests/test_candidates.py",  # 38 s
-    "tests/test_calibrate.py",  # 34 s
-    "tests/test_grid.py",  # 30 s
-    "tests/test_bad_input.py",  # 26 s
-    "tests/test_calibration.py",  # 23 s
-    "tests/test_datasets.py",  # 23 s
-    "tests/test_structure.py",  # 19 s
-    "tests/test_deployment.py",  # 16 s
-    "tests/test_bounds.py",  # 15 s
-    "tests/test_design.py",  # 14 s
-    "docs/getting_started.md",  # 14 s
-    "tests/test_physics.py",  # 13 s
+    "tests/test_learning.py",  # 51 s
+    "tests/test_candidates.py",  # 47 s
+    "tests/test_pipeline.py",  # 45 s
+    "tests/test_datasets.py",  # 37 s
+    "tests/test_calibrate.py",  # 36 s
+    "tests/test_gp.py",  # 33 s
+    "tests/test_offline_online.py",  # 31 s
+    "tests/test_grid.py",  # 28 s
+    "tests/test_bad_input.py",  # 27 s
+    "tests/test_physics.py",  # 20 s
+    "tests/test_calibration.py",  # 18 s
+    "docs/getting_started.md",  # 16 s
+    "tests/test_structure.py",  # 15 s
+    "tests/test_deployment.py",  # 14 s
+    "tests/test_design.py",  # 13 s
+    "tests/test_bounds.py",  # 12 s
 )
 
 
