@@ -414,6 +414,9 @@ def test_the_path_overrules_a_wrong_lobe_and_a_missing_candidate():
     # a missing candidate (-inf) is never chosen, even where the path would prefer it
     s[5, 0] = -np.inf
     assert int(tracking.most_likely_path(x, s, np.arange(n), score_weight=20.0, **kw).index[5]) == 1
+    # with no weight on the scores at all, too (0 x -inf is not a NaN here)
+    still = tracking.most_likely_path(x, s, np.arange(n), score_weight=0.0, **kw)
+    assert int(still.index[5]) == 1 and np.isfinite(float(still.log_prob))
 
 
 @pytest.mark.parametrize(

@@ -96,11 +96,12 @@ def most_likely_path(
         raise ValueError(f"score_weight must be >= 0, got {score_weight}")
     if not 0.0 < jump_probability < 1.0:
         raise ValueError(f"jump_probability must be in (0, 1), got {jump_probability}")
+    finite = np.isfinite(s)  # a missing candidate stays -inf whatever the weight (0 x -inf)
     dt = np.diff(t, prepend=t[0])
     log_jump = np.log(jump_probability / area)
     index, log_prob = _viterbi(
         jnp.asarray(x),
-        jnp.asarray(score_weight * s),
+        jnp.asarray(np.where(finite, score_weight * np.where(finite, s, 0.0), -np.inf)),
         jnp.asarray(dt),
         step_std**2,
         np.log1p(-jump_probability),
