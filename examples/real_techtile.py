@@ -150,6 +150,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
         pool, ti = ti[0::2], ti[1::2]
     xl, rl, xt, rt = data.positions[li], data.phases[li], data.positions[ti], data.phases[ti]
     grid = search_grid(xl, search_3d=search_3d)
+    area = float(np.prod(np.asarray(grid.shape[:2]) * grid.spacing))  # the path's jump area
     scene = techtile_scene(data, phase_noise_std=STILL_STD)
 
     t0 = time.perf_counter()
@@ -200,7 +201,6 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             xe, t = timed(knn_locate, xl, rl, rt)
             fit_s = 0.0
         elif method in LOBE_METHODS:
-            area = float(np.prod(np.asarray(grid.shape[:2]) * grid.spacing))
             truth = xt if method == "lobe_oracle" else None
             xe, t = timed(
                 choose_lobe, model, grid, table, rt, amplitudes, data.cycles[ti], area, truth

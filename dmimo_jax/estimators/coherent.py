@@ -31,6 +31,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_int, check_phases, check_positions
 from dmimo_jax.estimators.grid import Grid, grid_points
+from dmimo_jax.estimators.phasors import squared_coherence
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass
 
@@ -75,7 +76,10 @@ class CoherentTable:
     rows: Array
 
 
-def coherent_table(model: PhaseModel, grid: Grid, *, chunk_size: int = 4096) -> CoherentTable:
+CHUNK_SIZE = 4096  # grid points per matrix product of the grid stage (the default)
+
+
+def coherent_table(model: PhaseModel, grid: Grid, *, chunk_size: int = CHUNK_SIZE) -> CoherentTable:
     """Tabulate the grid stage of :func:`coherent_search` once: for a model that is costly
     to evaluate (e.g. a residual field on many snapshots) and many calls on one grid. The
     table holds ``grid.size x 2M`` float32 numbers (20 MB for 60,000 points and 42 APs).
@@ -132,32 +136,42 @@ def _checked_snapshots(model: PhaseModel, r: ArrayLike, amplitudes: ArrayLike | 
     return r, _snapshots(r, a)
 
 
+def _squared_scores(rows: Array, e: Array) -> Array:
+    """Squared float32 grid scores (n, P) of snapshot phasors ``e`` (n, M) against matched
+    filter ``rows`` (P, 2M) ``[Re t, Im t]``: :func:`~dmimo_jax.estimators.phasors.squared_coherence`
+    with the snapshots as ``[[Re e, Im e], [-Im e, Re e]]`` (its columns give Re te, Im te)."""
+    weights = jnp.block([[e.real.T, e.imag.T], [-e.imag.T, e.real.T]]).astype(jnp.float32)
+    return squared_coherence(rows, weights)
+
+
 @partial(jax.jit, static_argnames=("chunk_size",))
 def _grid_argmax(model, grid: Grid, e: Array, chunk_size: int, table=None) -> tuple[Array, Array]:
     """Best grid cell per snapshot, scored in float32 like the paper's phasor table (the
-    float64 local stage re-scores around the winner): one real (chunk, 2M) x (2M, 2N)
-    product per chunk, [Re t, Im t] @ [[Re e, Im e], [-Im e, Re e]] = [Re te, Im te]. The
-    rows come from ``table`` (a :class:`CoherentTable` of ``chunk_size`` rows per chunk) when
-    given, else from ``model``."""
+    float64 local stage re-scores around the winner): one real matrix product per chunk
+    (:func:`_squared_scores`). The rows come from ``table`` (a :class:`CoherentTable` of
+    ``chunk_size`` rows per chunk) when given, else from ``model``."""
     num_chunks = -(-grid.size // chunk_size)
     n = e.shape[0]
-    b = jnp.block([[e.real.T, e.imag.T], [-e.imag.T, e.real.T]]).astype(jnp.float32)
 
     def body(carry, c):
         best, arg = carry
         idx = (c * chunk_size + jnp.arange(chunk_size)).astype(jnp.int32)
         a = _rows(model, grid, idx) if table is None else table.rows[c]
-        p = a @ b  # (chunk, 2N)
-        s = p[:, :n] ** 2 + p[:, n:] ** 2
-        s = jnp.where((idx < grid.size)[:, None], s, -1.0)
-        i = jnp.argmax(s, axis=0)
-        v = jnp.max(s, axis=0)
+        s = jnp.where((idx < grid.size)[None, :], _squared_scores(a, e), -1.0)  # (N, chunk)
+        i = jnp.argmax(s, axis=1)
+        v = jnp.max(s, axis=1)
         better = v > best
         return (jnp.where(better, v, best), jnp.where(better, idx[i], arg)), None
 
     init = (jnp.full((n,), -2.0, jnp.float32), jnp.zeros((n,), jnp.int32))
     (best, arg), _ = jax.lax.scan(body, init, jnp.arange(num_chunks, dtype=jnp.int32))
     return arg, jnp.sqrt(jnp.maximum(best, 0.0))
+
+
+def _refine_around(model, grid: Grid, x: Array, e: Array, refine_steps: int):
+    """The float64 local stage around positions ``x`` (N, 3): (positions, scores)."""
+    offsets = jnp.asarray(local_offsets(grid, refine_steps), x.dtype)
+    return _local_refine(model, x, e, offsets)
 
 
 @jax.jit
@@ -185,7 +199,7 @@ def coherent_search(
     amplitudes: ArrayLike | None = None,
     *,
     refine_steps: int = 11,
-    chunk_size: int = 4096,
+    chunk_size: int = CHUNK_SIZE,
     table: CoherentTable | None = None,
 ) -> CoherentResult:
     r"""Maximize the coherent score (module docstring) over ``grid``, then locally.
@@ -227,8 +241,7 @@ def coherent_search(
         arg, score = _grid_argmax(None, grid, e, table.rows.shape[1], table)
     x = grid_points(grid, arg)
     if refine_steps > 1:
-        offsets = jnp.asarray(local_offsets(grid, refine_steps), x.dtype)
-        x, score = _local_refine(model, x, e, offsets)
+        x, score = _refine_around(model, grid, x, e, refine_steps)
     return CoherentResult(x, score)
 
 
@@ -275,7 +288,7 @@ def coherent_peaks(
     check_int("batch_size", batch_size, minimum=1)
     r, e = _checked_snapshots(model, r, amplitudes)
     if table is None:
-        table = _tabulate(model, grid, min(4096, grid.size))
+        table = _tabulate(model, grid, min(CHUNK_SIZE, grid.size))
     else:
         _check_table(table, grid, model)
     n = e.shape[0]
@@ -312,8 +325,7 @@ def coherent_refine(
     x = jnp.asarray(x, r.dtype)
     if x.shape[0] != r.shape[0]:
         raise ValueError(f"x must hold one position per snapshot ({r.shape[0]}), got {x.shape[0]}")
-    offsets = jnp.asarray(local_offsets(grid, refine_steps), x.dtype)
-    return CoherentResult(*_local_refine(model, x, e, offsets))
+    return CoherentResult(*_refine_around(model, grid, x, e, refine_steps))
 
 
 @partial(jax.jit, static_argnames=("num_peaks", "separation"))
@@ -326,9 +338,7 @@ def _peaks(table: CoherentTable, e: Array, num_peaks: int, separation: int):
 
     def one(eb: Array):
         n = eb.shape[0]
-        b = jnp.block([[eb.real.T, eb.imag.T], [-eb.imag.T, eb.real.T]]).astype(jnp.float32)
-        p = rows @ b  # (P, 2n)
-        s = jnp.sqrt(p[:, :n] ** 2 + p[:, n:] ** 2).T.reshape((n, *grid.shape))
+        s = jnp.sqrt(_squared_scores(rows, eb)).reshape((n, *grid.shape))
         top = s
         for axis in range(1, 4):  # the window's maximum, one axis at a time (separable)
             if s.shape[axis] > 1:
