@@ -22,7 +22,8 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   on the others;
 * ``trajectory``: ``best``'s field, the 8 most coherent local maxima of each snapshot
   (``estimators.coherent_peaks``), one chosen per snapshot along the trajectory by the
-  Viterbi path of ``tracking.most_likely_path`` (cycle numbers as times), then refined
+  Viterbi path of ``tracking.most_likely_path`` (cycle numbers as times) through the
+  labeled snapshots' known positions (its anchors), then refined
   (``estimators.coherent_refine``); settings chosen on EXP003/EXP005 (docs/real_data.md);
 * ``lobe_oracle``: a diagnostic, not a method: of the same 8 maxima, the one nearest the
   **true** position, refined: what any choice among the lobes (a trajectory, a robust cost)
@@ -122,12 +123,23 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
-def choose_lobe(model, grid, table, r, amplitudes, cycles, area, truth=None):
+def choose_lobe(model, grid, table, r, amplitudes, cycles, area, labeled, truth=None):
     """One of each snapshot's ``NUM_LOBES`` most coherent maxima, refined: along the Viterbi
-    path over the trajectory, or (``truth`` given: the diagnostic) the one nearest the truth."""
+    path over the trajectory through the labeled snapshots (``labeled``: their positions and
+    cycles, the path's anchors), or (``truth`` given: the diagnostic) the one nearest the
+    truth."""
     peaks = coherent_peaks(model, grid, r, amplitudes, num_peaks=NUM_LOBES, table=table)
     if truth is None:
-        x = most_likely_path(peaks.x, peaks.score, cycles, area=area, **PATH_SETTINGS).x
+        anchors, anchor_times = labeled
+        x = most_likely_path(
+            peaks.x,
+            peaks.score,
+            cycles,
+            area=area,
+            anchors=anchors,
+            anchor_times=anchor_times,
+            **PATH_SETTINGS,
+        ).x
     else:
         d = np.linalg.norm(np.asarray(peaks.x)[:, :, :2] - truth[:, None, :2], axis=2)
         x = np.asarray(peaks.x)[np.arange(len(d)), np.argmin(d, axis=1)]
@@ -202,8 +214,10 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             fit_s = 0.0
         elif method in LOBE_METHODS:
             truth = xt if method == "lobe_oracle" else None
+            labeled = (xl, data.cycles[li])
             xe, t = timed(
-                choose_lobe, model, grid, table, rt, amplitudes, data.cycles[ti], area, truth
+                choose_lobe,
+                *(model, grid, table, rt, amplitudes, data.cycles[ti], area, labeled, truth),
             )
         else:
             # the grid stage tabulated once (offline, counted in fit_s), then searched

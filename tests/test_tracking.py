@@ -396,6 +396,24 @@ def test_most_likely_path_is_the_best_of_every_path():
     np.testing.assert_allclose(got.log_prob, logp[best], rtol=1e-12)
     one = tracking.most_likely_path(x[:1], s[:1], t[:1], **kw)  # one snapshot: its best score
     assert int(one.index[0]) == int(np.argmax(s[0]))
+    # two anchors (known positions; one before the first snapshot, one between the 3rd and
+    # 4th): the same enumeration over the merged sequence, each anchor a step with its one
+    # position and no score
+    a = np.array([[0.2, 0.7, 1.0], [0.9, 0.1, 1.0]])
+    ta = np.array([t[0] - 0.5, (t[2] + t[3]) / 2])
+    xa = np.repeat(a[:, None], k, 1)
+    xm = np.concatenate([xa[:1], x[:3], xa[1:], x[3:]])
+    sm = np.concatenate([np.zeros((1, k)), s[:3], np.zeros((1, k)), s[3:]])
+    tm = np.concatenate([ta[:1], t[:3], ta[1:], t[3:]])
+    logp = {
+        c: _path_log_prob(xm, sm, tm, np.array((0, *c[:3], 0, *c[3:])), 0.3, 0.05, 1.0, 3.0)
+        for c in itertools.product(range(k), repeat=n)
+    }
+    best = max(logp, key=logp.get)
+    got = tracking.most_likely_path(x, s, t, anchors=a[::-1], anchor_times=ta[::-1], **kw)
+    np.testing.assert_array_equal(got.index, best)
+    np.testing.assert_array_equal(got.x, x[np.arange(n), np.array(best)])
+    np.testing.assert_allclose(got.log_prob, logp[best], rtol=1e-12)
 
 
 def test_the_path_overrules_a_wrong_lobe_and_a_missing_candidate():
@@ -421,6 +439,23 @@ def test_the_path_overrules_a_wrong_lobe_and_a_missing_candidate():
     assert int(still.index[5]) == 1 and np.isfinite(float(still.log_prob))
 
 
+def test_an_anchor_overrules_a_consistent_wrong_track():
+    # the wrong lobe outscores the truth at every snapshot, and consistently (it moves with
+    # the UE): without anchors the path follows it; one known position settles it
+    n = 6
+    true = np.stack([np.arange(n) * 0.05, np.zeros(n), np.ones(n)], -1)
+    x = np.stack([true, true + np.array([0.0, 0.5, 0.0])], axis=1)
+    s = np.tile([0.8, 0.9], (n, 1))
+    kw = dict(step_std=0.05, jump_probability=0.01, area=4.0, score_weight=20.0)
+    free = tracking.most_likely_path(x, s, np.arange(n), **kw)
+    np.testing.assert_array_equal(free.index, np.ones(n))
+    anchored = tracking.most_likely_path(
+        x, s, np.arange(n), anchors=true[2:3] + [0.02, 0, 0], anchor_times=[2.5], **kw
+    )
+    np.testing.assert_array_equal(anchored.index, np.zeros(n))
+    np.testing.assert_allclose(anchored.x, true)
+
+
 @pytest.mark.parametrize(
     "change, match",
     [
@@ -433,6 +468,13 @@ def test_the_path_overrules_a_wrong_lobe_and_a_missing_candidate():
         (dict(jump_probability=1.0), "jump_probability"),
         (dict(area=-1.0), "area"),
         (dict(score_weight=-1.0), "score_weight"),
+        (dict(anchors=np.ones((1, 3))), "anchors and anchor_times go together"),
+        (dict(anchor_times=np.ones(1)), "anchors and anchor_times go together"),
+        (dict(anchors=np.ones((1, 2)), anchor_times=[0.5]), "anchors must have shape"),
+        (dict(anchors=np.ones((2, 3)), anchor_times=[0.5]), "anchor_times must have shape"),
+        (dict(anchors=np.full((1, 3), np.nan), anchor_times=[0.5]), "must be finite"),
+        (dict(anchors=np.ones((1, 3)), anchor_times=[2.0]), "must differ from times"),
+        (dict(anchors=np.ones((2, 3)), anchor_times=[0.5, 0.5]), "and from each other"),
     ],
 )
 def test_most_likely_path_refuses_bad_input(change, match):

@@ -16,11 +16,15 @@ a random walk of diffusion :math:`\sigma^2` per unit time in the horizontal plan
 probability :math:`\varepsilon` of a jump anywhere in an area :math:`A` (a UE that was not
 seen for a while, a snapshot that is an outlier), and an emission that trusts the candidate's
 score :math:`s` (e.g. the coherence in [0, 1]) with weight :math:`\kappa`.
+
+Snapshots whose position is known (labeled ones taken along the same trajectory) enter as
+*anchors*: a step of the path with that one position and no emission term, so that the
+walk must pass through them.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +55,8 @@ def most_likely_path(
     jump_probability: float,
     area: float,
     score_weight: float,
+    anchors: ArrayLike | None = None,
+    anchor_times: ArrayLike | None = None,
 ) -> PathResult:
     r"""The jointly most probable choice of one candidate per snapshot (module docstring).
 
@@ -65,14 +71,19 @@ def most_likely_path(
         jump_probability: :math:`\varepsilon` in (0, 1).
         area: :math:`A`, the area a jump lands in, m^2 (e.g. the search area's).
         score_weight: :math:`\kappa` >= 0 (0: the path that moves least).
+        anchors: optional (A, 3) known positions the path passes through (module
+            docstring), taken at ``anchor_times`` (A,), each different from every time in
+            ``times`` and from the other anchors' (any order).
 
     Returns:
-        :class:`PathResult`.
+        :class:`PathResult` for the N snapshots (the anchors are not in ``x`` or
+        ``index``; their transitions are in ``log_prob``).
 
     Raises:
         ValueError: shapes that do not match, non-finite positions or times, times not
             strictly increasing, a NaN or ``+inf`` score, a snapshot without a finite score,
-            parameters out of range.
+            parameters out of range, anchors without times (or the reverse), anchors that
+            are not finite or share a time with a snapshot or another anchor.
     """
     x = np.asarray(candidates, float)
     s = np.asarray(scores, float)
@@ -97,18 +108,56 @@ def most_likely_path(
     if not 0.0 < jump_probability < 1.0:
         raise ValueError(f"jump_probability must be in (0, 1), got {jump_probability}")
     finite = np.isfinite(s)  # a missing candidate stays -inf whatever the weight (0 x -inf)
+    emission = np.where(finite, score_weight * np.where(finite, s, 0.0), -np.inf)
+    x, emission, t, rows = _with_anchors(x, emission, t, anchors, anchor_times)
     dt = np.diff(t, prepend=t[0])
     log_jump = np.log(jump_probability / area)
     index, log_prob = _viterbi(
         jnp.asarray(x),
-        jnp.asarray(np.where(finite, score_weight * np.where(finite, s, 0.0), -np.inf)),
+        jnp.asarray(emission),
         jnp.asarray(dt),
         step_std**2,
         np.log1p(-jump_probability),
         log_jump,
     )
-    chosen = jnp.take_along_axis(jnp.asarray(x), index[:, None, None], 1)[:, 0]
+    index = index[rows]
+    chosen = jnp.take_along_axis(jnp.asarray(x[rows]), index[:, None, None], 1)[:, 0]
     return PathResult(chosen, index, log_prob)
+
+
+def _with_anchors(
+    x: np.ndarray, emission: np.ndarray, t: np.ndarray, anchors: Any, anchor_times: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The snapshots and the anchors in one time order: each anchor a step whose only
+    finite candidate (emission 0) is its position; and the rows of the N snapshots."""
+    n = len(t)
+    if anchors is None and anchor_times is None:
+        return x, emission, t, np.arange(n)
+    if anchors is None or anchor_times is None:
+        raise ValueError("anchors and anchor_times go together: give both or neither")
+    a = np.asarray(anchors, float)
+    ta = np.asarray(anchor_times, float)
+    if a.ndim != 2 or a.shape[1] != 3:
+        raise ValueError(f"anchors must have shape (A, 3), got {a.shape}")
+    if ta.shape != a.shape[:1]:
+        raise ValueError(f"anchor_times must have shape ({a.shape[0]},), got {ta.shape}")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(ta))):
+        raise ValueError("anchors and anchor_times must be finite")
+    k = x.shape[1]
+    all_t = np.concatenate([t, ta])
+    order = np.argsort(all_t, kind="stable")
+    if np.any(np.diff(all_t[order]) <= 0):
+        raise ValueError("anchor_times must differ from times and from each other")
+    ax = np.repeat(a[:, None, :], k, axis=1)
+    ae = np.full((len(a), k), -np.inf)
+    ae[:, 0] = 0.0
+    rows = np.argsort(order)[:n]  # where each snapshot lands in the merged order
+    return (
+        np.concatenate([x, ax])[order],
+        np.concatenate([emission, ae])[order],
+        all_t[order],
+        rows,
+    )
 
 
 @jax.jit
