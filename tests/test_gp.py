@@ -133,11 +133,16 @@ def test_fitted_gp_on_noise_free_data_beats_a_zero_mean_gp():
     assert np.all(np.diff(np.asarray(fit.history)) > -1e-6 * abs(float(fit.history[-1])))
 
 
-def test_quality_goals_concrete_at_minus_10_dbm():
-    # L = 50: the GP within 2x the theoretical model's modeling RMSE
+@pytest.fixture(scope="module")
+def fitted_l50():
+    """The GP fitted on L = 50 snapshots (concrete ground, -10 dBm), shared by two tests."""
     x, r, nv, _ = _data(50, 50)
-    fit = gp.fit(x, r, nv, SCENE)
-    model = gp.GPPhaseModel.from_fit(fit, x, r, nv, SCENE)
+    return gp.GPPhaseModel.from_fit(gp.fit(x, r, nv, SCENE), x, r, nv, SCENE)
+
+
+def test_quality_goals_concrete_at_minus_10_dbm(fitted_l50):
+    # L = 50: the GP within 2x the theoretical model's modeling RMSE
+    model = fitted_l50
     e_gp, e_theory = _modeling_rmse(model, SCENE), _modeling_rmse(TRUTH, SCENE)
     assert e_gp <= 2 * e_theory, (np.degrees(e_gp), np.degrees(e_theory))
     # L = 5: below one degree
@@ -146,10 +151,8 @@ def test_quality_goals_concrete_at_minus_10_dbm():
     assert np.degrees(_modeling_rmse(gp.GPPhaseModel.from_fit(fit5, x, r, nv, SCENE), SCENE)) < 1.0
 
 
-def test_gp_phase_model_plugs_into_simulation_and_refinement():
-    x, r, nv, _ = _data(6, 30)
-    fit = gp.fit(x, r, nv, SCENE)
-    model = gp.GPPhaseModel.from_fit(fit, x, r, nv, SCENE)
+def test_gp_phase_model_plugs_into_simulation_and_refinement(fitted_l50):
+    model = fitted_l50
     x0 = jnp.array([6.5, 5.0, 2.0])
     r0 = dj.simulate_phases(jax.random.key(7), TRUTH, x0, 0.4)
     res = dj.estimators.refine(x0 + jnp.array([0.02, -0.01, 0.015]), r0, model)
