@@ -214,11 +214,9 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             fit_s = 0.0
         elif method in LOBE_METHODS:
             truth = xt if method == "lobe_oracle" else None
-            labeled = (xl, data.cycles[li])
-            xe, t = timed(
-                choose_lobe,
-                *(model, grid, table, rt, amplitudes, data.cycles[ti], area, labeled, truth),
-            )
+            labeled = (xl, data.cycles[li])  # the path's anchors
+            args = (model, grid, table, rt, amplitudes, data.cycles[ti], area, labeled, truth)
+            xe, t = timed(choose_lobe, *args)
         else:
             # the grid stage tabulated once (offline, counted in fit_s), then searched
             if method != "best":
