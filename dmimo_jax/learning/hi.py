@@ -9,6 +9,7 @@ learned part and composes the two into a coarse estimator.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 import jax
@@ -150,7 +151,8 @@ class HIEstimator:
         hyperboloids need not meet, and the unconstrained least-squares point can lie
         arbitrarily far away."""
         r = jnp.asarray(r)
-        n = self.classifier.predict(r)
+        network_input(r, self.num_aps)  # the classifier's input checks, before tracing
+        n = _predict(*nnx.split(self.classifier), r)  # one program, not op by op
         ap = jnp.asarray(self.classifier.ap_positions[...], self.starts.dtype)
         x = estimate(
             r,
@@ -161,3 +163,10 @@ class HIEstimator:
             reference=self.classifier.config.reference,
         )
         return jnp.clip(x, self.low[None, :], self.high[None, :])
+
+
+@partial(jax.jit, static_argnums=0)
+def _predict(graphdef: Any, state: Any, r: jax.Array) -> jax.Array:
+    """The classifier's integers as one jitted program of its current state (split on every
+    call: further training is always seen)."""
+    return nnx.merge(graphdef, state).predict(r)
