@@ -60,27 +60,27 @@ def _xla_optimized_if_marked(request):
 # The longest files first. xdist's `--dist loadfile` hands each worker one file at a time
 # in collection order (`--no-loadscope-reorder`; its default orders files by their number
 # of tests), so a long file started last keeps one core busy after the other is idle.
-# Seconds of one worker, `python -m pytest --durations=0` summed per file (2026-11-25):
+# Seconds of one worker, `python -m pytest --durations=0` summed per file (2026-11-25, late):
 # a stale entry only costs balance, never a result. Files not listed run after these.
 LONGEST_FILES = (
-    "tests/test_examples.py",  # 91 s
-    "tests/test_tracking.py",  # 72 s
-    "tests/test_learning.py",  # 51 s
-    "tests/test_candidates.py",  # 47 s
-    "tests/test_pipeline.py",  # 45 s
-    "tests/test_datasets.py",  # 37 s
-    "tests/test_calibrate.py",  # 36 s
-    "tests/test_gp.py",  # 33 s
-    "tests/test_offline_online.py",  # 31 s
-    "tests/test_grid.py",  # 28 s
-    "tests/test_bad_input.py",  # 27 s
-    "tests/test_physics.py",  # 20 s
-    "tests/test_calibration.py",  # 18 s
-    "docs/getting_started.md",  # 16 s
-    "tests/test_structure.py",  # 15 s
-    "tests/test_deployment.py",  # 14 s
-    "tests/test_design.py",  # 13 s
-    "tests/test_bounds.py",  # 12 s
+    "tests/test_examples.py",  # 75 s
+    "tests/test_tracking.py",  # 58 s
+    "tests/test_candidates.py",  # 39 s
+    "tests/test_pipeline.py",  # 35 s
+    "tests/test_calibrate.py",  # 31 s
+    "tests/test_learning.py",  # 30 s
+    "tests/test_gp.py",  # 29 s
+    "tests/test_datasets.py",  # 29 s
+    "tests/test_offline_online.py",  # 22 s
+    "tests/test_grid.py",  # 22 s
+    "tests/test_bad_input.py",  # 17 s
+    "tests/test_calibration.py",  # 17 s
+    "tests/test_design.py",  # 14 s
+    "tests/test_physics.py",  # 12 s
+    "tests/test_deployment.py",  # 12 s
+    "tests/test_structure.py",  # 11 s
+    "tests/test_bounds.py",  # 11 s
+    "docs/getting_started.md",  # 10 s
 )
 
 
