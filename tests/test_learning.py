@@ -15,12 +15,13 @@ from flax import nnx
 
 import dmimo_jax as dj
 from dmimo_jax import complexity
-from dmimo_jax.estimators import hyperbola
+from dmimo_jax.estimators import cell_grid, hyperbola
 from dmimo_jax.learning import synthesize
+from dmimo_jax.learning.cells import CellClassifier, CellConfig
 from dmimo_jax.learning.hi import AmbiguityClassifier
 from dmimo_jax.learning.io import load_model, save_model
 from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
-from dmimo_jax.learning.nets import differential_inputs, functional
+from dmimo_jax.learning.nets import differential_inputs, functional, jit_method
 from dmimo_jax.learning.popt import POPT, POPTConfig
 from dmimo_jax.learning.train import TrainConfig, train
 
@@ -72,6 +73,24 @@ def test_dropout_only_with_a_key_and_pure_apply_matches_the_module():
     a, b = net(r, key=jax.random.key(0)), net(r, key=jax.random.key(1))
     assert float(jnp.max(jnp.abs(a - b))) > 0
     np.testing.assert_array_equal(net(r, key=jax.random.key(0)), a)
+
+
+def test_jit_method_runs_the_current_weights_as_one_program():
+    net = _popt()
+    r = jax.random.uniform(jax.random.key(2), (4, 17), minval=-np.pi, maxval=np.pi)
+    x = jnp.ones((4, 3))
+    np.testing.assert_allclose(jit_method(net, "error", r, x), net.error(r, x), rtol=1e-5)
+    before = jit_method(net, "__call__", r)
+    net.head2.bias[...] = net.head2.bias[...] + 1.0  # new weights, same structure
+    after = jit_method(net, "__call__", r)
+    np.testing.assert_allclose(after, net(r), rtol=1e-5)
+    assert float(jnp.min(jnp.abs(after - before))) > 0.1  # not a stale program
+    cells = CellClassifier(17, CellConfig(), cells=cell_grid(SCENE, 2.0), rngs=nnx.Rngs(0))
+    idx, p = jit_method(cells, "top_cells", r, k=3)  # a static keyword
+    want = cells.top_cells(r, 3)
+    assert idx.shape == (4, 3)
+    np.testing.assert_array_equal(idx, want[0])
+    np.testing.assert_allclose(p, want[1], rtol=1e-5)
 
 
 def test_same_key_same_model_and_same_training():

@@ -9,7 +9,6 @@ learned part and composes the two into a coarse estimator.
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from typing import Any
 
 import jax
@@ -21,7 +20,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax.estimators.hyperbola import ambiguities, default_starts, estimate, max_ambiguity
 from dmimo_jax.learning.mlp import MLP, MLPConfig, check_reference
-from dmimo_jax.learning.nets import differential_inputs, network_input
+from dmimo_jax.learning.nets import differential_inputs, jit_method, network_input
 from dmimo_jax.scene import Scene
 
 __all__ = ["AmbiguityClassifier", "HIEstimator"]
@@ -152,7 +151,7 @@ class HIEstimator:
         arbitrarily far away."""
         r = jnp.asarray(r)
         network_input(r, self.num_aps)  # the classifier's input checks, before tracing
-        n = _predict(*nnx.split(self.classifier), r)  # one program, not op by op
+        n = jit_method(self.classifier, "predict", r)
         ap = jnp.asarray(self.classifier.ap_positions[...], self.starts.dtype)
         x = estimate(
             r,
@@ -163,10 +162,3 @@ class HIEstimator:
             reference=self.classifier.config.reference,
         )
         return jnp.clip(x, self.low[None, :], self.high[None, :])
-
-
-@partial(jax.jit, static_argnums=0)
-def _predict(graphdef: Any, state: Any, r: jax.Array) -> jax.Array:
-    """The classifier's integers as one jitted program of its current state (split on every
-    call: further training is always seen)."""
-    return nnx.merge(graphdef, state).predict(r)

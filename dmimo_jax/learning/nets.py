@@ -9,13 +9,15 @@ training loop relies on:
 * ``error(r, x)``: a per-sample validation error (m for position regressors).
 
 :func:`functional` turns any of them into a pure ``apply(state, r) -> out`` for
-jit/vmap/grad.
+jit/vmap/grad; :func:`jit_method` runs one of a module's methods as one jitted program of
+its current state.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -32,6 +34,7 @@ __all__ = [
     "differential_inputs",
     "functional",
     "inference_fn",
+    "jit_method",
     "phase_tokens",
     "PositionRegressor",
 ]
@@ -124,6 +127,24 @@ def inference_fn(model: nnx.Module) -> Callable[[Any], Any]:
     """
     graphdef, state = nnx.split(model)
     return jax.jit(lambda r: nnx.merge(graphdef, state)(r))
+
+
+def jit_method(model: nnx.Module, method: str, *args: Any, **static: Any) -> Any:
+    """``getattr(model, method)(*args, **static)`` run as one jitted program of the model's
+    current state (op by op, every operation of an eager call dispatches, and compiles at a
+    new shape, on its own).
+
+    The state is split on every call and passed as an argument, so further training is
+    always seen; JAX's compilation cache is keyed by the model's structure, ``method`` and
+    the ``static`` keyword values (hashable, e.g. an int ``k``), never by the weights.
+    """
+    graphdef, state = nnx.split(model)
+    return _jit_method(graphdef, state, method, tuple(sorted(static.items())), *args)
+
+
+@partial(jax.jit, static_argnums=(0, 2, 3))
+def _jit_method(graphdef: Any, state: Any, method: str, static: tuple, *args: Any) -> Any:
+    return getattr(nnx.merge(graphdef, state), method)(*args, **dict(static))
 
 
 class PositionRegressor:

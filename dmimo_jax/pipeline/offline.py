@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 import json
 import pathlib
-from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -35,6 +34,7 @@ from dmimo_jax.learning.data import load_dataset, write_dataset
 from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator
 from dmimo_jax.learning.io import load_model, save_model
 from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
+from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.learning.popt import POPT, POPTConfig
 from dmimo_jax.learning.presets import CellsPreset, Preset, get_preset
 from dmimo_jax.learning.train import TrainConfig, train
@@ -345,12 +345,6 @@ def run_offline(
     return Offline(fine, screen, table, estimators, radii, info, folder, cell_corners)
 
 
-@partial(jax.jit, static_argnums=0)
-def _network_errors(graphdef: Any, state: Any, r: Array, x: Array) -> Array:
-    """A trained network's per-sample errors (its ``error(r, x)``) as one program."""
-    return nnx.merge(graphdef, state).error(r, x)
-
-
 def _offline_cells(folder, data_model, screen, scene, c, seed, progress, on_epoch_end):
     """The cell classifier of settings ``c`` (its own synthetic set from ``data_model``,
     cached under ``folder/cells-<hash of its settings>``) and the cell table of ``screen``."""
@@ -388,7 +382,7 @@ def _offline_cells(folder, data_model, screen, scene, c, seed, progress, on_epoc
         n_val = max(1, int(round(c.train.val_fraction * c.num_samples)))
         xv = np.asarray(data.x[c.num_samples - n_val :])
         rv = np.asarray(data.r[c.num_samples - n_val :])
-        miss = np.asarray(_network_errors(*nnx.split(net), rv, xv))
+        miss = np.asarray(jit_method(net, "error", rv, xv))
         meta = dict(history=res.history, val_top_k_miss=float(miss.mean()), radius=c.cell_size)
         save_model(out, net, meta=meta)
     table = cell_table(screen, cell_grid(scene, c.cell_size))  # float64 corners

@@ -10,7 +10,6 @@ once.
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -43,6 +42,7 @@ from dmimo_jax.estimators.candidates import (
 )
 from dmimo_jax.estimators.mle import check_num_steps, refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
+from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.physics import PhaseModel
 
 
@@ -65,8 +65,7 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
     num_aps = getattr(estimator, "num_aps", None)
     r = jnp.atleast_2d(r) if num_aps is None else as_snapshot_batch("r", r, num_aps)
     if isinstance(estimator, nnx.Module):
-        graphdef, state = nnx.split(estimator)
-        out = _apply_network(graphdef, state, r.astype(jnp.float32))
+        out = jit_method(estimator, "__call__", r.astype(jnp.float32))
     else:
         out = estimator(r)
     if np.shape(out) != (r.shape[0], 3):
@@ -75,11 +74,6 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
             f"got {np.shape(out)}"
         )
     return jnp.asarray(out, jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)
-
-
-@partial(jax.jit, static_argnums=(0,))
-def _apply_network(graphdef: Any, state: Any, r: Array) -> Array:
-    return nnx.merge(graphdef, state)(r)
 
 
 # ----------------------------------------------------------------------------- online
@@ -160,13 +154,7 @@ def cell_probabilities(classifier: nnx.Module, r: ArrayLike, k: int) -> tuple[Ar
 
 
 def _cell_probabilities(classifier: nnx.Module, r: Array, k: int) -> tuple[Array, Array]:
-    graphdef, state = nnx.split(classifier)
-    return _top_cells(graphdef, state, r.astype(jnp.float32), k)
-
-
-@partial(jax.jit, static_argnums=(0, 3))
-def _top_cells(graphdef: Any, state: Any, r: Array, k: int) -> tuple[Array, Array]:
-    return nnx.merge(graphdef, state).top_cells(r, k)
+    return jit_method(classifier, "top_cells", r.astype(jnp.float32), k=k)
 
 
 def bucketed(fn: Any, rows: np.ndarray, *arrays: Array) -> Array:
