@@ -121,7 +121,7 @@ def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "lat.json"
     _run(
         "benchmarks/popt_latency.py",
-        ["--repeats", "5", "--batch", "8", "--json", str(out)],
+        ["--repeats", "5", "--batch", "8", "--rounds", "2", "--json", str(out)],
         monkeypatch,
     )
     rows = json.loads(out.read_text())
@@ -140,6 +140,7 @@ def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
     popt = [r for r in rows if r["method"] == "POPT" and r["framework"] == "jax"]
     assert popt[0]["flops_formula"] == pytest.approx(81.1e6, rel=2e-3)
     assert 0.8 < popt[0]["flops_xla"] / popt[0]["flops_formula"] < 1.3
+    assert len(popt[0]["floor_ratio_rounds"]) == 2 and popt[0]["floor_ratio_median"] > 0
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
