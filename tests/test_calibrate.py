@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dmimo_jax as dj
-from dmimo_jax.calibration import calibrate, offsets_closed_form
+from dmimo_jax.calibration import Unlabeled, calibrate, offsets_closed_form
 
 SCENE = dj.paper_scene(-10.0, convention="itu")
 M = SCENE.num_aps
@@ -111,6 +111,66 @@ def test_standard_errors_cover_the_truth_at_their_stated_rate():
     assert 0.92 <= covered / total <= 0.98, covered / total
 
 
+N_U = 40
+X_U = np.asarray(dj.sample_positions(jax.random.key(2), N_U, SCENE))
+CPO_U = np.asarray(dj.random_cpos(jax.random.key(3), N_U))
+
+
+def _positions_world():
+    ap = np.asarray(SCENE.ap_positions) + RNG.normal(0, 1e-2, (M, 3))
+    return dj.TwoRayModel(SCENE.replace(ap_positions=ap, ap_phase_offsets=OFFSETS))
+
+
+def test_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out():
+    """Unlabeled snapshots from 1 mm off: the world recovered to 1e-6, their positions too;
+    one start half a metre off (another lobe) fails the cost screen."""
+    truth = _positions_world()
+    r_u = dj.wrap(jax.vmap(truth.mean)(jnp.asarray(X_U)) + CPO_U[:, None])
+    x0 = X_U + np.random.default_rng(4).normal(0, 1e-3, X_U.shape)
+    x0[0, 0] += 0.5
+    unlabeled = Unlabeled(r_u, jax.vmap(truth.variance)(X_U), x0)
+    fit = ("ap_positions", "ap_phase_offsets")
+    var = jax.vmap(truth.variance)(X)
+    cal = calibrate(dj.TwoRayModel(SCENE), X, _noise_free(truth), var, fit=fit, unlabeled=unlabeled)
+    np.testing.assert_array_equal(cal.unlabeled_used, np.arange(N_U) > 0)
+    np.testing.assert_allclose(cal.values["ap_positions"], truth.scene.ap_positions, atol=1e-6)
+    offsets = _wrap(cal.values["ap_phase_offsets"] - (OFFSETS - OFFSETS[0]))
+    np.testing.assert_array_less(np.abs(offsets), 1e-6)
+    np.testing.assert_allclose(cal.unlabeled_x[1:], X_U[1:], atol=1e-6)
+    assert float(cal.reduced_chi2) < 1e-6
+    assert cal.dof == L * M - L - 3 * M - (M - 1) + (N_U - 1) * (M - 4)
+
+
+def test_unlabeled_snapshots_inform_less_than_labeled_ones_more_than_none():
+    """Standard errors with N unlabeled snapshots lie between the labeled fit's and those of
+    a fit told the N positions: profiling a position out must cost information (a Jacobian
+    not projected off the positions would equal the told fit; a wrong sign would beat it)."""
+    truth = _positions_world()
+    k = jax.random.split(jax.random.key(21))
+    r = dj.simulate_phases_batch(k[0], truth, X, CPO)
+    r_u = dj.simulate_phases_batch(k[1], truth, X_U, CPO_U)
+    var, var_u = jax.vmap(truth.variance)(X), jax.vmap(truth.variance)(X_U)
+    fit = ("ap_positions", "ap_phase_offsets")
+    x0 = dj.refine_batch(X_U, r_u, truth).x
+    labeled = calibrate(dj.TwoRayModel(SCENE), X, r, var, fit=fit)
+    profiled = calibrate(
+        dj.TwoRayModel(SCENE), X, r, var, fit=fit, unlabeled=Unlabeled(r_u, var_u, x0)
+    )
+    told = calibrate(
+        dj.TwoRayModel(SCENE),
+        np.vstack([X, X_U]),
+        jnp.vstack([r, r_u]),
+        jnp.vstack([var, var_u]),
+        fit=fit,
+    )
+    assert bool(np.all(profiled.unlabeled_used))
+    assert abs(float(profiled.reduced_chi2) - 1.0) < 0.15
+    se = {c: np.ravel(c.stderr["ap_positions"]) for c in (labeled, profiled, told)}
+    assert np.median(se[profiled] / se[labeled]) < 0.9
+    assert np.median(se[profiled] / se[told]) > 1.02
+    assert np.all(se[profiled] >= se[told] * (1 - 1e-9))
+
+
 def test_a_wrong_model_says_so():
     """A two-ray model fitted to room data: reduced chi-square far above 1, a warning, and
     standard errors inflated by its square root."""
@@ -202,3 +262,23 @@ def test_bad_calibration_requests_are_refused(model, kwargs, match):
 def test_bad_calibration_data_are_refused(x, r, var, match):
     with pytest.raises(ValueError, match=match):
         calibrate(_ROOM, x, r, var, fit="ap_phase_offsets")
+
+
+_U = Unlabeled(np.zeros((4, M)), np.ones((4, M)), X[:4])
+
+
+@pytest.mark.parametrize(
+    ("unlabeled", "match"),
+    [
+        (tuple(_U), r"unlabeled must be an Unlabeled\(r, noise_var, x0\)"),
+        (_U._replace(x0=X[:4, :2]), r"unlabeled.x0 must have shape \(N, 3\)"),
+        (_U._replace(x0=X[:4] + np.array([0.0, 0.0, 10.0])), "unlabeled.x0.*ceiling"),
+        (_U._replace(r=np.zeros((4, M - 1))), r"unlabeled.r must have shape \(4, 17\)"),
+        (_U._replace(r=np.full((4, M), np.nan)), "unlabeled.r must be finite"),
+        (_U._replace(noise_var=np.ones((3, M))), r"unlabeled.noise_var must have shape"),
+        (_U._replace(noise_var=-np.ones((4, M))), "unlabeled.noise_var must be positive"),
+    ],
+)
+def test_bad_unlabeled_snapshots_are_refused(unlabeled, match):
+    with pytest.raises(ValueError, match=match):
+        calibrate(_ROOM, X, np.zeros((L, M)), np.ones((L, M)), unlabeled=unlabeled)

@@ -16,8 +16,10 @@
 from dmimo_jax.calibration.deployment import (
     CALIBRATION_STARTS,
     GROUPS,
+    UNLABELED_STEPS,
     Calibration,
     SyntheticDeployment,
+    Unlabeled,
     calibrate,
     offsets_closed_form,
     synthetic_deployment,
@@ -45,7 +47,9 @@ from dmimo_jax.calibration.self_training import (
 __all__ = [
     "CALIBRATION_STARTS",
     "GROUPS",
+    "UNLABELED_STEPS",
     "Calibration",
+    "Unlabeled",
     "SyntheticDeployment",
     "MaterialFit",
     "ResidualFieldModel",

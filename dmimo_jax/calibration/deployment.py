@@ -35,6 +35,21 @@ autodiff Jacobian. The groups (``fit=``):
 Staging: offsets from the closed form; then, when surfaces are fitted, surfaces and offsets
 from each material start (the best kept); then every group jointly.
 
+Unlabeled snapshots (``unlabeled=``, beyond the paper). A deployment in operation collects
+far more snapshots than anyone labels. Given N of them with start positions in the right
+basin (the online stage's estimates under the labeled calibration), a last stage fits every
+group to the labeled and the unlabeled snapshots together, each unlabeled position profiled
+out: at every iterate it is re-located by the package's LM (:data:`UNLABELED_STEPS` steps),
+and its residuals enter the calibration's Jacobian projected off its own three directions
+(variable projection; the Gauss-Newton Schur complement of the joint problem in
+:math:`\boldsymbol\vartheta` and the N positions, at the memory of the labeled fit). Each
+unlabeled snapshot adds :math:`M - 4` degrees of freedom (a CPO and three coordinates
+spent). Before that stage a snapshot whose cost at its re-located position exceeds its
+chi-square's mean by 5 standard deviations (scaled by the labeled fit's reduced chi-square
+when above 1) is left out (``unlabeled_used``): a wrong lobe would pull the fit. Used
+snapshots enter the standard errors and the log-likelihood; the polarization is chosen on
+the labeled snapshots.
+
 Honest uncertainty. Standard errors come from the Gauss-Newton information
 :math:`\mathbf J^\top\mathbf J` of the whitened residuals, inverted through its eigenvalues
 (a direction the data do not constrain gets an infinite or huge error, never a small one),
@@ -59,7 +74,13 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, is_concrete, warn_if_float32
+from dmimo_jax._checks import (
+    check_finite,
+    check_int,
+    check_positions,
+    is_concrete,
+    warn_if_float32,
+)
 from dmimo_jax.antenna import CosinePattern
 from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.estimators.mle import compressed_residuals, cpo_estimate
@@ -82,7 +103,9 @@ __all__ = [
     "synthetic_deployment",
     "CALIBRATION_STARTS",
     "GROUPS",
+    "UNLABELED_STEPS",
     "Calibration",
+    "Unlabeled",
     "calibrate",
     "log_likelihood",
     "offsets_closed_form",
@@ -94,6 +117,22 @@ CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
 
 GROUPS = ("ap_positions", "ap_phase_offsets", "surfaces", "antenna", "polarization")
 """The groups of unknowns :func:`calibrate` can fit."""
+
+UNLABELED_STEPS = 10
+"""Levenberg-Marquardt steps that re-locate each unlabeled snapshot at every iterate."""
+
+
+class Unlabeled(NamedTuple):
+    """Snapshots at unknown positions for :func:`calibrate` to learn from as well.
+
+    Typically the deployment's own traffic, located by the online stage under a calibration
+    from the labeled snapshots alone; ``x0`` must be in the right basin (a wrong lobe's
+    snapshot is screened out by its cost, module docstring).
+    """
+
+    r: ArrayLike  # (N, M) wrapped phases, rad
+    noise_var: ArrayLike  # (N, M) phase-noise variances, rad^2
+    x0: ArrayLike  # (N, 3) start positions, m
 
 
 @pytree_dataclass
@@ -117,10 +156,15 @@ class Calibration:
             :math:`\sqrt{\max(1, \chi^2_\nu)}`.
         log_likelihood_by_polarization: (2,) best log-likelihood for TE and TM (``-inf`` for
             one not tried).
-        dof: degrees of freedom LM - L - number of parameters (static).
+        dof: degrees of freedom LM - L - number of parameters, plus M - 4 per unlabeled
+            snapshot used (static).
         polarization: the model's polarization after the fit (static).
         fit: the groups fitted (static).
         surfaces: names of the calibrated surfaces (static; empty unless ``"surfaces"``).
+        unlabeled_x: (N, 3) the unlabeled snapshots' positions under the calibrated model
+            (``None`` without ``unlabeled=``).
+        unlabeled_used: (N,) bool, the unlabeled snapshots the fit used (the others failed
+            the cost screen; ``None`` without ``unlabeled=``).
     """
 
     model: Any
@@ -134,6 +178,8 @@ class Calibration:
     polarization: str = static_field()
     fit: tuple[str, ...] = static_field()
     surfaces: tuple[str, ...] = static_field()
+    unlabeled_x: Array | None = None
+    unlabeled_used: Array | None = None
 
 
 @pytree_dataclass
@@ -451,17 +497,69 @@ def _apply(model: Any, groups: Sequence[_Group], u: Array) -> Any:
     return model
 
 
-def _residuals(u, model, groups, x, r, noise_var):
-    return _whitened(_apply(model, groups, u), x, r, noise_var)
+def _residuals(u, model, groups, x, r, noise_var, unlabeled=None):
+    """Whitened residuals of the labeled snapshots, then of the unlabeled ones (if any) at
+    their positions profiled out (:func:`_profiled_positions`)."""
+    m = _apply(model, groups, u)
+    e = _whitened(m, x, r, noise_var)
+    if unlabeled is None:
+        return e
+    x0, r_u, nv_u = unlabeled
+    xs = _profiled_positions(u, model, groups, x0, r_u, nv_u)
+    return jnp.concatenate([e, _whitened(m, xs, r_u, nv_u)])
+
+
+def _locate(model: Any, x0: Array, r: Array, noise_var: Array) -> Array:
+    """Each snapshot's position under ``model`` by the package's LM from ``x0`` (N, 3)."""
+
+    def one(x, rn, nvn):
+        def res(v, _):
+            return _whitened(model, v[None], rn[None], nvn[None])
+
+        return levenberg_marquardt(res, x, num_steps=UNLABELED_STEPS, damping=1e-3).x
+
+    return jax.vmap(one)(x0, r, noise_var)
+
+
+@jax.custom_jvp
+def _profiled_positions(u, model, groups, x0, r, noise_var):
+    r"""Positions of unlabeled snapshots at the calibration ``u`` (variable projection).
+
+    Value: :func:`_locate` under the model at ``u``. Derivative (Gauss-Newton implicit
+    function): each position moves with ``u`` as
+    :math:`d\mathbf x_n = -(\mathbf J_x^\top\mathbf J_x)^{-1}\mathbf J_x^\top
+    \mathbf J_u\,d\mathbf u`, so the calibration's Jacobian of an unlabeled snapshot's
+    residuals is :math:`(\mathbf I - \mathbf P_x)\mathbf J_u`, the residual form of the
+    joint problem's Schur complement. Only ``u`` carries a tangent (the others' are
+    ignored: the calibration differentiates in ``u`` alone).
+    """
+    return _locate(_apply(model, groups, u), x0, r, noise_var)
+
+
+@_profiled_positions.defjvp
+def _profiled_positions_jvp(primals, tangents):
+    u, model, groups, x0, r, noise_var = primals
+    du = tangents[0]
+    xs = _profiled_positions(u, model, groups, x0, r, noise_var)
+
+    def one(xn, rn, nvn):
+        def res(v, x):
+            return _whitened(_apply(model, groups, v), x[None], rn[None], nvn[None])
+
+        jx = jax.jacfwd(res, argnums=1)(u, xn)
+        _, ju = jax.jvp(lambda v: res(v, xn), (u,), (du,))
+        return -jnp.linalg.solve(jx.T @ jx, jx.T @ ju)
+
+    return xs, jax.vmap(one)(xs, r, noise_var)
 
 
 @partial(jax.jit, static_argnames=("num_steps",))
-def _solve(model, groups, x, r, noise_var, u0, num_steps):
+def _solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None):
     """LM over the concatenated groups from each row of ``u0`` (S, n): (u (S, n), cost (S,))."""
 
     def one(u):
         res = levenberg_marquardt(
-            lambda v, _: _residuals(v, model, groups, x, r, noise_var),
+            lambda v, _: _residuals(v, model, groups, x, r, noise_var, unlabeled),
             u,
             num_steps=num_steps,
             damping=1e-2,
@@ -472,21 +570,21 @@ def _solve(model, groups, x, r, noise_var, u0, num_steps):
 
 
 @jax.jit
-def _information(model, groups, x, r, noise_var, u):
+def _information(model, groups, x, r, noise_var, u, unlabeled=None):
     """(J^T J of the whitened residuals in u, d natural / d u, the cost) at ``u``."""
-    jac = jax.jacfwd(_residuals)(u, model, groups, x, r, noise_var)
+    jac = jax.jacfwd(_residuals)(u, model, groups, x, r, noise_var, unlabeled)
     nat = jax.jacfwd(
         lambda v: jnp.concatenate(
             [g.natural(p) for g, p in zip(groups, _split(groups, v), strict=True)]
         )
     )(u)
-    e = _residuals(u, model, groups, x, r, noise_var)
+    e = _residuals(u, model, groups, x, r, noise_var, unlabeled)
     return jac.T @ jac, nat, jnp.sum(e * e)
 
 
-def _lm(model, groups, x, r, noise_var, u0, num_steps):
+def _lm(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None):
     """The best of the LM runs from the rows of ``u0``: (u, cost)."""
-    u, cost = _solve(model, tuple(groups), x, r, noise_var, jnp.asarray(u0), num_steps)
+    u, cost = _solve(model, tuple(groups), x, r, noise_var, jnp.asarray(u0), num_steps, unlabeled)
     cost = np.where(np.isfinite(np.asarray(cost)), np.asarray(cost), np.inf)
     best = int(np.argmin(cost))
     return np.asarray(u[best]), float(cost[best])
@@ -593,6 +691,7 @@ def calibrate(
     free_axes: ArrayLike | None = None,
     starts: Sequence[complex | str] | None = None,
     num_steps: int = 40,
+    unlabeled: Unlabeled | None = None,
     warn: bool = True,
 ) -> Calibration:
     r"""Maximum-likelihood calibration of a physical model from L labeled snapshots.
@@ -613,6 +712,9 @@ def calibrate(
         starts: materials or permittivities the ``"surfaces"`` fit starts from (default
             :data:`CALIBRATION_STARTS`).
         num_steps: Levenberg-Marquardt steps per stage.
+        unlabeled: :class:`Unlabeled` snapshots whose positions are profiled out (module
+            docstring): a last stage fits every group to the labeled and the unlabeled
+            snapshots together.
         warn: warn when the reduced chi-square says the model does not fit.
 
     Returns:
@@ -657,6 +759,7 @@ def calibrate(
         raise ValueError("free_axes= restricts 'ap_positions': add it to fit")
     if "antenna" in fit:
         _antenna_group(model)  # refuse a pattern with nothing to fit before any work
+    unl_all = None if unlabeled is None else _unlabeled_arrays(unlabeled, model, dtype)
     pols = ("TE", "TM") if "polarization" in fit else (model.scene.polarization,)
     lls = {"TE": -np.inf, "TM": -np.inf}
     best = None
@@ -683,6 +786,18 @@ def calibrate(
             "use more labeled snapshots"
         )
     chi2 = cost / dof
+    unl, unlabeled_x, used = None, None, None
+    if unl_all is not None:
+        used, x_start = _screen_unlabeled(_apply(m, groups, jnp.asarray(u)), unl_all, chi2)
+        unl_all = (x_start, *unl_all[1:])
+        if np.any(used):
+            unl = tuple(v[used] for v in unl_all)
+            u, cost = _lm(m, groups, x, r, noise_var, np.asarray(u)[None], num_steps, unl)
+            n_u = int(used.sum())
+            dof += n_u * (num_m - 4)  # M residuals, a CPO and three coordinates each
+            chi2 = cost / dof
+            ll = -0.5 * (cost + float(jnp.sum(jnp.log(2 * jnp.pi * noise_var))))
+            ll -= 0.5 * float(jnp.sum(jnp.log(2 * jnp.pi * unl[2])))
     if warn and chi2 > 1.0 + 5.0 * np.sqrt(2.0 / dof):
         warnings.warn(
             f"calibrate: reduced chi-square {chi2:.3g} (expected 1 +- {np.sqrt(2.0 / dof):.2g} "
@@ -692,9 +807,12 @@ def calibrate(
             stacklevel=2,
         )
     u = jnp.asarray(u)
-    info, nat, _ = _information(m, tuple(groups), x, r, noise_var, u)
+    info, nat, _ = _information(m, tuple(groups), x, r, noise_var, u, unl)
     se = _stderr(np.asarray(info), np.asarray(nat), np.sqrt(max(1.0, chi2)))
     fitted = _apply(m, groups, u)
+    if unl_all is not None:
+        unlabeled_x = _locate_jit(fitted, *unl_all)
+        used = jnp.asarray(used)
     values, stderr, i = {}, {}, 0
     for g, part in zip(groups, _split(groups, u), strict=True):
         nat = g.natural(part)
@@ -715,7 +833,48 @@ def calibrate(
         polarization=pol,
         fit=fit,
         surfaces=tuple(names),
+        unlabeled_x=unlabeled_x,
+        unlabeled_used=used,
     )
+
+
+def _unlabeled_arrays(unlabeled: Any, model: Any, dtype: Any) -> tuple[Array, Array, Array]:
+    """``unlabeled``'s (x0, r, noise_var) as arrays, checked (``ValueError`` naming each)."""
+    if not isinstance(unlabeled, Unlabeled):
+        raise ValueError(
+            f"unlabeled must be an Unlabeled(r, noise_var, x0), got {type(unlabeled).__name__}"
+        )
+    check_positions("unlabeled.x0", unlabeled.x0, batched=True)
+    x0 = np.asarray(unlabeled.x0, float)
+    check_in_domain("unlabeled.x0", x0, model)
+    for name in ("r", "noise_var"):
+        v = np.asarray(getattr(unlabeled, name))
+        if v.shape != (x0.shape[0], model.num_aps):
+            raise ValueError(
+                f"unlabeled.{name} must have shape {(x0.shape[0], model.num_aps)} (N, M) to "
+                f"match unlabeled.x0, got {v.shape}"
+            )
+        check_finite(f"unlabeled.{name}", v)
+    if np.any(np.asarray(unlabeled.noise_var) <= 0):
+        raise ValueError("unlabeled.noise_var must be positive (rad^2)")
+    x0, r, noise_var = (jnp.asarray(v, dtype) for v in (x0, unlabeled.r, unlabeled.noise_var))
+    return x0, r, noise_var
+
+
+_locate_jit = jax.jit(_locate)
+
+
+def _screen_unlabeled(model: Any, unlabeled: tuple, chi2: float) -> tuple[np.ndarray, Array]:
+    """The unlabeled snapshots re-located under ``model`` (N, 3), and which of them (N,) bool
+    have a cost there within 5 standard deviations of its chi-square (M - 4 degrees of
+    freedom), scaled by the labeled fit's reduced chi-square when above 1: a snapshot in a
+    wrong lobe fails it."""
+    x0, r, nv = unlabeled
+    xs = _locate_jit(model, x0, r, nv)
+    e = _whitened(model, xs, r, nv).reshape(r.shape)
+    k = r.shape[1] - 4
+    bound = max(1.0, chi2) * (k + 5.0 * np.sqrt(2.0 * k))
+    return np.asarray(jnp.sum(e * e, axis=1)) < bound, xs
 
 
 # ------------------------------------------------------------------ a world to calibrate
