@@ -25,6 +25,12 @@ refinement. Also the calibration table: truth, estimate and standard error per g
     python examples/deployment.py --quick         # 256 test UEs
     python examples/deployment.py --patch         # patch antennas of unknown exponent too
     python examples/deployment.py --world two-ray --patch   # free APs off by N(0, 1 cm) in 3-D
+    python examples/deployment.py --world two-ray --patch --unlabeled 1024
+
+With ``--unlabeled N`` the last calibration is repeated with N unlabeled snapshots of the
+world (other random positions; their noise variances known, as the labeled ones'), located
+by the lambda/8 MLE under the labeled calibration (``calibrate(..., unlabeled=...)``: their
+positions profiled out); the learned stage then runs under that calibration.
 
 Writes ``OUT.json`` (rows, calibration table) and ``OUT.png`` (error CDFs; needs matplotlib).
 """
@@ -50,7 +56,7 @@ from _helpers import pyplot, repeat_style, save_figure, write_json  # noqa: E402
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
 from dmimo_jax import gp, pipeline  # noqa: E402
-from dmimo_jax.calibration import calibrate, synthetic_deployment  # noqa: E402
+from dmimo_jax.calibration import Unlabeled, calibrate, synthetic_deployment  # noqa: E402
 from dmimo_jax.learning import get_preset  # noqa: E402
 
 TRUE_EXPONENT = 1.7  # synthetic_deployment's default
@@ -262,6 +268,11 @@ def print_tables(result):
         print(
             f"\ncalibration: {name} ({table['seconds']:.1f} s, reduced chi2 {table['reduced_chi2']:.3f})"
         )
+        if "unlabeled_used" in table:
+            print(
+                f"  unlabeled snapshots used {table['unlabeled_used']}, their positions off by "
+                f"{table['unlabeled_error_median_m']:.3g} m (median)"
+            )
         for row in table["groups"]:
             if "median" in row:
                 print(
@@ -305,6 +316,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--world", default="room", choices=["room", "two-ray"])
     ap.add_argument("--patch", action="store_true", help="patch antennas of unknown exponent")
     ap.add_argument("--quick", action="store_true", help="256 test UEs")
+    ap.add_argument(
+        "--unlabeled",
+        type=int,
+        default=0,
+        help="also calibrate with this many unlabeled snapshots (the deployment's traffic)",
+    )
     ap.add_argument(
         "--no-baselines",
         dest="baselines",
@@ -385,6 +402,40 @@ def main(argv=None) -> dict:
                 table_s=t_table,
             )
         )
+    if args.unlabeled:
+        # traffic: snapshots nobody labeled, located by the MLE under the labeled calibration
+        key_traffic = jax.random.fold_in(jax.random.key(args.seed), 1)
+        x_u, r_u, nv_u = snapshots(key_traffic, truth, surveyed, args.unlabeled)
+        x0 = mle(cal.model, r_u, args.spacing_div)[0]
+        t0 = time.perf_counter()
+        cal = calibrate(
+            model, x_l, r_l, nv_l, fit=fit, warn=False, unlabeled=Unlabeled(r_u, nv_u, x0)
+        )
+        t_cal = time.perf_counter() - t0
+        name = f"{name} + {args.unlabeled} unlabeled"
+        used = np.asarray(cal.unlabeled_used)
+        tables[name] = dict(
+            seconds=t_cal,
+            reduced_chi2=float(cal.reduced_chi2),
+            fit=list(fit),
+            groups=calibration_table(cal, truth, fit),
+            unlabeled_used=int(used.sum()),
+            unlabeled_error_median_m=float(
+                np.median(np.linalg.norm(np.asarray(cal.unlabeled_x - x_u), axis=1)[used])
+            ),
+        )
+        fine, t, t_table = mle(cal.model, r, args.spacing_div)
+        rows.append(
+            score(
+                f"{name} (L={args.num_train}) + MLE",
+                x,
+                fine,
+                t,
+                pebs,
+                calibration_s=t_cal,
+                table_s=t_table,
+            )
+        )
     # the learned online stage under the last calibrated model: cells -> screen -> 3 steps
     fine_learned, t, extra = learned(cal.model, x_l, r_l, nv_l, x, r, args)
     agree = np.linalg.norm(fine_learned - fine, axis=1) < 1e-3  # vs the calibrated room's MLE
@@ -405,6 +456,7 @@ def main(argv=None) -> dict:
         power_dbm=args.power_dbm,
         num_train=args.num_train,
         num_test=args.num_test,
+        num_unlabeled=args.unlabeled,
         seed=args.seed,
         world=args.world,
         patch=args.patch,

@@ -259,6 +259,26 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
     assert (tmp_path / "cache").is_dir()
 
 
+@pytest.mark.slow  # .ci/run runs these after the test command
+def test_deployment_example_with_unlabeled_snapshots(tmp_path, monkeypatch):
+    """The two-ray world recalibrated with unlabeled snapshots, the learned stage under it."""
+    out = tmp_path / "dep.json"
+    argv = ["--world", "two-ray", "--num-test", "16", "--num-samples", "2000"]
+    argv += ["--preset", "quick", "--spacing-div", "4", "--no-baselines", "--unlabeled", "12"]
+    argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "d"), "--json", str(out)]
+    _run("examples/deployment.py", argv, monkeypatch)
+    result = json.loads(out.read_text())
+    assert result["num_unlabeled"] == 12
+    table = result["calibration"]["two rays + 12 unlabeled"]
+    assert 6 <= table["unlabeled_used"] <= 12  # lambda/4 MLE starts: a wrong lobe is left out
+    assert table["unlabeled_error_median_m"] < 1e-3
+    assert abs(table["reduced_chi2"] - 1) < 0.2
+    methods = [r["method"] for r in result["rows"]]
+    assert "two rays + 12 unlabeled (L=50) + MLE" in methods
+    learned = next(r for r in result["rows"] if "learned" in r["method"])
+    assert learned["method"].startswith("two rays + 12 unlabeled") and learned["max_m"] < 1e-3
+
+
 @pytest.mark.slow
 @pytest.mark.optimized
 def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
