@@ -144,6 +144,18 @@ def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
+def test_unlabeled_calibration_benchmark_quick(tmp_path, monkeypatch):
+    out = tmp_path / "unl.json"
+    argv = ["--quick", "--num-test", "32", "--json", str(out)]
+    _run("benchmarks/unlabeled_calibration.py", argv, monkeypatch)
+    rows = {(r["calibration"], r["num_unlabeled"]): r for r in json.loads(out.read_text())}
+    labeled, both = rows[("labeled", 0)], rows[("labeled + unlabeled", 64)]
+    assert 60 <= both["unlabeled_used"] <= 64
+    assert both["exponent_stderr"] < 0.8 * labeled["exponent_stderr"]
+    assert abs(both["reduced_chi2"] - 1) < 0.1 and both["fine_over_peb"] < 2.0
+
+
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_gp_table_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "table.json"
     argv = ["--num-train", "4", "--repeats", "1", "--json", str(out)]
