@@ -123,28 +123,31 @@ def _positions_world():
 
 def test_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out():
     """Unlabeled snapshots from 1 mm off: the world recovered to 1e-6, their positions too;
-    one start half a metre off (another lobe) fails the cost screen."""
+    one more start half a metre off (another lobe) fails the cost screen."""
     truth = _positions_world()
-    r_u = dj.wrap(jax.vmap(truth.mean)(jnp.asarray(X_U)) + CPO_U[:, None])
-    x0 = X_U + np.random.default_rng(4).normal(0, 1e-3, X_U.shape)
-    x0[0, 0] += 0.5
-    unlabeled = Unlabeled(r_u, jax.vmap(truth.variance)(X_U), x0)
+    x_u = np.vstack([X_U, X_U[:1]])
+    r_u = dj.wrap(jax.vmap(truth.mean)(jnp.asarray(x_u)) + np.append(CPO_U, 0.3)[:, None])
+    x0 = x_u + np.random.default_rng(4).normal(0, 1e-3, x_u.shape)
+    x0[N_U, 0] += 0.5
+    unlabeled = Unlabeled(r_u, jax.vmap(truth.variance)(x_u), x0)
     fit = ("ap_positions", "ap_phase_offsets")
     var = jax.vmap(truth.variance)(X)
     cal = calibrate(dj.TwoRayModel(SCENE), X, _noise_free(truth), var, fit=fit, unlabeled=unlabeled)
-    np.testing.assert_array_equal(cal.unlabeled_used, np.arange(N_U) > 0)
+    np.testing.assert_array_equal(cal.unlabeled_used, np.arange(N_U + 1) < N_U)
     np.testing.assert_allclose(cal.values["ap_positions"], truth.scene.ap_positions, atol=1e-6)
     offsets = _wrap(cal.values["ap_phase_offsets"] - (OFFSETS - OFFSETS[0]))
     np.testing.assert_array_less(np.abs(offsets), 1e-6)
-    np.testing.assert_allclose(cal.unlabeled_x[1:], X_U[1:], atol=1e-6)
+    np.testing.assert_allclose(cal.unlabeled_x[:N_U], X_U, atol=1e-6)
     assert float(cal.reduced_chi2) < 1e-6
-    assert cal.dof == L * M - L - 3 * M - (M - 1) + (N_U - 1) * (M - 4)
+    assert cal.dof == L * M - L - 3 * M - (M - 1) + N_U * (M - 4)
 
 
 def test_unlabeled_snapshots_inform_less_than_labeled_ones_more_than_none():
     """Standard errors with N unlabeled snapshots lie between the labeled fit's and those of
-    a fit told the N positions: profiling a position out must cost information (a Jacobian
-    not projected off the positions would equal the told fit; a wrong sign would beat it)."""
+    a fit told the N positions: profiling a position out must cost information. Measured
+    (median over the coordinates, relative to the told fit): 1.19; the labeled fit alone
+    1.63. A Jacobian not projected off the positions gives 1.00, a wrong sign 0.82, the
+    unlabeled snapshots ignored 1.63."""
     truth = _positions_world()
     k = jax.random.split(jax.random.key(21))
     r = dj.simulate_phases_batch(k[0], truth, X, CPO)
@@ -152,7 +155,6 @@ def test_unlabeled_snapshots_inform_less_than_labeled_ones_more_than_none():
     var, var_u = jax.vmap(truth.variance)(X), jax.vmap(truth.variance)(X_U)
     fit = ("ap_positions", "ap_phase_offsets")
     x0 = dj.refine_batch(X_U, r_u, truth).x
-    labeled = calibrate(dj.TwoRayModel(SCENE), X, r, var, fit=fit)
     profiled = calibrate(
         dj.TwoRayModel(SCENE), X, r, var, fit=fit, unlabeled=Unlabeled(r_u, var_u, x0)
     )
@@ -165,10 +167,9 @@ def test_unlabeled_snapshots_inform_less_than_labeled_ones_more_than_none():
     )
     assert bool(np.all(profiled.unlabeled_used))
     assert abs(float(profiled.reduced_chi2) - 1.0) < 0.15
-    se = {c: np.ravel(c.stderr["ap_positions"]) for c in (labeled, profiled, told)}
-    assert np.median(se[profiled] / se[labeled]) < 0.9
-    assert np.median(se[profiled] / se[told]) > 1.02
-    assert np.all(se[profiled] >= se[told] * (1 - 1e-9))
+    ratio = np.ravel(profiled.stderr["ap_positions"]) / np.ravel(told.stderr["ap_positions"])
+    assert 1.02 < np.median(ratio) < 1.4
+    assert np.all(ratio >= 1 - 1e-9)
 
 
 def test_a_wrong_model_says_so():
