@@ -55,6 +55,13 @@ def test_mle_grid_divisor_must_be_positive(script, tmp_path, monkeypatch):
         _run(script, ["--spacing-div", "0", "--out", str(tmp_path / "x")], monkeypatch)
 
 
+def test_deployment_timed_passes_must_be_positive(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="--repeats must be an integer >= 1, got 0"):
+        _run(
+            "examples/deployment.py", ["--repeats", "0", "--out", str(tmp_path / "x")], monkeypatch
+        )
+
+
 @pytest.mark.slow  # .ci/run runs these after the test command
 def test_gp_examples_quick(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend("examples")
