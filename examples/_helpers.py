@@ -146,6 +146,19 @@ def _timed(fn):
     return out, time.perf_counter() - t0
 
 
+def timed_passes(run, repeats):
+    """``run()`` (compiled beforehand) ``repeats`` times, each blocked on: (the median pass's
+    result, its seconds; the upper of the two middle passes for an even count). Timing every
+    row of a table this way in one run compares passes that saw the machine alike."""
+    passes = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(run())
+        passes.append((time.perf_counter() - t0, out))
+    seconds, out = sorted(passes, key=lambda p: p[0])[len(passes) // 2]
+    return out, seconds
+
+
 class MLE:
     """EGS (certified table screen) + LM refinement under the believed analytic model."""
 

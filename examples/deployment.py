@@ -51,7 +51,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from _helpers import pyplot, repeat_style, save_figure, write_json  # noqa: E402
+from _helpers import pyplot, repeat_style, save_figure, timed_passes, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
@@ -75,19 +75,6 @@ def snapshots(key, model, scene, num):
     return x, r, jax.vmap(model.variance)(x)
 
 
-def timed_passes(run, repeats):
-    """``run()`` ``repeats`` times (compiled beforehand): (the last result, the median
-    pass's seconds, that pass's index). Every row is timed the same way in one run, so the
-    speed ratios compare passes that saw the machine alike."""
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(run())
-        times.append(time.perf_counter() - t0)
-    i = int(np.argsort(times)[len(times) // 2])
-    return out, times[i], i
-
-
 def mle(model, r, spacing_div=8, repeats=1):
     """lambda/8 table search over the UE region (table built first, not timed) + refinement;
     the median of ``repeats`` timed passes."""
@@ -103,7 +90,7 @@ def mle(model, r, spacing_div=8, repeats=1):
         return dj.refine_batch(jnp.concatenate(coarse), r, model).x
 
     jax.block_until_ready(run(r[:128]))  # compile outside the timing
-    fine, seconds, _ = timed_passes(lambda: run(r), repeats)
+    fine, seconds = timed_passes(lambda: run(r), repeats)
     return np.asarray(fine), seconds, t_table
 
 
@@ -121,7 +108,7 @@ def gp_pipeline(x_l, r_l, nv_l, scene, r, repeats=1):
         return dj.refine_batch(est.coarse_to_fine(r, screen, table).x, r, gp_model, num_steps=2).x
 
     jax.block_until_ready(run(r[:128]))  # compile outside the timing
-    fine, seconds, _ = timed_passes(lambda: run(r), repeats)
+    fine, seconds = timed_passes(lambda: run(r), repeats)
     return np.asarray(fine), seconds, t_off
 
 
@@ -149,7 +136,6 @@ def learned(model, x_l, r_l, nv_l, x, r, args):
     t_off = time.perf_counter() - t0
     loc = pipeline.locator(off, "cells")
     jax.block_until_ready(loc(r).x)  # compile outside the timing
-    stages = []
 
     def run():  # the stages one after the other, each timed
         t0 = time.perf_counter()
@@ -158,12 +144,9 @@ def learned(model, x_l, r_l, nv_l, x, r, args):
         found = jax.block_until_ready(loc.screen(r, coarse))
         t2 = time.perf_counter()
         _, fine, recovered = loc.certify(r, found.x, loc.fine_stage(r, found.x))
-        fine = jax.block_until_ready(fine.x)
-        stages.append((t1 - t0, t2 - t1))
-        return coarse, found, fine, recovered
+        return coarse, found, fine.x, recovered, (t1 - t0, t2 - t1)
 
-    (coarse, found, fine, recovered), t, i = timed_passes(run, args.repeats)
-    t_coarse, t_screen = stages[i]
+    (coarse, found, fine, recovered, (t_coarse, t_screen)), t = timed_passes(run, args.repeats)
     true_cell = np.asarray(off.cells.cells.index(jnp.asarray(x)))
     recall = np.any(np.asarray(coarse[0]) == true_cell[:, None], axis=1)
     n = len(r)
