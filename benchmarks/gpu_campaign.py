@@ -9,8 +9,12 @@ Steps, each recorded in ``OUT/status.json`` when finished (a finished step is sk
    checkpoint after every epoch, all in the cache ``OUT/cache``;
 2. ``train_cells``: the same for this project's cell classifier (the ``paper`` preset's
    size, its own synthetic set from the tabulated GP mean);
-3. ``egs_flops``, ``popt_latency``, ``train_throughput``, ``online_latency`` (on the same
-   cache, so it times the networks trained above): each writes ``OUT/<name>.json``.
+3. ``online_latency`` (on the same cache, so it times the networks trained above),
+   ``egs_flops``, ``popt_latency``, ``train_throughput``: each writes ``OUT/<name>.json``.
+
+``--steps`` runs a subset (e.g. ``train_paper online_latency``); ``--online-methods`` passes
+``online_latency.py`` its ``--methods`` (e.g. ``popt``: the other stages' ``paper`` presets
+are hours of training of their own).
 
 Every call stops by itself before ``--budget-s`` seconds (at an epoch boundary, after its
 checkpoint) so it fits a 10-minute device call; run the same command again to go on:
@@ -61,6 +65,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/gpu"))
     ap.add_argument("--budget-s", type=float, default=540.0)
     ap.add_argument("--preset", default="paper", choices=["paper", "cpu"])
+    steps = ["train_paper", "train_cells", "egs_flops", "popt_latency", "train_throughput"]
+    steps.append("online_latency")
+    ap.add_argument("--steps", nargs="*", default=steps, choices=steps, help="a subset, in order")
+    ap.add_argument(
+        "--online-methods", nargs="*", default=None, help="online_latency's --methods (default all)"
+    )
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.budget_s
@@ -74,7 +84,7 @@ def main(argv=None) -> dict:
             raise OutOfTime
 
     for name, kind in (("train_paper", "popt"), ("train_cells", "cells")):
-        if name in _status(args.out):
+        if name in _status(args.out) or name not in args.steps:
             continue
         t0 = time.perf_counter()
         try:
@@ -100,19 +110,20 @@ def main(argv=None) -> dict:
         )
 
     quick = ["--quick"] if args.preset == "cpu" else []
-    benches = [
-        ("egs_flops", "egs_flops.py", quick),
-        ("popt_latency", "popt_latency.py", quick),
-        ("train_throughput", "train_throughput.py", quick),
+    benches = [  # the online stage first: it measures the network trained above
         (
             "online_latency",
             "online_latency.py",
-            [*quick, "--preset", args.preset, "--cache", str(args.out / "cache")],
+            [*quick, "--preset", args.preset, "--cache", str(args.out / "cache")]
+            + (["--methods", *args.online_methods] if args.online_methods else []),
         ),
+        ("egs_flops", "egs_flops.py", quick),
+        ("popt_latency", "popt_latency.py", quick),
+        ("train_throughput", "train_throughput.py", quick),
     ]
     sys.path.insert(0, str(HERE))
     for name, script, extra in benches:
-        if name in _status(args.out):
+        if name in _status(args.out) or name not in args.steps:
             continue
         if time.time() > deadline:
             print(f"budget spent before {name}; run the same command again", flush=True)

@@ -10,6 +10,10 @@ HI ambiguity classifier) on a synthetic dataset (in memory or streamed from disk
   loss and the validation error (tqdm bar, and the returned history);
 * data-parallel over ``devices`` (default: all local devices): minibatches are sharded
   along the batch axis with ``jax.sharding``, parameters replicated;
+* ``resident=True`` (default when the training set is at most ``RESIDENT_BYTES``) puts the
+  whole set in device memory once and runs each epoch as a few jitted ``lax.scan`` calls
+  over its minibatches (the same data order and keys as the host loop, so the same
+  parameters to float rounding); otherwise each minibatch travels from host memory;
 * with ``checkpoint_dir``, an orbax checkpoint after every epoch; a run that is killed
   restarts from its last finished epoch and ends with the same parameters as an
   uninterrupted run (the data order and dropout keys are functions of the seed, epoch
@@ -37,7 +41,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-__all__ = ["TrainConfig", "TrainResult", "train"]
+__all__ = ["RESIDENT_BYTES", "TrainConfig", "TrainResult", "train"]
+
+#: the largest float32 training set (bytes of ``x`` and ``r``) that ``resident=None`` keeps
+#: in device memory
+RESIDENT_BYTES = 2**31
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +147,25 @@ def _step_functions(graphdef: Any, rest: Any, opt: Any) -> tuple[Callable, Calla
     return step, evaluate
 
 
+def _scan_steps(step: Callable, key: jax.Array, sharding: Any) -> Callable:
+    """Jitted ``(params, opt_state, r_dev, x_dev, idx, g) -> (params, opt_state, losses)``:
+    ``step`` over the minibatches ``r_dev[idx[i]]`` of the device-resident set in one
+    ``lax.scan``, the dropout key of global step ``g[i]`` folded in as the host loop does."""
+
+    def run(params, opt_state, r_dev, x_dev, idx, g):
+        def body(carry, inp):
+            i, gi = inp
+            rb = jax.lax.with_sharding_constraint(r_dev[i], sharding)
+            xb = jax.lax.with_sharding_constraint(x_dev[i], sharding)
+            p, o, loss = step(*carry, rb, xb, jax.random.fold_in(key, gi))
+            return (p, o), loss
+
+        (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), (idx, g))
+        return params, opt_state, losses
+
+    return jax.jit(run)
+
+
 def _validation(evaluate: Callable, params: Any, x_all: Any, r_all: Any, start: int) -> tuple:
     """(RMS error, mean loss) over the held-out samples ``start:``, in chunks of 4096."""
     n = x_all.shape[0]
@@ -207,6 +234,8 @@ def train(
     devices: list | None = None,
     progress: bool = True,
     on_epoch_end: Callable[[int, dict], None] | None = None,
+    resident: bool | None = None,
+    scan_steps: int = 250,
 ) -> TrainResult:
     """Train ``model`` (in place) on ``data`` (``.x`` (N, 3), ``.r`` (N, M); memmaps fine).
 
@@ -219,12 +248,20 @@ def train(
         progress: show a tqdm bar.
         on_epoch_end: called as ``fn(epoch, row)`` after each epoch's checkpoint (a
             benchmark times epochs with it).
+        resident: keep the training samples in device memory and scan over minibatches
+            (default: when ``x`` and ``r`` take at most :data:`RESIDENT_BYTES` as float32).
+        scan_steps: minibatches per jitted scan call of the resident loop (the progress
+            bar moves by this many).
 
     Raises:
         ValueError: malformed data, too few samples for one minibatch, a batch size that
             does not split across the devices, or a checkpoint of another model.
     """
     x_all, r_all = _as_arrays(data)
+    if not (isinstance(scan_steps, int) and scan_steps >= 1):
+        raise ValueError(f"scan_steps must be a positive int, got {scan_steps!r}")
+    if resident not in (None, True, False):
+        raise ValueError(f"resident must be None, True or False, got {resident!r}")
     devices = list(devices or jax.devices())
     n_tr, _ = _split_sizes(x_all.shape[0], config, devices)
     mesh = jax.sharding.Mesh(np.array(devices), ("data",))
@@ -248,6 +285,12 @@ def train(
         return jax.device_put(np.asarray(a[idx], np.float32), batch_sharding)
 
     key = jax.random.key(config.seed)
+    if resident is None:
+        resident = 4 * n_tr * (x_all.shape[1] + r_all.shape[1]) <= RESIDENT_BYTES
+    if resident:
+        r_dev = jax.device_put(np.asarray(r_all[:n_tr], np.float32), replicated)
+        x_dev = jax.device_put(np.asarray(x_all[:n_tr], np.float32), replicated)
+        scan = _scan_steps(step, key, batch_sharding)
     bar = tqdm(
         total=total,
         initial=start_epoch * steps_per_epoch,
@@ -259,12 +302,24 @@ def train(
         for epoch in range(start_epoch, config.epochs):
             perm = np.random.default_rng([config.seed, epoch]).permutation(n_tr)
             losses = []
-            for i, idx in enumerate(_batches(perm, config.batch_size)):
+            batches = _batches(perm, config.batch_size)
+            if resident:
+                idx_all = np.stack(batches).astype(np.int32)
+                for s in range(0, steps_per_epoch, scan_steps):
+                    e = min(s + scan_steps, steps_per_epoch)
+                    g = np.arange(epoch * steps_per_epoch + s, epoch * steps_per_epoch + e)
+                    params, opt_state, loss = scan(
+                        params, opt_state, r_dev, x_dev, idx_all[s:e], g.astype(np.int32)
+                    )
+                    losses.append(loss)
+                    bar.update(e - s)
+                    bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss[-1]):.4f}")
+            for i, idx in enumerate([] if resident else batches):
                 g = epoch * steps_per_epoch + i
                 params, opt_state, loss = step(
                     params, opt_state, put(r_all, idx), put(x_all, idx), jax.random.fold_in(key, g)
                 )
-                losses.append(loss)
+                losses.append(loss[None])
                 bar.update(1)
                 if i % 50 == 0:
                     bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.4f}")
@@ -272,7 +327,7 @@ def train(
             val_error, val_loss = _validation(evaluate, params, x_all, r_all, n_tr)
             row = dict(
                 epoch=epoch + 1,
-                loss=float(np.mean(np.asarray(jax.device_get(losses)))),
+                loss=float(np.mean(np.concatenate(jax.device_get(losses)))),
                 val_loss=val_loss,
                 val_error=val_error,
                 lr=float(lr((epoch + 1) * steps_per_epoch - 1)),
