@@ -25,11 +25,14 @@ autodiff Jacobian. The groups (``fit=``):
   from the closed form :math:`\hat\delta_m - \hat\delta_0 = \arg\sum_l e^{j(e_{lm}-e_{l0})}`
   of the residuals :math:`e_{lm} = \mathrm{wrap}(r_{lm} - \mu_m(\mathbf x_l))` of the start.
 * ``"surfaces"``: :math:`\varepsilon_r` of every reflector of a room (or the ground of the
-  two-ray model), :math:`\varepsilon' = 1 + \mathrm{softplus}(a)`,
-  :math:`\varepsilon'' = \mathrm{softplus}(b)`, from several material starts
+  two-ray model), :math:`\varepsilon' = 1 + a^2`, :math:`\varepsilon'' = b^2` (physical
+  for every :math:`a, b`, and, unlike a softplus, with a derivative that does not vanish
+  as a low-loss material's :math:`\varepsilon''` nears 0: a saturated parameter is a
+  fixed point of the LM), from several material starts
   (:data:`CALIBRATION_STARTS`), the likeliest winning.
 * ``"antenna"``: the exponent :math:`q` of a :class:`~dmimo_jax.CosinePattern` (shared or
-  per AP), :math:`q = \mathrm{softplus}(c)`.
+  per AP), :math:`q = c^2`; a start below :data:`MIN_EXPONENT_START` starts there (at
+  :math:`q = 0` the derivative vanishes and the fit could not leave it).
 * ``"polarization"``: TE or TM, by the likelihood of the whole fit under each.
 
 Staging: offsets from the closed form; then, when surfaces are fitted, surfaces and offsets
@@ -103,6 +106,7 @@ __all__ = [
     "synthetic_deployment",
     "CALIBRATION_STARTS",
     "GROUPS",
+    "MIN_EXPONENT_START",
     "UNLABELED_STEPS",
     "Calibration",
     "Unlabeled",
@@ -117,6 +121,9 @@ CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
 
 GROUPS = ("ap_positions", "ap_phase_offsets", "surfaces", "antenna", "polarization")
 """The groups of unknowns :func:`calibrate` can fit."""
+
+MIN_EXPONENT_START = 0.1
+"""The smallest antenna exponent ``"antenna"`` starts from (a smaller start starts here)."""
 
 UNLABELED_STEPS = 10
 """Levenberg-Marquardt steps that re-locate each unlabeled snapshot at every iterate."""
@@ -208,7 +215,7 @@ class _Group:
         if self.name == "ap_phase_offsets":
             return _with_scene(model, model.scene.replace(ap_phase_offsets=self._offsets(u)))
         pattern = CosinePattern(
-            exponent=jax.nn.softplus(u).reshape(self.meta), boresight=self.data["boresight"]
+            exponent=(u**2).reshape(self.meta), boresight=self.data["boresight"]
         )
         return _with_scene(model, model.scene.replace(antenna=pattern))
 
@@ -220,7 +227,7 @@ class _Group:
             return self._positions(u).reshape(-1)
         if self.name == "ap_phase_offsets":
             return self._offsets(u)
-        return jax.nn.softplus(u)
+        return u**2
 
     def report(self, v: Array) -> Array:
         """Flat natural values (or their errors) in the shape reported by :class:`Calibration`."""
@@ -250,13 +257,9 @@ def _with_scene(model: Any, scene: Any) -> Any:
     return ImageSourceModel(scene, model.reflectors, model.order)
 
 
-def _softplus_inv(y):
-    return y + np.log(-np.expm1(-y))
-
-
 def _eps(u: Array) -> Array:
     k = u.shape[0] // 2
-    return (1.0 + jax.nn.softplus(u[:k])) - 1j * jax.nn.softplus(u[k:])
+    return (1.0 + u[:k] ** 2) - 1j * u[k:] ** 2
 
 
 def _mounts(model: Any) -> list[list[np.ndarray]]:
@@ -456,8 +459,8 @@ def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: Arr
 def _surfaces_group(model: Any, idx: Sequence[int], eps0: np.ndarray) -> _Group:
     u0 = np.concatenate(
         [
-            _softplus_inv(np.maximum(eps0.real - 1.0, 1e-6)),
-            _softplus_inv(np.maximum(-eps0.imag, 1e-6)),
+            np.sqrt(np.maximum(eps0.real - 1.0, 0.0)),
+            np.sqrt(np.maximum(-eps0.imag, 0.0)),
         ]
     )
     return _Group({}, jnp.asarray(u0), "surfaces", tuple(idx))
@@ -471,7 +474,7 @@ def _antenna_group(model: Any) -> _Group:
             f"{type(pattern).__name__}"
         )
     q0 = np.atleast_1d(np.asarray(pattern.exponent, float))
-    u0 = jnp.asarray(_softplus_inv(np.maximum(q0, 1e-6)))
+    u0 = jnp.asarray(np.sqrt(np.maximum(q0, MIN_EXPONENT_START)))
     return _Group({"boresight": pattern.boresight}, u0, "antenna", tuple(pattern.exponent.shape))
 
 

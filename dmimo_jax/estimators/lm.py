@@ -73,7 +73,10 @@ def levenberg_marquardt(
         jac = jax.jacfwd(residual_fn)(x, aux)
         a = jac.T @ jac
         g = jac.T @ e
-        dx = jnp.linalg.solve(a + lam * jnp.diag(jnp.diag(a)), -g)
+        d = jnp.diag(a)
+        # a column of J that vanishes (a saturated parametrization) keeps a positive scale
+        d = jnp.maximum(d, jnp.finfo(d.dtype).eps * jnp.max(d))
+        dx = jnp.linalg.solve(a + lam * jnp.diag(d), -g)
         x_new = x + dx
         cost_old = jnp.sum(e**2)
         cost_new = jnp.sum(residual_fn(x_new, aux_of(x_new)) ** 2)
