@@ -1,7 +1,7 @@
 """The candidate screen's two orders side by side: snapshot by snapshot (gather) and cell by
 cell (``estimators.candidates.cell_groups``), per batch size and candidate count.
 
-The deployment world's true room (``calibration.synthetic_deployment``), its 243 cells of
+The deployment world's true room (``datasets.synthetic_deployment``), its 243 cells of
 1 m, random UEs, candidate cells the K nearest to each UE (jittered, like a classifier's);
 the starts only (the refinement after them is the same for both). Where the rule picks the
 gather, only the gather is timed.
@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 from _common import device_name, print_table, time_call, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from dmimo_jax.calibration import synthetic_deployment  # noqa: E402
+from dmimo_jax.datasets import synthetic_deployment  # noqa: E402
 from dmimo_jax.estimators import candidates, cell_grid, cell_table  # noqa: E402
 
 CASES = ((1280, 16), (1280, 4), (640, 4), (128, 16), (64, 16), (32, 16), (128, 4))

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from _common import device_name, labeled_snapshots, print_table, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from dmimo_jax import calibration, pipeline  # noqa: E402
+from dmimo_jax import calibration, datasets, pipeline  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
 
 FINE_STEPS_EXACT = 15  # the paper pipeline's refinement with the exact GP model
@@ -190,7 +190,7 @@ def main(argv=None) -> list[dict]:
         "--world",
         default="paper",
         choices=["paper", "deployment"],
-        help="deployment: calibration.synthetic_deployment's room, calibrated from the L "
+        help="deployment: datasets.synthetic_deployment's room, calibrated from the L "
         "labeled snapshots; every stage then runs under the calibrated room",
     )
     ap.add_argument("--num-cells", type=int, default=16)
@@ -208,7 +208,7 @@ def main(argv=None) -> list[dict]:
         args.num_test, args.num_single = min(args.num_test, 256), min(args.num_single, 10)
     model, truth, cal_s = "gp", None, None
     if args.world == "deployment":
-        world = calibration.synthetic_deployment(args.power_dbm, seed=args.seed)
+        world = datasets.synthetic_deployment(args.power_dbm, seed=args.seed)
         truth, scene = world.truth, world.surveyed
         x, r, nv = labeled_snapshots(scene, args.L, args.seed, model=truth)
         t0 = time.perf_counter()

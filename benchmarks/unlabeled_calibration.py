@@ -27,7 +27,8 @@ import numpy as np  # noqa: E402
 from _common import device_name, print_table, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from dmimo_jax.calibration import Unlabeled, calibrate, synthetic_deployment  # noqa: E402
+from dmimo_jax.calibration import Unlabeled, calibrate  # noqa: E402
+from dmimo_jax.datasets import synthetic_deployment  # noqa: E402
 
 FIT = ("ap_positions", "ap_phase_offsets", "surfaces", "antenna")
 

@@ -96,6 +96,7 @@ _LAZY = (
     "calibration",
     "design",
     "tracking",
+    "datasets",
 )  # heavier imports, loaded on first access
 
 

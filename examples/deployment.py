@@ -56,14 +56,15 @@ from _helpers import pyplot, repeat_style, save_figure, timed_passes, write_json
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
 from dmimo_jax import gp, pipeline  # noqa: E402
-from dmimo_jax.calibration import Unlabeled, calibrate, synthetic_deployment  # noqa: E402
+from dmimo_jax.calibration import Unlabeled, calibrate  # noqa: E402
+from dmimo_jax.datasets import synthetic_deployment  # noqa: E402
 from dmimo_jax.learning import get_preset  # noqa: E402
 
 TRUE_EXPONENT = 1.7  # synthetic_deployment's default
 
 
 def world(args):
-    """(true world, surveyed scene, nominal model): ``calibration.synthetic_deployment``."""
+    """(true world, surveyed scene, nominal model): ``datasets.synthetic_deployment``."""
     return synthetic_deployment(args.power_dbm, seed=args.seed, world=args.world, patch=args.patch)
 
 

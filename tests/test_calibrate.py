@@ -283,3 +283,158 @@ _U = Unlabeled(np.zeros((4, M)), np.ones((4, M)), X[:4])
 def test_bad_unlabeled_snapshots_are_refused(unlabeled, match):
     with pytest.raises(ValueError, match=match):
         calibrate(_ROOM, X, np.zeros((L, M)), np.ones((L, M)), unlabeled=unlabeled)
+
+
+# ----------------------------------------------------- convergence in worlds not tuned on
+
+
+def _benchmark_world(seed, **kwargs):
+    """``datasets.synthetic_deployment`` and L = 50 labeled snapshots at -10 dBm."""
+    w = dj.datasets.synthetic_deployment(-10.0, seed=seed, **kwargs)
+    k_x, k_cpo, k_noise = jax.random.split(jax.random.key(seed), 3)
+    x = dj.sample_positions(k_x, 50, w.surveyed)
+    r = dj.simulate_phases_batch(k_noise, w.truth, x, dj.random_cpos(k_cpo, 50))
+    return w, x, r, jax.vmap(w.truth.variance)(x)
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_the_seeds_that_failed_converge_from_the_nominal_start(seed):
+    """Seeds 1 and 3 of the benchmark world ended 15 mm off at chi2 3e4: every LM step was
+    rejected (a saturated loss parameter left J with a zero column and the damped system
+    singular), then a wall's eps'' sat on its softplus floor."""
+    w, x, r, nv = _benchmark_world(seed)
+    cal = calibrate(w.nominal, x, r, nv, fit=("ap_positions", "ap_phase_offsets", "surfaces"))
+    err = np.linalg.norm(cal.values["ap_positions"] - w.truth.scene.ap_positions, axis=1)
+    assert cal.status == "converged", (cal.status, float(cal.reduced_chi2))
+    assert float(err.max()) < 1e-4
+
+
+def test_a_low_loss_wall_is_not_pinned_to_zero_loss():
+    """A random room with low-loss surfaces: every eps'' within 5 standard errors of the
+    truth and every standard error finite and > 0 (a bound would pin one at 0 with an
+    error of 0)."""
+    w, x, r, nv = _benchmark_world(104, random_materials=True)
+    cal = calibrate(w.nominal, x, r, nv, fit=("ap_positions", "ap_phase_offsets", "surfaces"))
+    assert cal.status == "converged"
+    true = {f.name: complex(f.eps_r) for f in w.truth.reflectors}
+    for name, eps, se in zip(cal.surfaces, cal.values["surfaces"], cal.stderr["surfaces"]):
+        se = complex(se)
+        assert 0 < se.real < np.inf and 0 < se.imag < np.inf, (name, se)
+        assert abs(complex(eps).imag - true[name].imag) < 5 * se.imag, (name, eps, true[name])
+
+
+def test_lm_moves_the_other_unknowns_when_one_column_of_j_vanishes():
+    """Residuals that ignore x[1] (J has a zero column): the LM still converges in x[0]."""
+    from dmimo_jax.estimators.lm import levenberg_marquardt
+
+    def res(v, _):
+        return jnp.array([v[0] - 2.0, 0.0 * v[1]])
+
+    out = levenberg_marquardt(res, jnp.array([0.0, 1.0]), num_steps=20)
+    assert abs(float(out.x[0]) - 2.0) < 1e-9 and int(out.num_accepted) >= 1
+
+
+def test_each_kind_of_failure_is_reported_as_that_kind():
+    truth, nominal = _room_world()
+    r = dj.simulate_phases_batch(jax.random.key(5), truth, X, CPO)
+    var = jax.vmap(truth.variance)(X)
+    fit = ("ap_positions", "ap_phase_offsets", "surfaces")
+    good = calibrate(nominal, X, r, var, fit=fit)
+    assert good.status == "converged" and good.chi2_by_ap.shape == (M,)
+    lo, hi = dj.calibration.chi2_band(good.dof)
+    assert lo < float(good.reduced_chi2) < hi
+    # the model misses the room: converged, chi2 above its band, spread over the APs
+    with pytest.warns(UserWarning, match="misses something, spread over every AP"):
+        miss = calibrate(dj.TwoRayModel(SCENE), X, r, var, fit=("ap_phase_offsets", "surfaces"))
+    assert miss.status == "misfit" and float(np.min(miss.chi2_by_ap)) > hi
+    # one AP's surroundings wrong: the misfit is concentrated on it
+    r_one = np.asarray(r).copy()
+    r_one[:, 5] = dj.wrap(r_one[:, 5] + 0.3 * np.sin(3 * X[:, 0]))
+    with pytest.warns(UserWarning, match=r"concentrated on AP\(s\) 5 "):
+        calibrate(nominal, X, r_one, var, fit=fit)
+    # stopped early: not converged, and the offline stage refuses to build on it
+    with pytest.warns(UserWarning, match="did not converge"):
+        early = calibrate(nominal, X, r, var, fit=fit, num_steps=1, max_steps=1)
+    assert early.status == "not_converged"
+    with pytest.raises(ValueError, match="did not converge"):
+        dj.pipeline.run_offline(X, r, var, SCENE, model=early, kinds=())
+    # noise overstated 100x: flagged, and the standard errors scaled back
+    with pytest.warns(UserWarning, match="overstates the noise"):
+        over = calibrate(nominal, X, r, 100 * var, fit=fit)
+    assert over.status == "noise_overstated"
+    ratio = np.asarray(over.stderr["ap_positions"])[:, :2] / good.stderr["ap_positions"][:, :2]
+    np.testing.assert_allclose(ratio, 1.0, rtol=0.05)
+
+
+def test_antenna_fit_leaves_a_zero_exponent_start():
+    world = dj.TwoRayModel(SCENE.replace(antenna=dj.CosinePattern(1.5)))
+    r = dj.simulate_phases_batch(jax.random.key(8), world, X, CPO)
+    start = dj.TwoRayModel(SCENE.replace(antenna=dj.CosinePattern(0.0)))
+    cal = calibrate(start, X, r, jax.vmap(world.variance)(X), fit="antenna")
+    assert abs(float(cal.values["antenna"]) - 1.5) < 5 * float(cal.stderr["antenna"]) < 0.01
+
+
+def test_labels_on_one_line_name_what_they_leave_unconstrained():
+    """Labels along one horizontal line: the fit converges (chi2 in its band) and says
+    which coordinates the labels cannot constrain, instead of blaming the model."""
+    real = dj.perturb_deployment(jax.random.key(5), SCENE, position_std=5e-3)
+    world = dj.TwoRayModel(real)
+    x = np.stack([np.linspace(1, 9, 40), np.full(40, 5.0), np.full(40, 1.0)], 1)
+    r = dj.simulate_phases_batch(jax.random.key(9), world, x, jnp.zeros(40))
+    with pytest.warns(UserWarning, match=r"do not constrain ap_positions\[0, 1\]"):
+        cal = calibrate(
+            dj.TwoRayModel(SCENE),
+            x,
+            r,
+            jax.vmap(world.variance)(x),
+            fit=("ap_positions", "ap_phase_offsets"),
+        )
+    assert cal.status == "converged"
+    assert np.isinf(cal.stderr["ap_positions"][0, 1])
+
+
+def test_a_material_at_its_bound_gets_a_real_standard_error():
+    """At -80 dBm the ground's eps is poorly determined: its standard errors must be large
+    and finite (a parametrization pinned at its bound reported 0)."""
+    scene = dj.paper_scene(-80.0, convention="itu")
+    truth = dj.TwoRayModel(scene)
+    r = dj.simulate_phases_batch(jax.random.key(10), truth, X, CPO)
+    f = dj.calibration.fit_material(X, r, jax.vmap(truth.variance)(X), scene)
+    for se in (float(f.stderr_real), float(f.stderr_imag)):
+        assert 0.05 < se < np.inf
+    assert abs(complex(f.eps_r).real - complex(scene.eps_r).real) < 5 * float(f.stderr_real)
+
+
+def test_a_surface_too_far_to_matter_gets_a_finite_large_error_not_nan():
+    floor = dj.physics.Reflector([0, 0, 0], [0, 0, 1], complex(SCENE.eps_r), name="floor")
+    far = dj.physics.Reflector([1e4, 0, 0], [-1, 0, 0], 3.91 - 0.5j, name="far")
+    world = dj.ImageSourceModel(SCENE, [floor, far], 1)
+    r = dj.simulate_phases_batch(jax.random.key(11), world, X, CPO)
+    f = dj.calibration.fit_surfaces(X, r, jax.vmap(world.variance)(X), world)
+    se_far = complex(f.stderr_real[1]), complex(f.stderr_imag[1])
+    assert all(np.isfinite(v) and v.real > 0.1 for v in se_far)
+    assert float(f.stderr_real[0]) < 0.01  # the floor stays well determined
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"r": np.full((L, M), np.nan)}, "r must be finite"),
+        ({"r": np.zeros((L, M - 1))}, r"r must have shape \(B, 17\)"),
+        ({"r": np.zeros((L - 1, M))}, r"r must have shape \(30, 17\)"),
+        ({"x": X[:, :2]}, r"x must have shape \(N, 3\)"),
+        ({"num_iterations": -1}, "num_iterations must be an int >= 0"),
+        ({"model": SCENE}, "TwoRayModel or an ImageSourceModel"),
+    ],
+)
+def test_closed_form_offsets_refuse_bad_input(kwargs, match):
+    args = {"model": dj.TwoRayModel(SCENE), "x": X, "r": np.zeros((L, M))} | kwargs
+    num_iterations = args.pop("num_iterations", 10)
+    with pytest.raises(ValueError, match=match):
+        offsets_closed_form(args["model"], args["x"], args["r"], num_iterations=num_iterations)
+
+
+def test_zero_unlabeled_snapshots_are_refused_by_name():
+    u = Unlabeled(np.zeros((0, M)), np.ones((0, M)), np.zeros((0, 3)))
+    with pytest.raises(ValueError, match="unlabeled must hold at least one snapshot"):
+        calibrate(_ROOM, X, np.zeros((L, M)), np.ones((L, M)), unlabeled=u)

@@ -15,14 +15,17 @@
 
 from dmimo_jax.calibration.deployment import (
     CALIBRATION_STARTS,
+    CONVERGENCE_TOLERANCE,
     GROUPS,
+    MIN_EXPONENT_START,
     UNLABELED_STEPS,
     Calibration,
-    SyntheticDeployment,
     Unlabeled,
     calibrate,
+    chi2_band,
+    error_scale,
+    fit_status,
     offsets_closed_form,
-    synthetic_deployment,
 )
 from dmimo_jax.calibration.materials import (
     MaterialFit,
@@ -46,11 +49,12 @@ from dmimo_jax.calibration.self_training import (
 
 __all__ = [
     "CALIBRATION_STARTS",
+    "CONVERGENCE_TOLERANCE",
     "GROUPS",
+    "MIN_EXPONENT_START",
     "UNLABELED_STEPS",
     "Calibration",
     "Unlabeled",
-    "SyntheticDeployment",
     "MaterialFit",
     "ResidualFieldModel",
     "fit_residual_field",
@@ -60,11 +64,13 @@ __all__ = [
     "self_train_field",
     "MaterialPosterior",
     "calibrate",
+    "chi2_band",
+    "error_scale",
+    "fit_status",
     "fit_material",
     "fit_surfaces",
     "log_likelihood",
     "material_posterior",
     "offsets_closed_form",
-    "synthetic_deployment",
     "with_permittivities",
 ]

@@ -55,11 +55,21 @@ the labeled snapshots.
 
 Honest uncertainty. Standard errors come from the Gauss-Newton information
 :math:`\mathbf J^\top\mathbf J` of the whitened residuals, inverted through its eigenvalues
-(a direction the data do not constrain gets an infinite or huge error, never a small one),
-carried to the natural parameters by the delta method, and inflated by
-:math:`\sqrt{\max(1, \chi^2_\nu)}` where :math:`\chi^2_\nu` is the reduced chi-square of the
-fit (``reduced_chi2``; about 1 when the model explains the data to the noise, dof = LM - L
-CPOs - parameters). A fit far above 1 warns, naming the figure.
+(a direction the data do not constrain gets an infinite or huge error, never a small one,
+and a warning names it), in the natural values themselves (phase centres, offsets,
+:math:`\varepsilon', \varepsilon''`, exponents: regular at a physical bound, where the
+squares' derivative would report 0), and scaled by :func:`error_scale` of the reduced
+chi-square :math:`\chi^2_\nu` (``reduced_chi2``; about 1 when the model explains the data
+to the noise, dof = LM - L CPOs - parameters).
+
+A failure cannot pass for a result. The joint fit runs rounds of ``num_steps`` LM steps until
+a round lowers the cost by less than :data:`CONVERGENCE_TOLERANCE` (or ``max_steps`` are
+spent), and :attr:`Calibration.status` says which of four ends it reached
+(:func:`fit_status`): ``"converged"`` (chi-square in :func:`chi2_band`), ``"misfit"``
+(converged above the band; ``chi2_by_ap`` and the warning say whether one AP or all carry
+it), ``"noise_overstated"`` (below the band; standard errors scaled down), or
+``"not_converged"``. :func:`~dmimo_jax.pipeline.run_offline` refuses a calibration that did
+not converge and warns on the others.
 """
 
 from __future__ import annotations
@@ -68,7 +78,6 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from functools import partial
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import jax
@@ -80,6 +89,7 @@ from jax.typing import ArrayLike
 from dmimo_jax._checks import (
     check_finite,
     check_int,
+    check_phases,
     check_positions,
     is_concrete,
     warn_if_float32,
@@ -95,22 +105,22 @@ from dmimo_jax.physics import (
     PhaseModel,
     TwoRayModel,
     check_in_domain,
-    room_model,
 )
 from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
 from dmimo_jax.pytree import jit_or_eager, pytree_dataclass, static_field
-from dmimo_jax.scene import Scene, paper_scene, perturb_deployment
 
 __all__ = [
-    "SyntheticDeployment",
-    "synthetic_deployment",
     "CALIBRATION_STARTS",
+    "CONVERGENCE_TOLERANCE",
     "GROUPS",
     "MIN_EXPONENT_START",
     "UNLABELED_STEPS",
     "Calibration",
     "Unlabeled",
     "calibrate",
+    "chi2_band",
+    "error_scale",
+    "fit_status",
     "log_likelihood",
     "offsets_closed_form",
     "with_permittivities",
@@ -127,6 +137,10 @@ MIN_EXPONENT_START = 0.1
 
 UNLABELED_STEPS = 10
 """Levenberg-Marquardt steps that re-locate each unlabeled snapshot at every iterate."""
+
+CONVERGENCE_TOLERANCE = 1e-2
+"""A round of LM steps that lowers the cost (the chi-square, in units of the noise) by less
+than this ends the fit as converged: far below the chi-square's own spread."""
 
 
 class Unlabeled(NamedTuple):
@@ -172,6 +186,12 @@ class Calibration:
             (``None`` without ``unlabeled=``).
         unlabeled_used: (N,) bool, the unlabeled snapshots the fit used (the others failed
             the cost screen; ``None`` without ``unlabeled=``).
+        status: ``"converged"``, ``"misfit"``, ``"noise_overstated"`` or
+            ``"not_converged"`` (:func:`fit_status`; static). Only ``"converged"`` is a fit
+            that explains the data to the noise at an optimum.
+        chi2_by_ap: (M,) each AP's share of the chi-square on the same scale as
+            ``reduced_chi2`` (about 1 each for a good fit; a misfit carried by a few APs
+            shows there).
     """
 
     model: Any
@@ -187,6 +207,8 @@ class Calibration:
     surfaces: tuple[str, ...] = static_field()
     unlabeled_x: Array | None = None
     unlabeled_used: Array | None = None
+    status: str = static_field(default="converged")
+    chi2_by_ap: Array | None = None
 
 
 @pytree_dataclass
@@ -201,6 +223,10 @@ class _Group:
     u0: Array  # (n,) start in the unconstrained parametrization
     name: str = static_field()
     meta: Any = static_field()  # hashable: surface indices, the exponent's shape
+    # True: ``u`` holds the natural values themselves (Re/Im eps, the exponent), the
+    # parametrization of the standard errors (regular at the physical bounds, where the
+    # squares' derivative vanishes)
+    linear: bool = static_field(default=False)
 
     @property
     def size(self) -> int:
@@ -209,25 +235,25 @@ class _Group:
     def apply(self, model: Any, u: Array) -> Any:
         """The model with this group's unknowns set from ``u`` (traceable)."""
         if self.name == "surfaces":
-            return with_permittivities(model, _eps(u), self.meta)
+            return with_permittivities(model, self._eps(u), self.meta)
         if self.name == "ap_positions":
             return _with_scene(model, model.scene.replace(ap_positions=self._positions(u)))
         if self.name == "ap_phase_offsets":
             return _with_scene(model, model.scene.replace(ap_phase_offsets=self._offsets(u)))
-        pattern = CosinePattern(
-            exponent=(u**2).reshape(self.meta), boresight=self.data["boresight"]
-        )
+        q = u if self.linear else u**2
+        pattern = CosinePattern(exponent=q.reshape(self.meta), boresight=self.data["boresight"])
         return _with_scene(model, model.scene.replace(antenna=pattern))
 
     def natural(self, u: Array) -> Array:
         """Flat real natural values (m, rad, Re/Im eps, exponent) of ``u``."""
         if self.name == "surfaces":
-            return jnp.concatenate([jnp.real(_eps(u)), jnp.imag(_eps(u))])
+            eps = self._eps(u)
+            return jnp.concatenate([jnp.real(eps), jnp.imag(eps)])
         if self.name == "ap_positions":
             return self._positions(u).reshape(-1)
         if self.name == "ap_phase_offsets":
             return self._offsets(u)
-        return u**2
+        return u if self.linear else u**2
 
     def report(self, v: Array) -> Array:
         """Flat natural values (or their errors) in the shape reported by :class:`Calibration`."""
@@ -239,6 +265,19 @@ class _Group:
         if self.name == "antenna":
             return v.reshape(self.meta)
         return v
+
+    def linearized(self, u: Array) -> tuple[_Group, Array]:
+        """The same group at the same point with ``u`` the natural values (positions and
+        offsets are linear already): (group, u)."""
+        if self.name not in ("surfaces", "antenna"):
+            return self, u
+        return dataclasses.replace(self, linear=True), self.natural(u)
+
+    def _eps(self, u: Array) -> Array:
+        k = u.shape[0] // 2
+        if self.linear:
+            return u[:k] + 1j * u[k:]
+        return _eps(u)
 
     def _positions(self, u: Array) -> Array:
         start, basis = self.data["start"], self.data["basis"]
@@ -332,8 +371,22 @@ def offsets_closed_form(
     every offset (on measured data with ~1 rad model error that halves the offsets' error).
     AP 0 keeps its offset (the gauge). Valid whatever the offsets (no local basin), the start
     of :func:`calibrate`.
+
+    Raises:
+        ValueError: a model :func:`calibrate` does not take, x not (L, 3) with L >= 2, r not
+            (L, M) or not finite, ``num_iterations`` not an int >= 0.
     """
-    return _offsets(num_iterations, model, jnp.asarray(x), jnp.asarray(r))
+    _check_model(model)
+    check_int("num_iterations", num_iterations)
+    check_positions("x", x, batched=True)
+    num_l = np.shape(x)[0]
+    if num_l < 2:
+        raise ValueError(f"x must hold at least L = 2 labeled positions, got shape {np.shape(x)}")
+    check_phases("r", r, model.num_aps, batched=True)
+    if np.shape(r)[0] != num_l:
+        raise ValueError(f"r must have shape ({num_l}, {model.num_aps}) (L, M), got {np.shape(r)}")
+    dtype = model.scene.ap_positions.dtype
+    return _offsets(num_iterations, model, jnp.asarray(x, dtype), jnp.asarray(r, dtype))
 
 
 def _offsets_closed_form(num_iterations: int, model: Any, x: Array, r: Array) -> Array:
@@ -585,12 +638,34 @@ def _information(model, groups, x, r, noise_var, u, unlabeled=None):
     return jac.T @ jac, nat, jnp.sum(e * e)
 
 
-def _lm(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None):
-    """The best of the LM runs from the rows of ``u0``: (u, cost)."""
+def _lm(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, max_steps=None):
+    """The best of the LM runs from the rows of ``u0``: (u, cost, converged).
+
+    With one row and ``max_steps``, rounds of ``num_steps`` steps (one compiled program)
+    continue from the last until a round lowers the cost by less than
+    :data:`CONVERGENCE_TOLERANCE` (converged) or ``max_steps`` are spent (not converged)."""
     u, cost = _solve(model, tuple(groups), x, r, noise_var, jnp.asarray(u0), num_steps, unlabeled)
     cost = np.where(np.isfinite(np.asarray(cost)), np.asarray(cost), np.inf)
     best = int(np.argmin(cost))
-    return np.asarray(u[best]), float(cost[best])
+    u, cost = np.asarray(u[best]), float(cost[best])
+    if max_steps is None:
+        return u, cost, True
+    steps, converged = num_steps, False
+    while steps + num_steps <= max_steps:
+        u_new, c_new = _solve(
+            model, tuple(groups), x, r, noise_var, jnp.asarray(u)[None], num_steps, unlabeled
+        )
+        c_new = float(c_new[0])
+        steps += num_steps
+        if not np.isfinite(c_new) or c_new >= cost:
+            converged = True  # no step accepted: the LM is at a stationary point
+            break
+        drop = cost - c_new
+        u, cost = np.asarray(u_new[0]), c_new
+        if drop < CONVERGENCE_TOLERANCE:
+            converged = True
+            break
+    return u, cost, converged
 
 
 def _stderr(info: np.ndarray, nat: np.ndarray, inflation: float) -> np.ndarray:
@@ -650,8 +725,10 @@ def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.n
     return np.asarray(values)
 
 
-def _fit_one_polarization(model, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps):
-    """Staged fit under the model's polarization: (final groups, u, cost)."""
+def _fit_one_polarization(
+    model, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps, max_steps
+):
+    """Staged fit under the model's polarization: (final groups, u, cost, converged)."""
     groups: dict[str, _Group] = {}
     done: set[str] = set()  # groups already at their optimum (stage 2 fitted them jointly)
     if "ap_phase_offsets" in fit:
@@ -664,7 +741,7 @@ def _fit_one_polarization(model, x, r, noise_var, fit, idx, eps_starts, free_axe
             s = _surfaces_group(model, idx, np.full(len(idx), e))
             rows.append(np.concatenate([np.asarray(g.u0) for g in first] + [np.asarray(s.u0)]))
         stage = first + [s]
-        u, _ = _lm(model, stage, x, r, noise_var, np.stack(rows), num_steps)
+        u, _, _ = _lm(model, stage, x, r, noise_var, np.stack(rows), num_steps)
         parts = _split(stage, jnp.asarray(u))
         if first:
             groups["ap_phase_offsets"] = dataclasses.replace(first[0], u0=parts[0])
@@ -678,9 +755,9 @@ def _fit_one_polarization(model, x, r, noise_var, fit, idx, eps_starts, free_axe
     u0 = np.concatenate([np.asarray(g.u0) for g in final])
     if {g.name for g in final} <= done:
         residuals = _residuals(jnp.asarray(u0), model, tuple(final), x, r, noise_var)
-        return final, u0, float(jnp.sum(residuals**2))
-    u, cost = _lm(model, final, x, r, noise_var, u0[None], num_steps)
-    return final, u, cost
+        return final, u0, float(jnp.sum(residuals**2)), True
+    u, cost, converged = _lm(model, final, x, r, noise_var, u0[None], num_steps, None, max_steps)
+    return final, u, cost, converged
 
 
 def calibrate(
@@ -694,6 +771,7 @@ def calibrate(
     free_axes: ArrayLike | None = None,
     starts: Sequence[complex | str] | None = None,
     num_steps: int = 40,
+    max_steps: int = 600,
     unlabeled: Unlabeled | None = None,
     warn: bool = True,
 ) -> Calibration:
@@ -714,11 +792,15 @@ def calibrate(
             three, or the two within the surface for a mounted AP).
         starts: materials or permittivities the ``"surfaces"`` fit starts from (default
             :data:`CALIBRATION_STARTS`).
-        num_steps: Levenberg-Marquardt steps per stage.
+        num_steps: Levenberg-Marquardt steps per round (one compiled program): the staged
+            starts run one round, the joint fit rounds until converged.
+        max_steps: the joint fit's most steps; a fit still lowering its cost then is
+            ``status="not_converged"``.
         unlabeled: :class:`Unlabeled` snapshots whose positions are profiled out (module
             docstring): a last stage fits every group to the labeled and the unlabeled
             snapshots together.
-        warn: warn when the reduced chi-square says the model does not fit.
+        warn: warn unless ``status == "converged"`` (the warning says what went wrong and,
+            for a misfit, which APs carry it).
 
     Returns:
         A :class:`Calibration` (calibrated ``model``, ``values``, ``stderr``, goodness of fit).
@@ -747,6 +829,7 @@ def calibrate(
     fit = _check_fit(fit)
     check_training_data(x, r, noise_var, model.num_aps)
     check_int("num_steps", num_steps, minimum=1)
+    check_int("max_steps", max_steps, minimum=num_steps)
     warn_if_float32("calibrate")
     dtype = model.scene.ap_positions.dtype
     check_in_domain("x", np.asarray(x, float), model)
@@ -772,14 +855,14 @@ def calibrate(
             if model.scene.polarization == pol
             else _with_scene(model, model.scene.replace(polarization=pol))
         )
-        groups, u, cost = _fit_one_polarization(
-            m, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps
+        groups, u, cost, converged = _fit_one_polarization(
+            m, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps, max_steps
         )
         ll = -0.5 * (cost + float(jnp.sum(jnp.log(2 * jnp.pi * noise_var))))
         lls[pol] = ll
         if best is None or ll > best[0]:
-            best = (ll, pol, m, groups, u, cost)
-    ll, pol, m, groups, u, cost = best
+            best = (ll, pol, m, groups, u, cost, converged)
+    ll, pol, m, groups, u, cost, converged = best
     num_params = sum(g.size for g in groups)
     num_l, num_m = r.shape
     dof = num_l * num_m - num_l - num_params
@@ -789,29 +872,33 @@ def calibrate(
             "use more labeled snapshots"
         )
     chi2 = cost / dof
+    dof_labeled = dof
     unl, unlabeled_x, used = None, None, None
     if unl_all is not None:
         used, x_start = _screen_unlabeled(_apply(m, groups, jnp.asarray(u)), unl_all, chi2)
         unl_all = (x_start, *unl_all[1:])
         if np.any(used):
             unl = tuple(v[used] for v in unl_all)
-            u, cost = _lm(m, groups, x, r, noise_var, np.asarray(u)[None], num_steps, unl)
+            u, cost, converged = _lm(
+                m, groups, x, r, noise_var, np.asarray(u)[None], num_steps, unl, max_steps
+            )
             n_u = int(used.sum())
             dof += n_u * (num_m - 4)  # M residuals, a CPO and three coordinates each
             chi2 = cost / dof
             ll = -0.5 * (cost + float(jnp.sum(jnp.log(2 * jnp.pi * noise_var))))
             ll -= 0.5 * float(jnp.sum(jnp.log(2 * jnp.pi * unl[2])))
-    if warn and chi2 > 1.0 + 5.0 * np.sqrt(2.0 / dof):
-        warnings.warn(
-            f"calibrate: reduced chi-square {chi2:.3g} (expected 1 +- {np.sqrt(2.0 / dof):.2g} "
-            "for a model that explains the data to the noise): the model misses something; "
-            f"standard errors are inflated by sqrt({chi2:.3g})",
-            UserWarning,
-            stacklevel=2,
-        )
     u = jnp.asarray(u)
-    info, nat, _ = _information(m, tuple(groups), x, r, noise_var, u, unl)
-    se = _stderr(np.asarray(info), np.asarray(nat), np.sqrt(max(1.0, chi2)))
+    e = np.asarray(_whitened(_apply(m, groups, u), x, r, noise_var)).reshape(num_l, num_m)
+    chi2_by_ap = num_m * np.sum(e**2, axis=0) / dof_labeled
+    status = fit_status(chi2, dof, converged)
+    if warn and status != "converged":
+        _warn_status(status, chi2, dof, chi2_by_ap, max_steps)
+    # the information in the natural values of surfaces and exponents: at a physical bound
+    # the squares' derivative vanishes and the delta method would report an error of 0
+    lin = [g.linearized(p) for g, p in zip(groups, _split(groups, u), strict=True)]
+    u_lin = jnp.concatenate([p for _, p in lin])
+    info, nat, _ = _information(m, tuple(g for g, _ in lin), x, r, noise_var, u_lin, unl)
+    se = _stderr(np.asarray(info), np.asarray(nat), error_scale(chi2, dof))
     fitted = _apply(m, groups, u)
     if unl_all is not None:
         unlabeled_x = _locate_jit(fitted, *unl_all)
@@ -823,6 +910,8 @@ def calibrate(
         err = jnp.asarray(se[i : i + nat.shape[0]])
         stderr[g.name] = g.report(err) if g.name != "ap_phase_offsets" else err
         i += nat.shape[0]
+    if warn:
+        _warn_unidentified(stderr)
     mean = jax.vmap(fitted.mean)(x)
     return Calibration(
         model=fitted,
@@ -838,7 +927,98 @@ def calibrate(
         surfaces=tuple(names),
         unlabeled_x=unlabeled_x,
         unlabeled_used=used,
+        status=status,
+        chi2_by_ap=jnp.asarray(chi2_by_ap),
     )
+
+
+def chi2_band(dof: int) -> tuple[float, float]:
+    r"""The reduced chi-square's band for a model that explains the data to the noise:
+    :math:`1 \pm 5\sqrt{2/\nu}` (five standard deviations of :math:`\chi^2_\nu/\nu`)."""
+    half = 5.0 * float(np.sqrt(2.0 / dof))
+    return 1.0 - half, 1.0 + half
+
+
+def fit_status(reduced_chi2: float, dof: int, converged: bool) -> str:
+    """What a fit's end says of it (:attr:`Calibration.status`):
+
+    * ``"not_converged"``: the solver was still lowering the cost when its steps ran out;
+    * ``"misfit"``: converged, reduced chi-square above :func:`chi2_band` (the model misses
+      something the data show);
+    * ``"noise_overstated"``: converged, reduced chi-square below the band (the stated noise
+      variances are too large);
+    * ``"converged"``: converged, reduced chi-square inside the band.
+    """
+    lo, hi = chi2_band(dof)
+    if not converged:
+        return "not_converged"
+    if reduced_chi2 > hi:
+        return "misfit"
+    if reduced_chi2 < lo:
+        return "noise_overstated"
+    return "converged"
+
+
+def error_scale(reduced_chi2: float, dof: int) -> float:
+    r"""The factor on the Gauss-Newton standard errors: :math:`\sqrt{\max(1, \chi^2_\nu)}`,
+    or :math:`\sqrt{\chi^2_\nu}` below :func:`chi2_band` (overstated noise variances made
+    the information too small by that factor)."""
+    lo, _ = chi2_band(dof)
+    return float(np.sqrt(reduced_chi2 if reduced_chi2 < lo else max(1.0, reduced_chi2)))
+
+
+def _warn_status(status, chi2, dof, chi2_by_ap, max_steps) -> None:
+    lo, hi = chi2_band(dof)
+    if status == "not_converged":
+        msg = (
+            f"calibrate did not converge in max_steps={max_steps} Levenberg-Marquardt steps "
+            f"(reduced chi-square {chi2:.3g} and still falling): raise max_steps or start "
+            "closer; the values are not an optimum"
+        )
+    elif status == "noise_overstated":
+        msg = (
+            f"calibrate: reduced chi-square {chi2:.3g}, below its band [{lo:.3g}, {hi:.3g}]: "
+            f"noise_var overstates the noise (by about {1 / max(chi2, 1e-300):.3g}x); "
+            f"standard errors are scaled by sqrt({chi2:.3g})"
+        )
+    else:
+        # APs far above the others (a misfit one AP carries leaks into every AP through
+        # the snapshots' CPOs, so the others can sit above the band too)
+        out = np.flatnonzero(chi2_by_ap > max(hi, 5.0 * float(np.median(chi2_by_ap))))
+        worst = out[np.argsort(chi2_by_ap[out])[::-1]][:3]
+        where = (
+            "concentrated on AP(s) "
+            + ", ".join(f"{int(m)} ({chi2_by_ap[m]:.3g})" for m in worst)
+            + " (their phase centre, pattern or surroundings)"
+            if len(out)
+            else "spread over every AP (the room or the propagation, not one AP)"
+        )
+        msg = (
+            f"calibrate: reduced chi-square {chi2:.3g} (expected 1 +- "
+            f"{np.sqrt(2.0 / dof):.2g} for a model that explains the data to the noise): the "
+            f"model misses something, {where}; standard errors are inflated by "
+            f"sqrt({chi2:.3g})"
+        )
+    warnings.warn(msg, UserWarning, stacklevel=3)
+
+
+def _warn_unidentified(stderr: dict[str, Array]) -> None:
+    """Warn, naming them, about values the data leave unconstrained (an infinite error)."""
+    names = []
+    for group, err in stderr.items():
+        e = np.asarray(err)
+        bad = ~np.isfinite(e.real) | ~np.isfinite(e.imag) if np.iscomplexobj(e) else ~np.isfinite(e)
+        for idx in np.argwhere(bad):
+            names.append(f"{group}{list(map(int, idx))}")
+    if names:
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        warnings.warn(
+            f"calibrate: the labeled snapshots do not constrain {shown} (infinite standard "
+            "error): spread the labels over the region (in 3-D for AP positions) or fix "
+            "those values",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _unlabeled_arrays(unlabeled: Any, model: Any, dtype: Any) -> tuple[Array, Array, Array]:
@@ -849,6 +1029,11 @@ def _unlabeled_arrays(unlabeled: Any, model: Any, dtype: Any) -> tuple[Array, Ar
         )
     check_positions("unlabeled.x0", unlabeled.x0, batched=True)
     x0 = np.asarray(unlabeled.x0, float)
+    if x0.shape[0] == 0:
+        raise ValueError(
+            "unlabeled must hold at least one snapshot (unlabeled.x0 has shape (0, 3)); "
+            "pass unlabeled=None to calibrate from the labeled snapshots alone"
+        )
     check_in_domain("unlabeled.x0", x0, model)
     for name in ("r", "noise_var"):
         v = np.asarray(getattr(unlabeled, name))
@@ -878,62 +1063,3 @@ def _screen_unlabeled(model: Any, unlabeled: tuple, chi2: float) -> tuple[np.nda
     k = r.shape[1] - 4
     bound = max(1.0, chi2) * (k + 5.0 * np.sqrt(2.0 * k))
     return np.asarray(jnp.sum(e * e, axis=1)) < bound, xs
-
-
-# ------------------------------------------------------------------ a world to calibrate
-
-
-class SyntheticDeployment(NamedTuple):
-    """Output of :func:`synthetic_deployment`."""
-
-    truth: Any  # the world as it is (hidden from the methods)
-    surveyed: Scene  # the deployment as surveyed: nominal positions, no offsets
-    nominal: Any  # the model a user writes down from the survey (ITU guesses)
-
-
-ROOM_WALLS = MappingProxyType({"x0": "brick", "x1": "wood", "y0": "glass", "y1": "concrete"})
-"""The walls of :func:`synthetic_deployment`'s room (ITU-R P.2040 names)."""
-
-
-def synthetic_deployment(
-    power_dbm: float = -10.0,
-    *,
-    seed: int = 0,
-    world: str = "room",
-    patch: bool = False,
-    true_exponent: float = 1.7,
-    believed_exponent: float = 1.0,
-) -> SyntheticDeployment:
-    """The paper's deployment as it would really be: the benchmark world of the calibration.
-
-    The paper's 17 APs (:func:`~dmimo_jax.paper_scene`, concrete ground, ITU convention) with
-    per-AP phase offsets uniform on [-pi, pi) and
-
-    * ``world="room"``: APs mounted on the ceiling, phase centres off by N(0, 5 mm)
-      laterally; the room's floor concrete, ceiling plasterboard and walls
-      :data:`ROOM_WALLS`. The nominal model guesses every surface concrete.
-    * ``world="two-ray"``: free-standing APs off by N(0, 1 cm) in 3-D, the two-ray channel.
-      The nominal model is the surveyed two-ray model.
-
-    With ``patch``, the APs are downward patches (:class:`~dmimo_jax.CosinePattern`) of
-    exponent ``true_exponent`` that the survey believes to be ``believed_exponent``.
-    Same seed, same world.
-    """
-    if world not in ("room", "two-ray"):
-        raise ValueError(f"world must be 'room' or 'two-ray', got {world!r}")
-    check_int("seed", seed)
-    surveyed = paper_scene(power_dbm, "concrete", convention="itu")
-    if patch:
-        surveyed = surveyed.replace(antenna=CosinePattern(believed_exponent))
-    key = jax.random.key(seed + 1000)
-    if world == "two-ray":
-        real = perturb_deployment(key, surveyed, position_std=1e-2)
-    else:
-        real = perturb_deployment(key, surveyed, position_std=5e-3, axes=(0, 1))
-    if patch:
-        real = real.replace(antenna=CosinePattern(true_exponent))
-    if world == "two-ray":
-        return SyntheticDeployment(TwoRayModel(real), surveyed, TwoRayModel(surveyed))
-    truth = room_model(real, ceiling="plasterboard", walls=ROOM_WALLS, floor="concrete")
-    nominal = room_model(surveyed, ceiling="concrete", walls="concrete", floor="concrete")
-    return SyntheticDeployment(truth, surveyed, nominal)

@@ -4,6 +4,9 @@
   (42 ceiling antennas, 920 MHz, motion-capture truth): :func:`load_techtile`, a
   :class:`~dmimo_jax.scene.Scene` and a nominal room from its files.
 
+* :mod:`~dmimo_jax.datasets.worlds`: synthetic deployments, the paper's APs as they would
+  really be (:func:`synthetic_deployment`), the benchmark worlds of the calibration.
+
 The data are never shipped with the package: every loader takes a folder.
 """
 
@@ -16,8 +19,18 @@ from dmimo_jax.datasets.techtile import (
     techtile_room_model,
     techtile_scene,
 )
+from dmimo_jax.datasets.worlds import (
+    ROOM_MATERIALS,
+    ROOM_WALLS,
+    SyntheticDeployment,
+    synthetic_deployment,
+)
 
 __all__ = [
+    "ROOM_MATERIALS",
+    "ROOM_WALLS",
+    "SyntheticDeployment",
+    "synthetic_deployment",
     "SPEED_OF_LIGHT",
     "TECHTILE_FREQUENCY_HZ",
     "TechtileExperiment",

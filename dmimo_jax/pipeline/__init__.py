@@ -42,6 +42,7 @@ from dmimo_jax.pipeline.cache import CACHE_ENV, cache_key, default_cache_dir
 from dmimo_jax.pipeline.offline import (
     KINDS,
     Offline,
+    calibrated_model,
     fit_phase_model,
     make_training_set,
     run_offline,
@@ -74,6 +75,7 @@ __all__ = [
     "Locator",
     "LocatorResult",
     "Offline",
+    "calibrated_model",
     "OnlineResult",
     "bucket_size",
     "bucketed",

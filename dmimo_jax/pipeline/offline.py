@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import pathlib
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -20,6 +21,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
+from dmimo_jax.calibration import Calibration
 from dmimo_jax.estimators import (
     CellTable,
     PhasorTable,
@@ -194,6 +196,27 @@ class Offline(NamedTuple):
     cells: CellTable | None = None  # the cell table of the "cells" estimator's screen
 
 
+def calibrated_model(cal: Calibration) -> PhaseModel:
+    """The model of a :class:`~dmimo_jax.calibration.Calibration` that the offline stage may
+    build on: ``ValueError`` for a fit that did not converge (its values are no optimum), a
+    loud ``UserWarning`` for a misfit (the model misses what the data show: every stage
+    built on it inherits that) or overstated noise."""
+    if cal.status == "not_converged":
+        raise ValueError(
+            "model: the calibration did not converge (Calibration.status 'not_converged'); "
+            "its values are not an optimum: re-run calibrate with more max_steps"
+        )
+    if cal.status != "converged":
+        warnings.warn(
+            f"run_offline: the calibration's status is {cal.status!r} (reduced chi-square "
+            f"{float(cal.reduced_chi2):.3g}): the stages built on it inherit what its model "
+            "misses",
+            UserWarning,
+            stacklevel=3,
+        )
+    return cal.model
+
+
 def _check_model(model: Any, scene: Scene, num_aps: int) -> None:
     if isinstance(model, str):
         if model != "gp":
@@ -226,7 +249,7 @@ def run_offline(
     noise_var: ArrayLike,
     scene: Scene,
     *,
-    model: str | PhaseModel = "gp",
+    model: str | PhaseModel | Calibration = "gp",
     kinds: tuple[str, ...] = ("popt",),
     preset: str | Preset = "cpu",
     num_samples: int | None = None,
@@ -255,7 +278,9 @@ def run_offline(
         x, r, noise_var: the L labeled snapshots (positions, wrapped phases, noise variances).
         scene: the deployment: UE region (what the networks cover), geometry, wavelength,
             powers (with ``model="gp"``, its permittivity is not used).
-        model: ``"gp"`` or a PhaseModel of ``scene``'s M APs.
+        model: ``"gp"``, a PhaseModel of ``scene``'s M APs, or a
+            :class:`~dmimo_jax.calibration.Calibration` (its model; refused when it did not
+            converge, a loud warning when its status is not ``"converged"``).
         kinds: estimators to train, from ``{"popt", "mlp", "hi", "cells"}``.
         preset: a name in :data:`~dmimo_jax.learning.presets.PRESETS` (``"quick"``,
             ``"cpu"``, ``"paper"``) or a :class:`~dmimo_jax.learning.presets.Preset` of your
@@ -273,6 +298,8 @@ def run_offline(
             same M, bad labeled snapshots.
     """
     p = get_preset(preset)
+    if isinstance(model, Calibration):
+        model = calibrated_model(model)
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"kinds must be from {KINDS}, got {kind!r}")

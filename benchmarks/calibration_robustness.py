@@ -1,0 +1,200 @@
+"""Does ``calibrate`` converge from the nominal start in random deployments? Success rates.
+
+Worlds (``datasets.synthetic_deployment``, a world per seed):
+
+* ``room``: the paper's 17 APs on the ceiling of a box room whose six surfaces are each
+  drawn from ``datasets.ROOM_MATERIALS`` (the nominal model guesses every surface
+  concrete), phase centres off by N(0, sigma^2) laterally, per-AP offsets uniform;
+  fit: phase centres, offsets, surfaces. Success: every phase centre within 0.1 mm.
+* ``two-ray``: free-standing APs off by N(0, 1 cm) in 3-D, downward patches of exponent
+  1.7 believed to be 1, offsets uniform; fit: phase centres, offsets, ground, exponent.
+  Success: every phase centre within 1 mm.
+
+Success also needs the reduced chi-square inside its band (1 +- 5 sqrt(2 / dof)). L labeled
+snapshots at P dBm (positions uniform in the UE region, random CPOs), from the nominal model.
+Rows: kind, sigma, L, P; success rate; percentiles of the largest phase-centre error over
+worlds; the largest offset error; the fit's status counts; seconds per calibration as a
+user sees it (the first includes compilation). Every failure is listed with its seed.
+
+Resumable: each world's record is appended to ``--json`` as it finishes and a restarted run
+skips the worlds already there.
+
+    python benchmarks/calibration_robustness.py --json out/calibration_robustness.json
+    python benchmarks/calibration_robustness.py --quick          # 8 worlds, main rows only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import time
+import warnings
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+from _common import device_name, print_table  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+import dmimo_jax as dj  # noqa: E402
+from dmimo_jax.calibration import calibrate  # noqa: E402
+from dmimo_jax.datasets import synthetic_deployment  # noqa: E402
+
+FITS = {
+    "room": ("ap_positions", "ap_phase_offsets", "surfaces"),
+    "two-ray": ("ap_positions", "ap_phase_offsets", "surfaces", "antenna"),
+}
+TOLERANCE_M = {"room": 1e-4, "two-ray": 1e-3}
+
+
+def configs(num_main: int, num_grid: int, quick: bool) -> list[dict]:
+    """(kind, sigma, L, power, worlds) of every row: the two main rows, then the grid."""
+    rows = [
+        dict(kind="room", sigma=5e-3, L=50, power=-10.0, worlds=num_main),
+        dict(kind="two-ray", sigma=1e-2, L=50, power=-10.0, worlds=num_main),
+    ]
+    if quick:
+        return rows
+    for sigma in (3e-3, 8e-3):
+        rows.append(dict(kind="room", sigma=sigma, L=50, power=-10.0, worlds=num_grid))
+    for kind, sigma in (("room", 5e-3), ("two-ray", 1e-2)):
+        for num_l in (30, 100):
+            rows.append(dict(kind=kind, sigma=sigma, L=num_l, power=-10.0, worlds=num_grid))
+        rows.append(dict(kind=kind, sigma=sigma, L=50, power=-20.0, worlds=num_grid))
+    return rows
+
+
+def world(cfg: dict, seed: int):
+    """(truth, nominal, x, r, noise_var) of one world."""
+    if cfg["kind"] == "room":
+        w = synthetic_deployment(
+            cfg["power"], seed=seed, position_std=cfg["sigma"], random_materials=True
+        )
+    else:
+        w = synthetic_deployment(
+            cfg["power"], seed=seed, world="two-ray", patch=True, position_std=cfg["sigma"]
+        )
+    k_x, k_cpo, k_noise = jax.random.split(jax.random.key(10_000 + seed), 3)
+    x = dj.sample_positions(k_x, cfg["L"], w.surveyed)
+    r = dj.simulate_phases_batch(k_noise, w.truth, x, dj.random_cpos(k_cpo, cfg["L"]))
+    return w.truth, w.nominal, x, r, jax.vmap(w.truth.variance)(x)
+
+
+def run_world(cfg: dict, seed: int) -> dict:
+    truth, nominal, x, r, nv = world(cfg, seed)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal = calibrate(nominal, x, r, nv, fit=FITS[cfg["kind"]])
+    seconds = time.perf_counter() - t0
+    pos = np.asarray(cal.values["ap_positions"])
+    pos_err = np.linalg.norm(pos - np.asarray(truth.scene.ap_positions), axis=1)
+    true_off = np.asarray(truth.scene.ap_phase_offsets)
+    off_err = np.angle(
+        np.exp(1j * (np.asarray(cal.values["ap_phase_offsets"]) - (true_off - true_off[0])))
+    )
+    chi2 = float(cal.reduced_chi2)
+    in_band = abs(chi2 - 1.0) <= 5.0 * np.sqrt(2.0 / cal.dof)
+    return dict(
+        seed=seed,
+        seconds=seconds,
+        max_position_error_m=float(pos_err.max()),
+        max_offset_error_rad=float(np.abs(off_err).max()),
+        reduced_chi2=chi2,
+        status=getattr(cal, "status", "converged" if in_band else "misfit"),
+        success=bool(pos_err.max() <= TOLERANCE_M[cfg["kind"]] and in_band),
+    )
+
+
+def key_of(cfg: dict) -> str:
+    return f"{cfg['kind']}|{cfg['sigma']:g}|{cfg['L']}|{cfg['power']:g}"
+
+
+def summary(cfg: dict, records: list[dict]) -> dict:
+    err = np.array([w["max_position_error_m"] for w in records])
+    secs = np.array([w["seconds"] for w in records])
+    statuses: dict[str, int] = {}
+    for w in records:
+        statuses[w["status"]] = statuses.get(w["status"], 0) + 1
+    return dict(
+        kind=cfg["kind"],
+        sigma_mm=1e3 * cfg["sigma"],
+        L=cfg["L"],
+        power_dbm=cfg["power"],
+        worlds=len(records),
+        success_rate=float(np.mean([w["success"] for w in records])),
+        p50_um=1e6 * float(np.percentile(err, 50)),
+        p90_um=1e6 * float(np.percentile(err, 90)),
+        max_um=1e6 * float(err.max()),
+        max_offset_rad=float(max(w["max_offset_error_rad"] for w in records)),
+        median_s=float(np.median(secs)),
+        p99_s=float(np.percentile(secs, 99)),
+        statuses=statuses,
+        failures=[
+            {k: w[k] for k in ("seed", "max_position_error_m", "reduced_chi2", "status")}
+            for w in records
+            if not w["success"]
+        ],
+    )
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--num-worlds", type=int, default=200, help="worlds per main row")
+    ap.add_argument("--num-grid", type=int, default=50, help="worlds per grid row")
+    ap.add_argument("--first-seed", type=int, default=100)
+    ap.add_argument("--quick", action="store_true", help="8 worlds, the two main rows")
+    ap.add_argument("--json", type=pathlib.Path, default=None)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.num_worlds = min(args.num_worlds, 8)
+    if args.num_worlds < 1 or args.num_grid < 1:
+        raise ValueError("--num-worlds and --num-grid must be >= 1")
+    done: dict[str, list[dict]] = {}
+    if args.json is not None and args.json.exists():
+        done = json.loads(args.json.read_text()).get("worlds", {})
+    rows = []
+    for cfg in configs(args.num_worlds, args.num_grid, args.quick):
+        key = key_of(cfg)
+        records = done.setdefault(key, [])
+        have = {w["seed"] for w in records}
+        seeds = [s for s in range(args.first_seed, args.first_seed + cfg["worlds"])]
+        for seed in tqdm([s for s in seeds if s not in have], desc=key, unit="world"):
+            records.append(run_world(cfg, seed))
+            if args.json is not None:
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps({"rows": rows, "worlds": done}, indent=1))
+        rows.append(summary(cfg, [w for w in records if w["seed"] in set(seeds)]))
+    for row in rows:
+        row["device"] = device_name()
+    if args.json is not None:
+        args.json.write_text(json.dumps({"rows": rows, "worlds": done}, indent=1))
+        print(f"wrote {args.json}")
+    print_table(
+        rows,
+        [
+            ("kind", "world", "s"),
+            ("sigma_mm", "sigma mm", ".0f"),
+            ("L", "L", "d"),
+            ("power_dbm", "P dBm", ".0f"),
+            ("worlds", "worlds", "d"),
+            ("success_rate", "success", ".3f"),
+            ("p50_um", "p50 um", ".1f"),
+            ("p90_um", "p90 um", ".1f"),
+            ("max_um", "max um", ".3g"),
+            ("max_offset_rad", "max off rad", ".2g"),
+            ("median_s", "median s", ".2f"),
+            ("p99_s", "p99 s", ".1f"),
+        ],
+    )
+    for row in rows:
+        for f in row["failures"]:
+            print(f"failure {row['kind']} L={row['L']} P={row['power_dbm']:g}: {f}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
