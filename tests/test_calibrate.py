@@ -317,7 +317,8 @@ def test_a_low_loss_wall_is_not_pinned_to_zero_loss():
     cal = calibrate(w.nominal, x, r, nv, fit=("ap_positions", "ap_phase_offsets", "surfaces"))
     assert cal.status == "converged"
     true = {f.name: complex(f.eps_r) for f in w.truth.reflectors}
-    for name, eps, se in zip(cal.surfaces, cal.values["surfaces"], cal.stderr["surfaces"]):
+    values, errors = cal.values["surfaces"], cal.stderr["surfaces"]
+    for name, eps, se in zip(cal.surfaces, values, errors, strict=True):
         se = complex(se)
         assert 0 < se.real < np.inf and 0 < se.imag < np.inf, (name, se)
         assert abs(complex(eps).imag - true[name].imag) < 5 * se.imag, (name, eps, true[name])
