@@ -135,6 +135,22 @@ def check_scalar(name: str, value: Any, *, positive: bool = False) -> None:
         raise ValueError(f"{name} must be > 0, got {arr.item()!r}")
 
 
+def check_covariance(name: str, cov: Any) -> None:
+    """A concrete (S, S) covariance must be symmetric and positive definite (``ValueError``
+    naming it otherwise); traced values pass."""
+    if not is_concrete(cov):
+        return
+    c = np.asarray(cov, float)
+    scale = max(float(np.max(np.abs(c))), np.finfo(float).tiny)
+    if not np.allclose(c, c.T, rtol=1e-9, atol=1e-12 * scale):
+        raise ValueError(f"{name} must be a symmetric covariance matrix")
+    if np.min(np.linalg.eigvalsh((c + c.T) / 2)) <= 0:
+        raise ValueError(
+            f"{name} must be positive definite (a covariance), got eigenvalues "
+            f"{np.round(np.linalg.eigvalsh((c + c.T) / 2), 12).tolist()}"
+        )
+
+
 def check_int(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> None:
     """A Python or NumPy integer >= ``minimum`` (and <= ``maximum`` if given; bools refused)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):

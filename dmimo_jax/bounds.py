@@ -115,13 +115,18 @@ def efim_from_variance(variance: ArrayLike) -> Array:
 
     With :math:`w_m = 1/\sigma_m^2 = 2P\alpha_m^2/\sigma_w^2` this is eq. (13b). (M, M).
 
+    An infinite variance (an AP with no signal) gives :math:`w_m = 0`: that AP drops out.
+
     Raises:
-        ValueError: a concrete variance that is not positive and finite.
+        ValueError: a concrete variance that is NaN, not positive, or infinite for every AP.
     """
     if is_concrete(variance):
         v = np.asarray(variance)
-        if not np.all(np.isfinite(v) & (v > 0)):
-            raise ValueError(f"variance must be positive and finite (rad^2), got min {v.min()!r}")
+        if not np.all((v > 0) & ~np.isnan(v)) or not np.any(np.isfinite(v)):
+            raise ValueError(
+                "variance must be positive (rad^2; +inf for an AP with no signal, not for "
+                f"all), got {v.tolist()!r}"
+            )
     w = 1.0 / jnp.asarray(variance)
     return jnp.diag(w) - jnp.outer(w, w) / jnp.sum(w)
 

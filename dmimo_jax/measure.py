@@ -56,6 +56,8 @@ def simulate_phases(key: Array, model: PhaseModel | Scene, x: ArrayLike, cpo: Ar
     r"""One snapshot :math:`r_m = \mathrm{wrap}(\mu_m(\mathbf{x}) + \phi + n_m)`, eq. (8).
 
     :math:`n_m \sim \mathcal{N}(0, \sigma_m^2)` with :math:`\sigma_m^2` = ``model.variance(x)``.
+    An AP with no signal at ``x`` (infinite variance: its pattern gives no field there)
+    measures a phase uniform on :math:`[-\pi, \pi)`.
 
     Args:
         key: PRNG key.
@@ -74,10 +76,15 @@ def simulate_phases(key: Array, model: PhaseModel | Scene, x: ArrayLike, cpo: Ar
 
 
 def _simulate(key: Array, model: PhaseModel, x: Array, cpo: Array) -> Array:
-    """Eq. (8), unchecked."""
+    """Eq. (8), unchecked; a uniform phase where the variance is infinite (no signal)."""
     mean, var = model.mean(x), model.variance(x)
-    noise = jnp.sqrt(var) * jax.random.normal(key, mean.shape, mean.dtype)
-    return wrap(mean + cpo + noise)
+    blind = jnp.isinf(var)
+    std = jnp.sqrt(jnp.where(blind, 0.0, var))
+    noise = std * jax.random.normal(key, mean.shape, mean.dtype)  # the stream of eq. (8)
+    uniform = jax.random.uniform(
+        jax.random.fold_in(key, 1), mean.shape, mean.dtype, -jnp.pi, jnp.pi
+    )
+    return jnp.where(blind, uniform, wrap(mean + cpo + noise))
 
 
 _snapshot = jit_or_eager(_simulate)  # one compiled program per model and shape

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-__all__ = ["wrap", "angle_diff", "circular_mean"]
+__all__ = ["wrap", "angle_diff", "circular_mean", "safe_arg", "safe_abs"]
 
 
 def wrap(angle: ArrayLike) -> Array:
@@ -63,3 +63,25 @@ def circular_mean(angle: ArrayLike, weights: ArrayLike | None = None, axis: int 
     s = jnp.sum(w * jnp.sin(angle), axis=axis)
     c = jnp.sum(w * jnp.cos(angle), axis=axis)
     return wrap(jnp.arctan2(s, c))
+
+
+def safe_arg(s: ArrayLike) -> Array:
+    r""":math:`\arg s` of complex ``s``, 0 where :math:`s = 0`, with finite derivatives there.
+
+    An AP whose pattern gives no field at a UE has :math:`s = 0`: its phase carries no
+    information (its variance is infinite), and the plain ``arctan2(0, 0)`` would make its
+    derivative NaN and poison every AP's sums through ``0 * NaN`` (the double-``where``
+    trick keeps the zero branch's derivative finite: 0).
+    """
+    s = jnp.asarray(s)
+    re, im = jnp.real(s), jnp.imag(s)
+    zero = (re == 0) & (im == 0)
+    return jnp.where(zero, 0.0, jnp.arctan2(im, jnp.where(zero, 1.0, re)))
+
+
+def safe_abs(s: ArrayLike) -> Array:
+    r""":math:`|s|` of complex ``s`` with a finite derivative (0) at :math:`s = 0`."""
+    s = jnp.asarray(s)
+    re, im = jnp.real(s), jnp.imag(s)
+    zero = (re == 0) & (im == 0)
+    return jnp.where(zero, 0.0, jnp.sqrt(jnp.where(zero, 1.0, re * re + im * im)))

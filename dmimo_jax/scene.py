@@ -129,6 +129,20 @@ class Scene:
     ):
         fdt = _float_dtype(dtype)
         cdt = _complex_dtype(fdt)
+        for name, v in (
+            ("ap_positions", ap_positions),
+            ("wavelength", wavelength),
+            ("tx_power", tx_power),
+            ("noise_power", noise_power),
+            ("ue_low", ue_low),
+            ("ue_high", ue_high),
+            ("room_size", room_size),
+            ("ap_phase_offsets", ap_phase_offsets),
+        ):
+            if v is not None and jnp.iscomplexobj(v):
+                raise ValueError(
+                    f"{name} must be real, got a complex array (dtype {jnp.asarray(v).dtype})"
+                )
         if polarization not in ("TE", "TM"):
             raise ValueError(f"polarization must be 'TE' or 'TM', got {polarization!r}")
         ap = jnp.asarray(ap_positions, fdt)
@@ -178,10 +192,12 @@ class Scene:
             return
         for name in self._LEAVES:
             check_finite(name, getattr(self, name))
-        if np.any(np.asarray(ap[:, 2]) <= 0):
+        # NumPy on the concrete leaves: a jnp operation inside a jit trace (a scene built
+        # there with a traced pattern) would be staged out and give a tracer
+        ap_z = np.asarray(ap)[:, 2]
+        if np.any(ap_z <= 0):
             raise ValueError(
-                "ap_positions must lie above the ground plane (z > 0 m), got z = "
-                f"{np.asarray(ap[:, 2]).min():.6g} m"
+                f"ap_positions must lie above the ground plane (z > 0 m), got z = {ap_z.min():.6g} m"
             )
         for name in ("wavelength", "tx_power", "noise_power"):
             if float(getattr(self, name)) <= 0:
@@ -383,9 +399,14 @@ def perturb_deployment(
     :math:`[-\pi, \pi)` (unsynchronized oscillators). Same key, same world.
 
     Raises:
-        ValueError: a negative or non-finite ``position_std``, axes outside {0, 1, 2}, or a
-            perturbation that puts an AP below the ground.
+        ValueError: ``scene`` not a Scene, a negative or non-finite ``position_std``, axes
+            outside {0, 1, 2}, or a perturbation that puts an AP below the ground.
     """
+    if not isinstance(scene, Scene):
+        raise ValueError(
+            f"scene must be a Scene (a model's deployment is model.scene), got "
+            f"{type(scene).__name__}"
+        )
     if not (np.isfinite(position_std) and position_std >= 0):
         raise ValueError(f"position_std must be finite and >= 0 (m), got {position_std!r}")
     if not axes or any(a not in (0, 1, 2) for a in axes) or len(set(axes)) != len(axes):

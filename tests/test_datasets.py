@@ -487,3 +487,76 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     assert set(floor) == {"EXP901", "EXP902"}
     assert all(f["mean_peb_still_m"] > 0 for f in floor.values())
     assert (tmp_path / "rt.png").exists()
+
+
+def _rewrite(src, dst, typecodes=None, **changes):
+    """Copy the netCDF file ``src`` to ``dst`` with some variables replaced by (dims, values)
+    and some stored with other type codes (``{"csi_real": "f"}``: float32)."""
+    with netcdf_file(src, "r", mmap=False) as nc:
+        dims = dict(nc.dimensions)
+        variables = {
+            k: (v.dimensions, np.array(v.data), v.typecode()) for k, v in nc.variables.items()
+        }
+    for name, (vdims, values) in changes.items():
+        variables[name] = (vdims, values, variables[name][2])
+        for dim, n in zip(vdims, values.shape, strict=True):
+            dims[dim] = n
+    with netcdf_file(dst, "w") as nc:
+        for d, n in dims.items():
+            nc.createDimension(d, n)
+        for k, (vdims, values, code) in variables.items():
+            v = nc.createVariable(k, (typecodes or {}).get(k, code), vdims)
+            v[:] = values
+
+
+def test_loader_refuses_malformed_files_by_name(tmp_path):
+    write_folder(tmp_path, {"EXP901": 10})
+    src = tmp_path / "csi_EXP901.nc"
+    with netcdf_file(src, "r", mmap=False) as nc:
+        real = np.array(nc.variables["csi_real"].data)
+        hosts = np.array(nc.variables["hostname"].data)
+    cases = {
+        "EXP902": ({"csi_imag": (("experiment", "cycle", "host2"), real[..., :-1])}, "csi_imag"),
+        "EXP903": ({"hostname": (("host3", "name_len"), hosts[:-1])}, "hostname lists 7"),
+        "EXP904": (
+            {"hostname": (("host", "name_len"), np.concatenate([hosts[:-1], hosts[:1]]))},
+            r"\['A05'\] more than once",
+        ),
+    }
+    for exp, (change, match) in cases.items():
+        _rewrite(src, tmp_path / f"csi_{exp}.nc", **change)
+        with pytest.raises(ValueError, match=match):
+            load_techtile(tmp_path, exp)
+    data = src.read_bytes()
+    (tmp_path / "csi_EXP905.nc").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="csi_EXP905.nc"):
+        load_techtile(tmp_path, "EXP905")
+
+
+def test_loader_returns_float64_from_float32_files(tmp_path):
+    write_folder(tmp_path, {"EXP901": 10})
+    _rewrite(
+        tmp_path / "csi_EXP901.nc",
+        tmp_path / "csi_EXP906.nc",
+        typecodes={"csi_real": "f", "csi_imag": "f", "rover_x": "f"},
+    )
+    with netcdf_file(tmp_path / "csi_EXP906.nc", "r", mmap=False) as nc:
+        assert nc.variables["csi_real"].data.dtype.itemsize == 4
+    d = load_techtile(tmp_path, "EXP906")
+    for a in (d.phases, d.amplitudes, d.positions):
+        assert a.dtype == np.float64
+
+
+def test_empty_inputs_of_the_coherent_and_self_training_stages(tmp_path):
+    d, truth, _ = _labeled(tmp_path)
+    model = ImageSourceModel(techtile_scene(d).replace(ap_phase_offsets=truth["offsets"]), [])
+    z = float(np.median(d.positions[:, 2]))
+    grid = make_grid([3.9, 1.5, z - 0.03], [4.8, 2.4, z + 0.03], 0.05)
+    empty = np.zeros((0, len(TILES)))
+    peaks = coherent_peaks(model, grid, empty, num_peaks=3)
+    assert peaks.x.shape == (0, 3, 3) and peaks.score.shape == (0, 3)
+    assert coherent_search(model, grid, empty).x.shape == (0, 3)
+    out = confirmed_by_neighbours(np.zeros((0, 3)), empty, np.zeros(0, int))
+    assert out.shape == (0,) and out.dtype == bool
+    with pytest.raises(ValueError, match="r_unlabeled must hold at least one snapshot"):
+        self_train_field(model, grid, d.positions, d.phases, empty, np.zeros(0, int))

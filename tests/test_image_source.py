@@ -337,3 +337,11 @@ def test_bad_input_raises_clear_errors():
         dj.box_room((10, -1, 4), floor=4.0)
     with pytest.raises(ValueError, match="order"):
         dj.ImageSourceModel(SCENE, ROOM.reflectors, order=3)
+
+
+def test_a_nan_permittivity_is_refused_at_every_entry():
+    refl = dj.physics.Reflector([0, 0, 0], [0, 0, 1], 3.0 - 0.1j, name="floor")
+    with pytest.raises(ValueError, match="eps_r must be finite"):
+        refl.with_permittivity(complex(np.nan, 0.0))
+    with pytest.raises(ValueError, match="eps_r must be finite"):
+        dj.physics.Reflector([0, 0, 0], [0, 0, 1], np.nan, name="floor")

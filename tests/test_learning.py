@@ -308,3 +308,16 @@ def test_data_parallel_training_matches_one_device(tmp_path):
     # normalized steps carry into the parameters at the 1e-4 level
     rel_params, rel_losses = map(float, proc.stdout.split("result")[1].split())
     assert rel_params < 1e-3 and rel_losses < 1e-4, (rel_params, rel_losses)
+
+
+def test_a_truncated_cached_set_is_refused_not_read_as_zeros(tmp_path):
+    from dmimo_jax.learning import load_dataset, write_dataset
+
+    write_dataset(tmp_path, jax.random.key(0), SCENE, 600, chunk_size=256, progress=False)
+    f = tmp_path / "r.npy"
+    with open(f, "r+b") as fh:
+        fh.truncate(f.stat().st_size // 2)
+    with pytest.raises(ValueError, match=r"r\.npy is truncated"):
+        write_dataset(tmp_path, jax.random.key(0), SCENE, 600, chunk_size=256, progress=False)
+    with pytest.raises(ValueError, match=r"r\.npy is truncated"):
+        load_dataset(tmp_path)

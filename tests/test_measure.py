@@ -113,3 +113,19 @@ def test_any_phase_model_can_simulate():
 def test_batch_validation(xs, cpos, match):
     with pytest.raises(ValueError, match=match):
         dj.simulate_phases_batch(jax.random.key(0), SCENE, xs, cpos)
+
+
+def test_an_ap_with_no_signal_measures_a_uniform_phase_never_nan():
+    sc = dj.paper_scene(-10.0, convention="itu")
+    b = np.tile([0.0, 0.0, -1.0], (sc.num_aps, 1))
+    b[0] = [0.0, 0.0, 1.0]  # AP 0 faces up: no field below it
+    model = dj.TwoRayModel(sc.replace(antenna=dj.CosinePattern(1.0, boresight=b)))
+    ap0 = np.asarray(sc.ap_positions[0])
+    x = jnp.tile(jnp.asarray([ap0[0], ap0[1], 1.0]), (4000, 1))
+    r = np.asarray(dj.simulate_phases_batch(jax.random.key(1), model, x, jnp.zeros(4000)))
+    assert np.all(np.isfinite(r))
+    assert stats.kstest(r[:, 0], stats.uniform(-np.pi, 2 * np.pi).cdf).pvalue > 1e-3
+    # the other APs keep the stream of eq. (8): their phases as with AP 0 facing down too
+    down = dj.TwoRayModel(sc.replace(antenna=dj.CosinePattern(1.0)))
+    same = dj.simulate_phases_batch(jax.random.key(1), down, x[:5], jnp.zeros(5))
+    np.testing.assert_array_equal(r[:5, 1:], np.asarray(same)[:, 1:])

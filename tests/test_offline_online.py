@@ -222,3 +222,16 @@ def test_the_cost_gate_recovers_wrong_cells(trained):
     assert float(err_gated.max()) < 1e-3
     np.testing.assert_array_equal(np.asarray(out.recovered), err > 1e-3)
     assert np.all(np.asarray(out.fallback)[np.asarray(out.recovered)])
+
+
+def test_locator_refuses_a_cell_table_of_other_cells(trained):
+    """An Offline whose cell table is not the classifier's (another cell size) was accepted,
+    right only because every snapshot fell back; it is refused."""
+    from dmimo_jax.estimators import cell_grid, cell_table
+
+    _, off = trained
+    other = cell_table(off.screen, cell_grid(SCENE, 0.3))
+    with pytest.raises(ValueError, match="does not belong to the classifier's cells"):
+        pipeline.locator(off._replace(cells=other), "cells", num_cells=2)
+    with pytest.raises(ValueError, match="table: none"):
+        pipeline.locator(off._replace(cells=None), "cells", num_cells=2)

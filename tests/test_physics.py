@@ -202,3 +202,41 @@ def test_position_validation(x, match):
     for fn in (dj.effective_phase, dj.effective_amplitude, dj.phase_noise_var, dj.peb):
         with pytest.raises(ValueError, match=match):
             fn(x, SCENE)
+
+
+# ------------------------------------------------- an AP whose pattern sees nothing
+
+
+def _blind_ap_scene():
+    """AP 0 a patch facing up, the others down; a UE straight below AP 0 (no field from it)."""
+    sc = dj.paper_scene(-10.0, convention="itu")
+    b = np.tile([0.0, 0.0, -1.0], (sc.num_aps, 1))
+    b[0] = [0.0, 0.0, 1.0]
+    ap0 = np.asarray(sc.ap_positions[0])
+    x = jnp.asarray([ap0[0], ap0[1], 1.0])
+    without = sc.replace(
+        ap_positions=sc.ap_positions[1:],
+        ap_phase_offsets=sc.ap_phase_offsets[1:],
+        antenna=dj.CosinePattern(1.0),
+    )
+    return sc.replace(antenna=dj.CosinePattern(1.0, boresight=b)), without, x
+
+
+@pytest.mark.parametrize(
+    "make",
+    [dj.TwoRayModel, lambda s: dj.room_model(s, ceiling="plasterboard", walls="brick")],
+    ids=["two-ray", "room"],
+)
+def test_an_ap_that_sees_nothing_drops_out_exactly(make):
+    """Its variance is infinite, its phase finite with a zero gradient: the PEB is the other
+    16 APs' PEB, gradients of every phase are finite, and the refinement converges."""
+    scene, without, x = _blind_ap_scene()
+    model, other = make(scene), make(without)
+    assert np.isinf(model.variance(x)[0]) and np.all(np.isfinite(model.variance(x)[1:]))
+    assert float(dj.peb(x, model)) == pytest.approx(float(dj.peb(x, other)), rel=1e-9)
+    grad = jax.grad(lambda y: jnp.sum(model.mean(y)))(x)
+    assert np.all(np.isfinite(grad))
+    r = dj.simulate_phases(jax.random.key(0), model, x, 0.3)
+    assert np.all(np.isfinite(r))
+    refined = dj.estimators.refine_batch(x[None] + 1e-3, r[None], model)
+    assert float(jnp.linalg.norm(refined.x[0] - x)) < 5 * float(dj.peb(x, model))

@@ -113,3 +113,33 @@ def test_sample_positions_in_region():
     # covers the box
     assert np.all(x.min(0) < np.asarray(s.ue_low) + 0.05)
     assert np.all(x.max(0) > np.asarray(s.ue_high) - 0.05)
+
+
+def test_a_scene_built_inside_jit_with_a_traced_pattern_is_differentiable():
+    sc = dj.paper_scene()
+    x = jnp.asarray([4.0, 5.0, 1.5])
+
+    def phase0(q):
+        return dj.TwoRayModel(sc.replace(antenna=dj.CosinePattern(q))).mean(x)[0]
+
+    g = jax.jit(jax.grad(phase0))(1.0)
+    fd = (phase0(1.0 + 1e-6) - phase0(1.0 - 1e-6)) / 2e-6
+    assert float(g) == pytest.approx(float(fd), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("ap_phase_offsets", np.full(17, 1.0 + 1.0j)),
+        ("ap_positions", np.asarray(dj.paper_scene().ap_positions) + 0j),
+        ("tx_power", 1.0 + 0.5j),
+    ],
+)
+def test_complex_real_fields_are_refused_not_truncated(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be real"):
+        dj.paper_scene().replace(**{field: value})
+
+
+def test_perturb_deployment_of_a_model_names_the_argument():
+    with pytest.raises(ValueError, match="scene must be a Scene"):
+        dj.perturb_deployment(jax.random.key(0), dj.TwoRayModel(dj.paper_scene()))

@@ -492,3 +492,48 @@ def test_most_likely_path_refuses_bad_input(change, match):
         tracking.most_likely_path(
             args.pop("candidates"), args.pop("scores"), args.pop("times"), **args
         )
+
+
+@pytest.mark.parametrize("prior", [1.0, 1e6])
+def test_pcrb_with_a_flat_prior_is_peb_over_root_k(prior):
+    """A static UE, vanishing diffusion: the bound is PEB / sqrt(k) for k = 1..50 to 1e-6,
+    whatever the prior's width (the covariance form lost ~15 digits to a 1e6 m^2 prior)."""
+    x = jnp.asarray([4.0, 5.0, 1.5])
+    walk = tracking.RandomWalk(1e-12, region=SCENE)
+    bounds = tracking.pcrb(MODEL, walk, jnp.tile(x, (50, 1)), DT, prior * jnp.eye(3))
+    rmse = np.asarray(tracking.pcrb_position_rmse(bounds))
+    expect = float(dj.peb(x, MODEL)) / np.sqrt(np.arange(1, 51))
+    np.testing.assert_allclose(rmse, expect, rtol=1e-6 if prior > 1 else 1e-5)
+
+
+def test_pcrb_of_a_patch_room_at_one_snapshot_is_its_peb():
+    room = dj.room_model(SCENE.replace(antenna=dj.CosinePattern(1.7)), walls="brick")
+    x = jnp.asarray([4.0, 5.0, 1.5])
+    walk = tracking.RandomWalk(1e-12, region=SCENE)
+    b = tracking.pcrb(room, walk, x[None], DT, 1e6 * jnp.eye(3))
+    assert float(tracking.pcrb_position_rmse(b)[0]) == pytest.approx(float(dj.peb(x, room)), 1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"prior_cov": -np.eye(3)}, "prior_cov must be positive definite"),
+        ({"prior_cov": np.array([[1.0, 0.5, 0], [0, 1, 0], [0, 0, 1]])}, "symmetric"),
+        ({"positions": np.zeros((0, 3))}, "at least one position"),
+    ],
+)
+def test_pcrb_refuses_an_impossible_prior_and_an_empty_path(kwargs, match):
+    args = {"positions": jnp.tile(jnp.asarray([4.0, 5.0, 1.5]), (3, 1)), "prior_cov": np.eye(3)}
+    args |= kwargs
+    walk = tracking.RandomWalk(0.1, region=SCENE)
+    with pytest.raises(ValueError, match=match):
+        tracking.pcrb(MODEL, walk, args["positions"], DT, args["prior_cov"])
+
+
+def test_tracker_init_refuses_a_start_outside_the_motion_region():
+    tracker = tracking.Tracker(MODEL, WALK, dt=DT)
+    above = np.asarray(SCENE.ue_high) + np.array([0.0, 0.0, 0.5])
+    with pytest.raises(ValueError, match="x0 must lie inside the motion model's region"):
+        tracker.init(above, position_std=0.1)
+    with pytest.raises(ValueError, match="x0 must lie inside"):
+        tracking.simulate_trajectory(jax.random.key(0), WALK, above, jnp.zeros(3), 3, DT)

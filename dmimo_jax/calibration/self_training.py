@@ -95,6 +95,8 @@ def confirmed_by_neighbours(
         raise ValueError(f"r must hold the N = {x.shape[0]} snapshots of x, got {r.shape[0]}")
     t = _check_times(time_index, x.shape[0])
     _check_neighbour_settings(max_step, max_gap, max_coherence)
+    if x.shape[0] == 0:
+        return np.zeros(0, bool)
     return _confirmed(x, r, t, max_step, max_gap, max_coherence)
 
 
@@ -154,6 +156,11 @@ def self_train_field(
     model = as_phase_model(model)
     check_phases("r_unlabeled", r_unlabeled, model.num_aps, batched=True)
     r_unlabeled = np.asarray(r_unlabeled, float)
+    if r_unlabeled.shape[0] == 0:
+        raise ValueError(
+            "r_unlabeled must hold at least one snapshot (self-training relearns the field "
+            "from them); use fit_residual_field for the labeled snapshots alone"
+        )
     t = _check_times(time_index, r_unlabeled.shape[0])
     check_int("rounds", rounds, minimum=1)
     _check_neighbour_settings(max_step, max_gap, max_coherence)

@@ -175,11 +175,34 @@ def load_techtile(
         )
     if not (np.isfinite(frequency_hz) and frequency_hz > 0):
         raise ValueError(f"frequency_hz must be positive, got {frequency_hz!r}")
-    with netcdf_file(file, "r", mmap=False) as nc:
-        hosts = _strings(_variable(nc, "hostname", file))
-        csi = _variable(nc, "csi_real", file) + 1j * _variable(nc, "csi_imag", file)
-        xyz = np.stack([_variable(nc, f"rover_{a}", file) for a in "xyz"], axis=-1)
-        cycles = _variable(nc, "cycle_id", file)
+    try:
+        with netcdf_file(file, "r", mmap=False) as nc:
+            hosts = _strings(_variable(nc, "hostname", file))
+            real = np.asarray(_variable(nc, "csi_real", file), np.float64)
+            imag = np.asarray(_variable(nc, "csi_imag", file), np.float64)
+            xyz = np.stack(
+                [np.asarray(_variable(nc, f"rover_{a}", file), np.float64) for a in "xyz"], -1
+            )
+            cycles = np.asarray(_variable(nc, "cycle_id", file))
+    except (OSError, TypeError, IndexError, EOFError, ValueError) as err:
+        if isinstance(err, ValueError) and str(err).startswith(file.name):
+            raise
+        raise ValueError(f"{file.name} cannot be read (truncated or corrupt?): {err}") from err
+    if real.shape != imag.shape:
+        raise ValueError(
+            f"{file.name}: csi_real {real.shape} and csi_imag {imag.shape} must have the same shape"
+        )
+    if real.shape[-1] != len(hosts):
+        raise ValueError(
+            f"{file.name}: csi has {real.shape[-1]} host columns but hostname lists "
+            f"{len(hosts)} hosts"
+        )
+    twice = sorted({h for h in hosts if hosts.count(h) > 1})
+    if twice:
+        raise ValueError(
+            f"{file.name}: hostname lists {twice} more than once (two columns at one tile)"
+        )
+    csi = real + 1j * imag
     csi, xyz = csi.reshape(-1, len(hosts)), xyz.reshape(-1, 3)
     if csi.shape[0] != xyz.shape[0] or cycles.shape[0] != xyz.shape[0]:
         raise ValueError(f"{file.name}: csi, rover positions and cycle_id disagree in length")

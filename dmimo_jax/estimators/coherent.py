@@ -292,6 +292,10 @@ def coherent_peaks(
     else:
         _check_table(table, grid, model)
     n = e.shape[0]
+    if n == 0:  # as coherent_search: an empty batch of answers
+        return CoherentResult(
+            jnp.zeros((0, num_peaks, 3), r.dtype), jnp.zeros((0, num_peaks), r.dtype)
+        )
     batch = min(batch_size, n)
     padded = jnp.concatenate([e, jnp.repeat(e[-1:], -n % batch, axis=0)])
     arg, score = _peaks(table, padded.reshape(-1, batch, e.shape[1]), num_peaks, separation)

@@ -132,6 +132,37 @@ def write_json_atomic(path: pathlib.Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def check_npy_file(path: pathlib.Path, shape: tuple[int, ...]) -> None:
+    """``ValueError`` naming ``path`` unless it is a float64 ``.npy`` file of ``shape`` whose
+    size holds every element (a truncated file memory-mapped for writing would be extended
+    with zeros, and a network trained on them, without a word)."""
+    try:
+        with open(path, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            read = (
+                np.lib.format.read_array_header_1_0
+                if major == 1
+                else np.lib.format.read_array_header_2_0
+            )
+            header = read(f)
+            offset = f.tell()
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(f"{path} is missing, truncated or corrupt ({err})") from err
+    got_shape, _, dtype = header
+    if tuple(got_shape) != tuple(shape) or np.dtype(dtype) != np.float64:
+        raise ValueError(
+            f"{path} holds {np.dtype(dtype)} {tuple(got_shape)}, the dataset records float64 "
+            f"{tuple(shape)}: remove the folder and write the dataset again"
+        )
+    need = offset + int(np.prod(shape)) * 8
+    have = path.stat().st_size
+    if have < need:
+        raise ValueError(
+            f"{path} is truncated ({have} of {need} bytes): remove the folder and write the "
+            "dataset again"
+        )
+
+
 def read_meta(path: pathlib.Path) -> dict:
     """The ``meta.json`` of a dataset folder, or a ``ValueError`` naming the folder."""
     meta_path = pathlib.Path(path) / "meta.json"
@@ -201,6 +232,9 @@ def write_dataset(
         meta = old
     mode = "r+" if meta["done"] > 0 else "w+"
     shapes = {"x": (num, 3), "r": (num, model.num_aps), "cpo": (num,)}
+    if mode == "r+":
+        for k, s in shapes.items():
+            check_npy_file(path / f"{k}.npy", s)
     try:
         arrays = {
             k: np.lib.format.open_memmap(path / f"{k}.npy", mode=mode, dtype=np.float64, shape=s)
@@ -243,6 +277,7 @@ def load_dataset(path: str | pathlib.Path, *, mmap: bool = True) -> SyntheticBat
     shapes = {"x": (meta["num"], 3), "r": (meta["num"], meta["num_aps"]), "cpo": (meta["num"],)}
     arrays = []
     for k, shape in shapes.items():
+        check_npy_file(path / f"{k}.npy", shape)
         try:
             a = np.load(path / f"{k}.npy", mmap_mode=mode)
         except (OSError, ValueError, EOFError) as err:

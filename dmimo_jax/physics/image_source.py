@@ -73,6 +73,7 @@ from dmimo_jax._checks import (
 )
 from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
+from dmimo_jax.phase import safe_abs, safe_arg
 from dmimo_jax.physics.fresnel import reflection_coefficient
 from dmimo_jax.physics.model import check_in_domain
 from dmimo_jax.physics.two_ray import noise_var_from_amplitude, safe_norm
@@ -158,7 +159,13 @@ class Reflector:
         object.__setattr__(self, "name", str(name))
 
     def with_permittivity(self, eps_r: ArrayLike) -> Reflector:
-        """The same plane with another (possibly traced) permittivity, a dielectric."""
+        """The same plane with another (possibly traced) permittivity, a dielectric.
+
+        Raises:
+            ValueError: a concrete permittivity that is not finite or not a passive medium
+                (a traced one passes unchecked).
+        """
+        check_permittivity("eps_r", eps_r)
         out = object.__new__(Reflector)
         for name, value in (
             ("point", self.point),
@@ -418,7 +425,7 @@ def image_paths(
 
 def _minus_arg(s: Array) -> Array:
     """-arg(s) of the summed phasor ratio, in (-pi, pi]."""
-    return -jnp.arctan2(jnp.imag(s), jnp.real(s))
+    return -safe_arg(s)
 
 
 @pytree_dataclass(init=False)
@@ -546,7 +553,7 @@ class ImageSourceModel:
 
     def _amplitude(self, x: ArrayLike) -> Array:
         d1, s = self._ratio(x)
-        return self.scene.wavelength / (4 * jnp.pi * d1) * jnp.abs(s)
+        return self.scene.wavelength / (4 * jnp.pi * d1) * safe_abs(s)
 
     def variance(self, x: ArrayLike) -> Array:
         """Eq. (9) with the effective amplitude of all paths, rad^2, (M,)."""

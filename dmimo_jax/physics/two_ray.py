@@ -38,7 +38,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_away_from_aps, check_positions
 from dmimo_jax.antenna import is_isotropic
-from dmimo_jax.phase import wrap
+from dmimo_jax.phase import safe_abs, safe_arg, wrap
 from dmimo_jax.physics.fresnel import reflection_coefficient
 from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.scene import Scene
@@ -208,7 +208,7 @@ def effective_amplitude(x: ArrayLike, scene: Scene) -> Array:
     check_positions("x", x, batched=False)
     check_away_from_aps("x", x, scene.ap_positions)
     geo, s = _phasor_sum(x, scene)
-    return scene.wavelength / (4 * jnp.pi * geo.d1) * jnp.abs(s)
+    return scene.wavelength / (4 * jnp.pi * geo.d1) * safe_abs(s)
 
 
 def phase_perturbation(x: ArrayLike, scene: Scene) -> Array:
@@ -226,7 +226,7 @@ def phase_perturbation(x: ArrayLike, scene: Scene) -> Array:
 
 def _minus_arg(s: Array) -> Array:
     """-arg(s) of the relative phasor sum: smooth in (-pi/2, pi/2) when s = 1 + rho, |rho| < 1."""
-    return -jnp.arctan2(jnp.imag(s), jnp.real(s))
+    return -safe_arg(s)
 
 
 def unwrapped_phase(x: ArrayLike, scene: Scene) -> Array:

@@ -530,7 +530,25 @@ class Locator:
             check_int(name, getattr(self, name), minimum=1)
         if cells:
             check_int("num_cells", self.num_cells, minimum=1)
-            own = self.estimator.cells.num_cells
+            grid, table = self.estimator.cells, getattr(self.offline.cells, "cells", None)
+            if table is None or (
+                grid.shape != table.shape
+                or grid.cell_size != table.cell_size
+                or not np.allclose(np.asarray(grid.low), np.asarray(table.low))
+            ):
+                raise ValueError(
+                    "offline.cells (the cell table) does not belong to the classifier's cells "
+                    f"(classifier: {grid.shape} cells of {grid.cell_size} m from "
+                    f"{np.asarray(grid.low).tolist()}; table: "
+                    + (
+                        "none"
+                        if table is None
+                        else f"{table.shape} cells of {table.cell_size} m from "
+                        f"{np.asarray(table.low).tolist()}"
+                    )
+                    + "): use the Offline of one run_offline call"
+                )
+            own = grid.num_cells
             if self.num_cells > own:
                 raise ValueError(f"num_cells={self.num_cells} exceeds the classifier's {own} cells")
             settings = check_screen_settings(

@@ -13,8 +13,9 @@ constant-velocity model's is rank 3), with :math:`\mathbf J(\mathbf x)` the posi
 eq. (14): :func:`dmimo_jax.bounds.position_fim`, the same core as
 :func:`dmimo_jax.peb`. The expectation is taken along the given (true) trajectory, the
 usual conditional form of the bound for a known path (of the free state; a bounce at the
-region's faces is a fold, :mod:`~dmimo_jax.tracking.motion`); it is computed in covariance form
-(:func:`~dmimo_jax.tracking.kalman.position_update`), :math:`\mathbf P_k = \mathbf J_k^{-1}`.
+region's faces is a fold, :mod:`~dmimo_jax.tracking.motion`); the update is computed in
+information form (:func:`~dmimo_jax.tracking.kalman.information_update`: a flat prior loses no
+precision), :math:`\mathbf P_k = \mathbf J_k^{-1}`.
 
 A static UE with a random walk of vanishing diffusion gets
 :math:`\mathbf P_k \to \mathbf J(\mathbf x)^{-1}/k`: the bound tends to
@@ -25,14 +26,15 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_finite, check_num_aps, check_positions
+from dmimo_jax._checks import check_covariance, check_finite, check_num_aps, check_positions
 from dmimo_jax.bounds import position_fim
 from dmimo_jax.physics import PhaseModel, as_phase_model, check_in_domain
 from dmimo_jax.scene import Scene
-from dmimo_jax.tracking.kalman import position_update, predict_covariance
+from dmimo_jax.tracking.kalman import information_update, predict_covariance
 from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion
 
 __all__ = ["pcrb", "pcrb_position_rmse"]
@@ -69,6 +71,8 @@ def pcrb(
     check_motion(motion)
     check_dt(dt)
     check_positions("positions", positions, batched=True)
+    if np.shape(positions)[0] == 0:
+        raise ValueError("positions must hold at least one position (got shape (0, 3))")
     check_in_domain("positions", positions, model)
     positions = jnp.asarray(positions)
     s = motion.state_dim
@@ -76,6 +80,7 @@ def pcrb(
     if prior_cov.shape != (s, s):
         raise ValueError(f"prior_cov must have shape ({s}, {s}), got {prior_cov.shape}")
     check_finite("prior_cov", prior_cov)
+    check_covariance("prior_cov", prior_cov)
     t = positions.shape[0]
     valid = jnp.ones((t,), bool) if valid is None else jnp.asarray(valid, bool)
     if valid.shape != (t,):
@@ -93,7 +98,7 @@ def _pcrb(model, motion, positions, dt, prior_cov, valid):
     def body(cov, inputs):
         j, ok = inputs
         cov = predict_covariance(cov, f, q)
-        _, updated = position_update(cov, j)
+        updated = information_update(cov, j)
         cov = jnp.where(ok, updated, cov)
         return cov, cov
 

@@ -283,6 +283,13 @@ class Tracker:
                 estimate may sit on a wrong maximum of the comb).
         """
         check_positions("x0", x0, batched=False)
+        low, high = self.motion.low, self.motion.high
+        if is_concrete(x0) and not bool(np.all((np.asarray(x0) >= low) & (np.asarray(x0) <= high))):
+            raise ValueError(
+                f"x0 must lie inside the motion model's region [{np.asarray(low).tolist()}, "
+                f"{np.asarray(high).tolist()}] (as simulate_trajectory requires), got "
+                f"{np.asarray(x0).tolist()}"
+            )
         check_scalar("position_std", position_std, positive=True)
         check_scalar("velocity_std", velocity_std, positive=True)
         if v0 is not None:

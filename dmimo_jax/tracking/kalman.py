@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array
 
-__all__ = ["predict_covariance", "position_update"]
+__all__ = ["information_update", "predict_covariance", "position_update"]
 
 
 def predict_covariance(cov: Array, transition: Array, noise: Array) -> Array:
@@ -39,3 +39,17 @@ def position_update(cov_pred: Array, info: Array) -> tuple[Array, Array]:
     gain = jnp.linalg.solve(eye + a @ info, cross.T).T
     cov = cov_pred - gain @ info @ cross.T
     return gain, (cov + cov.T) / 2
+
+
+def information_update(cov_pred: Array, info: Array) -> Array:
+    r"""Posterior covariance :math:`((\mathbf P^-)^{-1} + \mathbf S^\top\mathbf J\mathbf S)^{-1}`
+    (S, S) in information form: the sum of informations, no difference of covariances, so a
+    flat prior (:math:`\mathbf P^-` of 1e6 m^2 against a posterior of 1e-9 m^2) loses no
+    precision, where the Woodbury form's :math:`\mathbf P^- - \mathbf G\mathbf J\mathbf
+    S\mathbf P^-` cancels ~15 digits. Symmetrized."""
+    eye = jnp.eye(cov_pred.shape[0], dtype=cov_pred.dtype)
+    prior_info = jnp.linalg.solve(cov_pred, eye)
+    total = (prior_info + prior_info.T) / 2
+    total = total.at[:3, :3].add(info)
+    cov = jnp.linalg.solve(total, eye)
+    return (cov + cov.T) / 2
