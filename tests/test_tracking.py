@@ -146,6 +146,8 @@ def test_tracker_is_consistent_and_reaches_the_pcrb(walked):
     ratio = np.sqrt(np.mean(np.sum(e**2, -1))) / np.sqrt(np.mean(pcrb**2))
     assert 0.9 < ratio < 1.1, ratio
     assert not np.any(np.asarray(out.lost))
+    # confirmed lock after the first window, every UE
+    assert np.all(np.asarray(out.locked)[100:])
 
 
 def test_chord_steps_land_where_relinearizing_does(walked):
@@ -537,3 +539,21 @@ def test_tracker_init_refuses_a_start_outside_the_motion_region():
         tracker.init(above, position_std=0.1)
     with pytest.raises(ValueError, match="x0 must lie inside"):
         tracking.simulate_trajectory(jax.random.key(0), WALK, above, jnp.zeros(3), 3, DT)
+
+
+def test_a_track_whose_reacquisitions_keep_firing_is_never_called_locked():
+    """15 m/s with the velocity unknown: the track is lost over and over (each loss cleared
+    by the same step's re-acquisition, so ``lost`` never reads True at a step's end); it
+    ends metres off, and ``locked`` says so."""
+    motion = tracking.ConstantVelocity(1.0, region=SCENE)
+    x0 = jnp.asarray([3.0, 3.0, 1.5])
+    path = tracking.simulate_trajectory(
+        jax.random.key(0), motion, x0, jnp.asarray([15.0, 0.0, 0.0]), 300, DT
+    )
+    r = tracking.simulate_track_phases(jax.random.key(1), MODEL, path.positions)
+    tracker = tracking.Tracker(MODEL, motion, dt=DT)
+    state = jax.tree.map(lambda a: a[None], tracker.init(x0, position_std=0.01))
+    _, out = tracking.run_tracker(tracker, state, r[:, None])
+    err = np.linalg.norm(np.asarray(out.position[:, 0]) - np.asarray(path.positions), axis=1)
+    assert err[-1] > 1.0 and int(np.asarray(out.reacquired).sum()) > 5
+    assert not np.any(np.asarray(out.locked)[-100:])

@@ -35,7 +35,12 @@ maximum, must not drag the velocity). The track is declared lost
 when the sum over the last ``window`` snapshots exceeds the
 :math:`1-\alpha` quantile of :math:`\chi^2_{\mathrm{window}(M-1)}` (a window, not one
 snapshot, so that one outlier does not break a track and a wrong lobe, whose residuals
-are systematic, cannot hide behind the noise for long).
+are systematic, cannot hide behind the noise for long). The flags of a step
+(:class:`TrackOutput`): ``lost``, the lock test failed; ``reacquired``, the track restarted
+elsewhere (a re-acquisition on a loss clears ``lost`` in the same step); ``locked``, lock
+confirmed: a full window since the last re-acquisition passed the test, and an outage keeps
+it only while the prior still resolves the comb. A track whose re-acquisitions keep firing
+is never ``locked``, whatever its covariance says.
 
 **Acquisition and re-acquisition.** The likelihood of one snapshot is a comb of maxima
 about :math:`\lambda/2` apart; the filter can resolve it only while its prior is narrower
@@ -101,6 +106,7 @@ class TrackState(NamedTuple):
     lost: Array  # () bool, the lock test failed at the last snapshot
     reacquired: Array  # () bool, the last update restarted the track elsewhere
     num_reacquisitions: Array  # () int32, restarts so far
+    locked: Array  # () bool, the lock test passed on a full window since the last restart
 
 
 class TrackOutput(NamedTuple):
@@ -109,8 +115,11 @@ class TrackOutput(NamedTuple):
     position: Array  # (T, B, 3) m, after the step's update (folded into the region)
     position_cov: Array  # (T, B, 3, 3) m^2, its covariance
     nis: Array  # (T, B) normalized innovation squared (0 without a snapshot)
-    lost: Array  # (T, B) bool
-    reacquired: Array  # (T, B) bool
+    lost: Array  # (T, B) bool, the lock test failed at this step
+    reacquired: Array  # (T, B) bool, the track restarted elsewhere at this step
+    locked: Array  # (T, B) bool, lock confirmed: the lock test passed on a full window
+    # since the last re-acquisition (or the last snapshot before an outage), and the prior
+    # still resolves the comb. A track whose re-acquisitions keep firing never is.
 
 
 @pytree_dataclass(init=False)
@@ -314,6 +323,7 @@ class Tracker:
             lost=jnp.asarray(False),
             reacquired=jnp.asarray(False),
             num_reacquisitions=jnp.asarray(0, jnp.int32),
+            locked=jnp.asarray(False),
         )
 
     def position(self, state: TrackState) -> tuple[Array, Array]:
@@ -525,6 +535,8 @@ def step(
         since_pending=jnp.where(state.pending, state.since_pending + valid, 0),
         lost=lost,
         reacquired=jnp.asarray(False),
+        # confirmed by a full window that passes; an outage keeps it while the prior holds
+        locked=~state.pending & ~lost & jnp.where(use, full, state.locked & ~valid),
     )
 
 
@@ -649,6 +661,7 @@ def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
         lost=jnp.asarray(False),
         reacquired=~keep,
         num_reacquisitions=state.num_reacquisitions + (~keep).astype(jnp.int32),
+        locked=jnp.asarray(False),
     )
     return jax.tree.map(lambda new, old: jnp.where(due, new, old), restarted, state)
 
@@ -760,7 +773,8 @@ def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
         due = jax.vmap(needs_reacquisition, in_axes=(None, 0))(tracker, s)
         s = jax.lax.cond(jnp.any(due), reacquire_some, lambda s, due: s, s, due)
         position, cov = tracker.position(s)
-        return s, TrackOutput(position, cov, s.recent_nis[:, -1], s.lost, s.reacquired)
+        out = TrackOutput(position, cov, s.recent_nis[:, -1], s.lost, s.reacquired, s.locked)
+        return s, out
 
     return jax.lax.scan(body, state, (r, valid))
 
