@@ -74,12 +74,15 @@ from dmimo_jax._checks import (
     check_num_aps,
     check_positions,
     check_scalar,
+    check_table_aps,
     is_concrete,
     warn_if_float32,
 )
 from dmimo_jax.bounds import linearize
+from dmimo_jax.estimators.grid import PhasorTable
 from dmimo_jax.estimators.mle import compressed_residuals
 from dmimo_jax.estimators.phasors import cube_offsets
+from dmimo_jax.estimators.search import egs_table_search
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
@@ -107,6 +110,7 @@ class TrackState(NamedTuple):
     reacquired: Array  # () bool, the last update restarted the track elsewhere
     num_reacquisitions: Array  # () int32, restarts so far
     locked: Array  # () bool, the lock test passed on a full window since the last restart
+    failures: Array  # () int32, re-acquisitions since lock was last confirmed
 
 
 class TrackOutput(NamedTuple):
@@ -184,6 +188,8 @@ class Tracker:
     reacquire_batch: int = static_field()
     screen_snapshots: int = static_field()
     screen_size: int = static_field()
+    table: Any = None
+    global_after: int = static_field(default=2)
 
     def __init__(
         self,
@@ -203,6 +209,8 @@ class Tracker:
         reacquire_batch: int = 8,
         screen_snapshots: int = 2,
         screen_size: int = 256,
+        table: PhasorTable | None = None,
+        global_after: int = 2,
     ):
         model = as_phase_model(model)
         check_num_aps(model.num_aps)
@@ -219,6 +227,14 @@ class Tracker:
                 f"screen_snapshots must be at most window = {window}, got {screen_snapshots}"
             )
         check_int("screen_size", screen_size, minimum=1)
+        check_int("global_after", global_after, minimum=1)
+        if table is not None:
+            if not isinstance(table, PhasorTable):
+                raise ValueError(
+                    f"table must be a PhasorTable (estimators.phasor_table of the model over "
+                    f"the region) or None, got {type(table).__name__}"
+                )
+            check_table_aps(table, model)
         for name, value in [("false_alarm", false_alarm), ("gate_false_alarm", gate_false_alarm)]:
             check_scalar(name, value, positive=True)
             if not float(value) < 1:
@@ -264,6 +280,8 @@ class Tracker:
             reacquire_batch=reacquire_batch,
             screen_snapshots=screen_snapshots,
             screen_size=screen_size,
+            table=table,
+            global_after=global_after,
         )
         for name, value in fields.items():
             object.__setattr__(self, name, value)
@@ -324,6 +342,7 @@ class Tracker:
             reacquired=jnp.asarray(False),
             num_reacquisitions=jnp.asarray(0, jnp.int32),
             locked=jnp.asarray(False),
+            failures=jnp.asarray(0, jnp.int32),
         )
 
     def position(self, state: TrackState) -> tuple[Array, Array]:
@@ -524,6 +543,7 @@ def step(
     recent_nis = push(state.recent_nis, nis)
     full = jnp.sum(nis_valid) == tracker.window
     lost = use & full & (jnp.sum(jnp.where(nis_valid, recent_nis, 0.0)) > tracker.nis_threshold)
+    locked = ~state.pending & ~lost & jnp.where(use, full, state.locked & ~valid)
     return state._replace(
         mean=mean,
         cov=cov,
@@ -536,7 +556,8 @@ def step(
         lost=lost,
         reacquired=jnp.asarray(False),
         # confirmed by a full window that passes; an outage keeps it while the prior holds
-        locked=~state.pending & ~lost & jnp.where(use, full, state.locked & ~valid),
+        locked=locked,
+        failures=jnp.where(locked, 0, state.failures),
     )
 
 
@@ -635,14 +656,20 @@ def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
     # a pending acquisition weighs the prediction since the prior stopped resolving the
     # comb; a lost track's own prior sits on the wrong maximum and is dropped
     lost = state.lost
-    center = jnp.where(lost, state.mean, state.prior_mean)
+    center = jnp.where(lost, state.mean[:3], state.prior_mean[:3])
+    if tracker.table is not None:
+        # re-acquisitions that keep failing: the lattice sits on a wrong maximum far from
+        # the UE; re-centre it on the medoid of the window's global table searches
+        far = state.failures >= tracker.global_after
+        center = jax.lax.cond(far, partial(global_center, tracker), lambda s: center, state)
+        lost = lost | far
     # two velocities to move the older snapshots with: the filter's (it has seen the
     # window, and the maxima of the comb move with the UE) and the prior's (the filter may
     # have been dragged by a wrong maximum); the window decides
     velocities = jnp.stack([_velocity(state.mean), _velocity(state.prior_mean)])
     precision = jnp.where(lost, 0.0, jnp.linalg.inv(state.prior_cov[:3, :3]))
     prior = jnp.einsum("gi,ij,gj->g", tracker.offsets, precision, tracker.offsets)
-    candidates = center[None, :3] + tracker.offsets
+    candidates = center[None, :] + tracker.offsets
     which, point = lattice_argmin(tracker, state, candidates, velocities, prior)
     best, velocity = candidates[point], velocities[which]
     keep = jnp.max(jnp.abs(state.mean[:3] - best)) <= tracker.reacquire_spacing
@@ -662,8 +689,20 @@ def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
         reacquired=~keep,
         num_reacquisitions=state.num_reacquisitions + (~keep).astype(jnp.int32),
         locked=jnp.asarray(False),
+        failures=state.failures + 1,
     )
     return jax.tree.map(lambda new, old: jnp.where(due, new, old), restarted, state)
+
+
+def global_center(tracker: Tracker, state: TrackState) -> Array:
+    """(3,) the medoid of the window's single-snapshot table searches over the whole table
+    (:func:`~dmimo_jax.estimators.egs_table_search`, no prior): a few snapshots in the main
+    lobe out of the window put it there, wherever the track was."""
+    est = egs_table_search(state.recent_r, tracker.model, tracker.table, 16).x  # (K, 3)
+    ok = state.recent_valid
+    d = jnp.linalg.norm(est[:, None, :] - est[None, :, :], axis=-1)
+    d = jnp.where(ok[None, :], d, 0.0).sum(axis=1)
+    return est[jnp.argmin(jnp.where(ok, d, jnp.inf))]
 
 
 def run_tracker(

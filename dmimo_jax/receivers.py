@@ -1,0 +1,224 @@
+r"""Complex snapshots from real receivers: per-AP gains and additive constants (beyond the paper).
+
+The paper's receivers measure a phase. Real ones measure a complex channel, and add
+impairments of their own. The measurement model of this module, for one snapshot at
+:math:`\mathbf x`,
+
+.. math::
+
+    h_m = s\,G_m\,c_m(\mathbf x) + b_m + w_m,\qquad w_m\sim\mathcal{CN}(0, \sigma_w^2),
+
+with
+
+* :math:`c_m(\mathbf x) = \sqrt{P}\alpha_m(\mathbf x)\,e^{j\mu_m(\mathbf x)}` the model's
+  channel (any PhaseModel: its mean phase :math:`\mu_m` and, through eq. (9), its amplitude
+  :math:`\sqrt{P}\alpha_m = \sqrt{\sigma_w^2 / (2\sigma_m^2)}` from its variance; so patterns,
+  rooms and the GP all give one);
+* :math:`G_m` a complex gain per receiver (its phase a static offset beyond the model's own
+  ``ap_phase_offsets``, its modulus the receiver's gain);
+* :math:`b_m` an additive complex constant per receiver (a DC offset or reference leakage:
+  it does not move with the UE or with the snapshot's transmit factor);
+* :math:`s` one complex factor per snapshot: the CPO :math:`e^{j\phi}` and the transmit gain
+  together.
+
+Sign convention: the phase convention of the rest of the package, :math:`\arg h_m = \mu_m +
+\phi` (the phase grows with distance, as the Techtile files store it); the paper's received
+signal of eq. (6) is the conjugate (:func:`~dmimo_jax.measure.received_signal`). With ideal
+receivers (:math:`G = 1, b = 0`) and :math:`s = e^{j\phi}`, :math:`\arg h` is the paper's
+wrapped phase of eq. (8) at high SNR: the phase-only model is the special case.
+
+The snapshot factor is profiled out in closed form, :math:`\hat s = \mathbf v^H(\mathbf h -
+\mathbf b)/\|\mathbf v\|^2` with :math:`\mathbf v = \mathbf G\odot\mathbf c(\mathbf x)` (as
+the CPO is in eq. 15), which leaves the complex least-squares cost
+:math:`\|\mathbf h - \mathbf b\|^2 - |\mathbf v^H(\mathbf h - \mathbf b)|^2/\|\mathbf v\|^2`
+(:func:`profiled_residuals`), and its Fisher information the Schur complement of the
+snapshot factor (:func:`complex_fim`, :func:`complex_peb`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_finite, check_positions, is_concrete
+from dmimo_jax.physics import PhaseModel, as_phase_model, check_in_domain
+from dmimo_jax.pytree import pytree_dataclass
+
+__all__ = [
+    "Receivers",
+    "channel",
+    "complex_fim",
+    "complex_peb",
+    "expected_snapshot",
+    "ideal_receivers",
+    "profiled_residuals",
+    "random_receivers",
+    "simulate_snapshots",
+]
+
+
+@pytree_dataclass(init=False)
+class Receivers:
+    """The receivers' impairments (a pytree).
+
+    Attributes:
+        gains: (M,) complex :math:`G_m` (relative to the model's own phase offsets).
+        constants: (M,) complex :math:`b_m`, in the units of the snapshots
+            (:math:`\\sqrt{\\text{W}}`, as :func:`channel`).
+
+    Raises:
+        ValueError: shapes that differ or are not (M,), non-finite values, a zero gain.
+    """
+
+    gains: Array
+    constants: Array
+
+    def __init__(self, gains: ArrayLike, constants: ArrayLike | None = None):
+        g = jnp.asarray(gains, jnp.result_type(complex))
+        b = jnp.zeros_like(g) if constants is None else jnp.asarray(constants, g.dtype)
+        if g.ndim != 1 or b.shape != g.shape:
+            raise ValueError(
+                f"gains and constants must both have shape (M,), got {g.shape} and {b.shape}"
+            )
+        check_finite("gains", g)
+        check_finite("constants", b)
+        if is_concrete(g) and np.any(np.abs(np.asarray(g)) == 0):
+            raise ValueError("gains must be non-zero (a receiver with gain 0 measures nothing)")
+        object.__setattr__(self, "gains", g)
+        object.__setattr__(self, "constants", b)
+
+    @property
+    def num_aps(self) -> int:
+        return self.gains.shape[0]
+
+
+def ideal_receivers(num_aps: int, dtype: Any = None) -> Receivers:
+    """:math:`G = 1, b = 0`: the paper's receivers."""
+    dtype = jnp.result_type(complex) if dtype is None else dtype
+    return Receivers(jnp.ones(num_aps, dtype), jnp.zeros(num_aps, dtype))
+
+
+def random_receivers(
+    key: Array, model: PhaseModel, *, gain_db_std: float = 1.0, constant_ratio: float = 1.0
+) -> Receivers:
+    """Receivers as a deployment may have them: gains of uniform phase and log-normal modulus
+    (``gain_db_std`` dB), and constants of uniform phase whose modulus is ``constant_ratio``
+    times the median pilot amplitude over the UE region's centre (1: as strong as the pilot,
+    as measured on the Techtile receivers)."""
+    model = as_phase_model(model)
+    m = model.num_aps
+    k_ph, k_mod, k_b = jax.random.split(key, 3)
+    dtype = model.scene.ap_positions.dtype
+    phase = jax.random.uniform(k_ph, (m,), dtype, -jnp.pi, jnp.pi)
+    modulus = 10 ** (gain_db_std * jax.random.normal(k_mod, (m,), dtype) / 20)
+    centre = (model.scene.ue_low + model.scene.ue_high) / 2
+    pilot = jnp.median(jnp.abs(channel(model, centre)))
+    b_phase = jax.random.uniform(k_b, (m,), dtype, -jnp.pi, jnp.pi)
+    return Receivers(modulus * jnp.exp(1j * phase), constant_ratio * pilot * jnp.exp(1j * b_phase))
+
+
+def channel(model: PhaseModel, x: ArrayLike) -> Array:
+    r""":math:`c_m(\mathbf x) = \sqrt{\sigma_w^2/(2\sigma_m^2)}\,e^{j\mu_m(\mathbf x)}` (M,)
+    complex: eq. (9) read backwards for the amplitude (an AP with no signal, infinite
+    variance, gives 0). Traceable; one position."""
+    var = model.variance(x)
+    amp = jnp.sqrt(model.scene.noise_power / (2.0 * var))
+    return amp * jnp.exp(1j * model.mean(x))
+
+
+def expected_snapshot(
+    model: PhaseModel, x: ArrayLike, receivers: Receivers, s: ArrayLike = 1.0
+) -> Array:
+    r"""Noise-free :math:`s\,\mathbf G\odot\mathbf c(\mathbf x) + \mathbf b` (M,) complex."""
+    return s * receivers.gains * channel(model, x) + receivers.constants
+
+
+def simulate_snapshots(
+    key: Array, model: PhaseModel, xs: ArrayLike, receivers: Receivers, s: ArrayLike
+) -> Array:
+    r"""Complex snapshots :math:`\mathbf h_n` (N, M) at positions ``xs`` (N, 3) with snapshot
+    factors ``s`` (N,) complex (e.g. :math:`e^{j\phi_n}` for random CPOs): the module's
+    model with :math:`\mathcal{CN}(0, \sigma_w^2)` noise, :math:`\sigma_w^2` the scene's
+    noise power.
+
+    Raises:
+        ValueError: positions not (N, 3) inside the model's domain, ``s`` not (N,) finite,
+            receivers for another number of APs.
+    """
+    model = as_phase_model(model)
+    check_positions("xs", xs, batched=True)
+    check_in_domain("xs", xs, model)
+    xs = jnp.asarray(xs)
+    s = jnp.asarray(s, jnp.result_type(xs.dtype, complex))
+    if s.shape != xs.shape[:1]:
+        raise ValueError(
+            f"s must have shape ({xs.shape[0]},) (one factor per snapshot), got {s.shape}"
+        )
+    check_finite("s", s)
+    _check_receivers(receivers, model)
+    return _simulate(key, model, xs, receivers, s)
+
+
+@jax.jit
+def _simulate(key, model, xs, receivers, s):
+    mean = jax.vmap(lambda x, sn: expected_snapshot(model, x, receivers, sn))(xs, s)
+    std = jnp.sqrt(model.scene.noise_power / 2.0)
+    w = std * jax.random.normal(key, (2,) + mean.shape, xs.dtype)
+    return mean + (w[0] + 1j * w[1])
+
+
+def _check_receivers(receivers: Any, model: PhaseModel) -> None:
+    if not isinstance(receivers, Receivers):
+        raise ValueError(f"receivers must be a Receivers, got {type(receivers).__name__}")
+    if receivers.num_aps != model.num_aps:
+        raise ValueError(
+            f"receivers are for {receivers.num_aps} APs, the model has {model.num_aps}"
+        )
+
+
+def profiled_residuals(h: ArrayLike, v: ArrayLike, b: ArrayLike) -> tuple[Array, Array]:
+    r"""Residuals :math:`\mathbf h - \mathbf b - \hat s\mathbf v` (..., M) with the snapshot
+    factor profiled out, :math:`\hat s = \mathbf v^H(\mathbf h - \mathbf b)/\|\mathbf v\|^2`
+    (...,): the complex least-squares analogue of eq. (15)-(16). Traceable."""
+    y = jnp.asarray(h) - jnp.asarray(b)
+    v = jnp.asarray(v)
+    s = jnp.sum(jnp.conj(v) * y, axis=-1) / jnp.sum(jnp.abs(v) ** 2, axis=-1)
+    return y - s[..., None] * v, s
+
+
+def complex_fim(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayLike = 1.0) -> Array:
+    r"""Position Fisher information (3, 3) of one complex snapshot with the snapshot factor
+    :math:`s` unknown (profiled: the Schur complement of its two real parameters).
+
+    For :math:`\mathbf h\sim\mathcal{CN}(\boldsymbol\nu(\boldsymbol\eta), \sigma_w^2\mathbf I)`,
+    :math:`\mathbf J = \frac{2}{\sigma_w^2}\mathrm{Re}(\mathbf D^H\mathbf D)` with
+    :math:`\mathbf D = \partial\boldsymbol\nu/\partial\boldsymbol\eta`,
+    :math:`\boldsymbol\eta = (\mathbf x, \mathrm{Re}\,s, \mathrm{Im}\,s)`. A known
+    :math:`\mathbf b` does not enter. The phase-only FIM (:func:`dmimo_jax.bounds.position_fim`)
+    is the information of the phases alone; this one adds the amplitudes'.
+    """
+    model = as_phase_model(model)
+    x = jnp.asarray(x)
+    _check_receivers(receivers, model)
+    s = jnp.asarray(s, jnp.result_type(x.dtype, complex))
+
+    def nu(eta):
+        return (eta[3] + 1j * eta[4]) * receivers.gains * channel(model, eta[:3])
+
+    eta = jnp.concatenate([x, jnp.stack([jnp.real(s), jnp.imag(s)])])
+    d_re = jax.jacfwd(lambda e: jnp.real(nu(e)))(eta)
+    d_im = jax.jacfwd(lambda e: jnp.imag(nu(e)))(eta)
+    full = 2.0 / model.scene.noise_power * (d_re.T @ d_re + d_im.T @ d_im)
+    a, b, c = full[:3, :3], full[:3, 3:], full[3:, 3:]
+    return a - b @ jnp.linalg.solve(c, b.T)
+
+
+def complex_peb(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayLike = 1.0) -> Array:
+    r""":math:`\sqrt{\mathrm{tr}\,\mathbf J^{-1}}` of :func:`complex_fim`, m."""
+    fim = complex_fim(x, model, receivers, s)
+    return jnp.sqrt(jnp.trace(jnp.linalg.inv(fim)))
