@@ -97,6 +97,7 @@ _LAZY = (
     "design",
     "tracking",
     "datasets",
+    "receivers",
 )  # heavier imports, loaded on first access
 
 

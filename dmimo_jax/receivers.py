@@ -50,6 +50,7 @@ from dmimo_jax.physics import PhaseModel, as_phase_model, check_in_domain
 from dmimo_jax.pytree import pytree_dataclass
 
 __all__ = [
+    "ReceiverModel",
     "Receivers",
     "channel",
     "complex_fim",
@@ -95,6 +96,32 @@ class Receivers:
     @property
     def num_aps(self) -> int:
         return self.gains.shape[0]
+
+
+@pytree_dataclass
+class ReceiverModel:
+    """A PhaseModel seen through receivers: the complex measurement model of the module
+    (a pytree; ``scene`` and ``num_aps`` are the model's).
+
+    Attributes:
+        model: the PhaseModel of the channel.
+        receivers: the :class:`Receivers`.
+    """
+
+    model: Any
+    receivers: Receivers
+
+    @property
+    def scene(self) -> Any:
+        return self.model.scene
+
+    @property
+    def num_aps(self) -> int:
+        return self.model.num_aps
+
+    def channel(self, x: ArrayLike) -> Array:
+        r""":math:`\mathbf v(\mathbf x) = \mathbf G\odot\mathbf c(\mathbf x)` (M,) complex."""
+        return self.receivers.gains * channel(self.model, x)
 
 
 def ideal_receivers(num_aps: int, dtype: Any = None) -> Receivers:
@@ -185,8 +212,8 @@ def profiled_residuals(h: ArrayLike, v: ArrayLike, b: ArrayLike) -> tuple[Array,
     r"""Residuals :math:`\mathbf h - \mathbf b - \hat s\mathbf v` (..., M) with the snapshot
     factor profiled out, :math:`\hat s = \mathbf v^H(\mathbf h - \mathbf b)/\|\mathbf v\|^2`
     (...,): the complex least-squares analogue of eq. (15)-(16). Traceable."""
-    y = jnp.asarray(h) - jnp.asarray(b)
-    v = jnp.asarray(v)
+    h, v = jnp.asarray(h), jnp.asarray(v)
+    y = h - jnp.broadcast_to(jnp.asarray(b), h.shape)
     s = jnp.sum(jnp.conj(v) * y, axis=-1) / jnp.sum(jnp.abs(v) ** 2, axis=-1)
     return y - s[..., None] * v, s
 

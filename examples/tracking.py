@@ -114,9 +114,7 @@ def run_power(power_dbm, args, single: SingleSnapshot) -> tuple[dict, dict]:
     # snapshots: the start's standard deviation), acquiring from its first window
     # the single-snapshot stage's table also serves the tracker's global re-acquisition
     # (re-acquisitions that keep failing re-centre on the window's table searches)
-    tracker = tracking.Tracker(
-        model, motion, dt=DT, relinearize=not args.chord, table=single.table
-    )
+    tracker = tracking.Tracker(model, motion, dt=DT, relinearize=not args.chord, table=single.table)
     init = jax.vmap(lambda x: tracker.init(x, position_std=SPEED * DT * k0))
     state0 = init(jnp.asarray(x_start))
     rs = jnp.swapaxes(r[:, 1:], 0, 1)  # (T-1, N, M)

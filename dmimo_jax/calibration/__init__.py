@@ -26,6 +26,7 @@ from dmimo_jax.calibration.deployment import (
     error_scale,
     fit_status,
     offsets_closed_form,
+    receivers_closed_form,
 )
 from dmimo_jax.calibration.materials import (
     MaterialFit,
@@ -72,5 +73,6 @@ __all__ = [
     "log_likelihood",
     "material_posterior",
     "offsets_closed_form",
+    "receivers_closed_form",
     "with_permittivities",
 ]

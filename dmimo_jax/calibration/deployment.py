@@ -108,6 +108,13 @@ from dmimo_jax.physics import (
 )
 from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
 from dmimo_jax.pytree import jit_or_eager, pytree_dataclass, static_field
+from dmimo_jax.receivers import (
+    ReceiverModel,
+    Receivers,
+    channel,
+    ideal_receivers,
+    profiled_residuals,
+)
 
 __all__ = [
     "CALIBRATION_STARTS",
@@ -123,13 +130,22 @@ __all__ = [
     "fit_status",
     "log_likelihood",
     "offsets_closed_form",
+    "receivers_closed_form",
     "with_permittivities",
 ]
 
 CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
 """ITU-R P.2040 materials used as starting points (Table I of the paper, metal excepted)."""
 
-GROUPS = ("ap_positions", "ap_phase_offsets", "surfaces", "antenna", "polarization")
+GROUPS = (
+    "ap_positions",
+    "ap_phase_offsets",
+    "surfaces",
+    "antenna",
+    "polarization",
+    "receiver_gains",
+    "receiver_constants",
+)
 """The groups of unknowns :func:`calibrate` can fit."""
 
 MIN_EXPONENT_START = 0.1
@@ -192,6 +208,9 @@ class Calibration:
         chi2_by_ap: (M,) each AP's share of the chi-square on the same scale as
             ``reduced_chi2`` (about 1 each for a good fit; a misfit carried by a few APs
             shows there).
+        receivers: complex snapshots: the fitted :class:`~dmimo_jax.receivers.Receivers`
+            (``None`` for wrapped phases); ``cpo`` then holds the phases of the snapshot
+            factors.
     """
 
     model: Any
@@ -209,6 +228,7 @@ class Calibration:
     unlabeled_used: Array | None = None
     status: str = static_field(default="converged")
     chi2_by_ap: Array | None = None
+    receivers: Receivers | None = None
 
 
 @pytree_dataclass
@@ -240,6 +260,12 @@ class _Group:
             return _with_scene(model, model.scene.replace(ap_positions=self._positions(u)))
         if self.name == "ap_phase_offsets":
             return _with_scene(model, model.scene.replace(ap_phase_offsets=self._offsets(u)))
+        if self.name == "receiver_gains":
+            rx = Receivers(self._complex(u, self.data["first"]), model.receivers.constants)
+            return ReceiverModel(model.model, rx)
+        if self.name == "receiver_constants":
+            rx = Receivers(model.receivers.gains, self._complex(u, None))
+            return ReceiverModel(model.model, rx)
         q = u if self.linear else u**2
         pattern = CosinePattern(exponent=q.reshape(self.meta), boresight=self.data["boresight"])
         return _with_scene(model, model.scene.replace(antenna=pattern))
@@ -253,11 +279,16 @@ class _Group:
             return self._positions(u).reshape(-1)
         if self.name == "ap_phase_offsets":
             return self._offsets(u)
+        if self.name == "receiver_gains":
+            g = self._complex(u, self.data["first"])
+            return jnp.concatenate([jnp.real(g), jnp.imag(g)])
+        if self.name == "receiver_constants":
+            return u
         return u if self.linear else u**2
 
     def report(self, v: Array) -> Array:
         """Flat natural values (or their errors) in the shape reported by :class:`Calibration`."""
-        if self.name == "surfaces":
+        if self.name in ("surfaces", "receiver_gains", "receiver_constants"):
             k = v.shape[0] // 2
             return v[:k] + 1j * v[k:]
         if self.name == "ap_positions":
@@ -286,11 +317,20 @@ class _Group:
     def _offsets(self, u: Array) -> Array:
         return jnp.concatenate([self.data["first"], u])
 
+    @staticmethod
+    def _complex(u: Array, first: Array | None) -> Array:
+        """(M,) complex from [Re, Im] halves, after the gauge entry ``first`` if any."""
+        k = u.shape[0] // 2
+        z = u[:k] + 1j * u[k:]
+        return z if first is None else jnp.concatenate([first.astype(z.dtype), z])
+
 
 # ------------------------------------------------------------------ models and their leaves
 
 
 def _with_scene(model: Any, scene: Any) -> Any:
+    if isinstance(model, ReceiverModel):
+        return ReceiverModel(_with_scene(model.model, scene), model.receivers)
     if isinstance(model, TwoRayModel):
         return TwoRayModel(scene)
     return ImageSourceModel(scene, model.reflectors, model.order)
@@ -303,6 +343,7 @@ def _eps(u: Array) -> Array:
 
 def _mounts(model: Any) -> list[list[np.ndarray]]:
     """Per AP, the unit normals of the reflectors it is mounted on."""
+    model = model.model if isinstance(model, ReceiverModel) else model
     ap = np.asarray(model.scene.ap_positions, float)
     out: list[list[np.ndarray]] = [[] for _ in range(ap.shape[0])]
     if isinstance(model, ImageSourceModel):
@@ -404,6 +445,113 @@ def _offsets_closed_form(num_iterations: int, model: Any, x: Array, r: Array) ->
 _offsets = jit_or_eager(_offsets_closed_form, static_argnums=(0,))
 
 
+def receivers_closed_form(
+    model: Any,
+    x: ArrayLike,
+    h: ArrayLike,
+    receivers: Receivers | None = None,
+    *,
+    fit: Sequence[str] = ("receiver_gains", "receiver_constants"),
+    num_iterations: int = 50,
+) -> Receivers:
+    r"""Receivers' gains and constants from complex labeled snapshots under ``model``'s
+    geometry: :math:`h_{lm} = s_l G_m c_m(\mathbf x_l) + b_m` is linear in :math:`(G_m, b_m)`
+    given the snapshot factors :math:`s_l` and in :math:`s_l` given them, so alternating least
+    squares (``num_iterations`` rounds) from the gains' phases of the closed form of
+    :func:`offsets_closed_form` applied to :math:`\arg h` (uniform random phases are no
+    start for a local method). Groups not in ``fit`` keep ``receivers``' values (default
+    ideal). Gauge: :math:`G_0` = 1 (the snapshot factors take the common complex scale).
+    The start of :func:`calibrate` on complex snapshots.
+
+    Raises:
+        ValueError: a model :func:`calibrate` does not take, x not (L, 3) with L >= 2, h not
+            (L, M) finite complex, an unknown group, ``num_iterations`` < 1.
+    """
+    _check_model(model)
+    check_int("num_iterations", num_iterations, minimum=1)
+    check_positions("x", x, batched=True)
+    num_l = np.shape(x)[0]
+    if num_l < 2 or np.shape(h) != (num_l, model.num_aps) or not np.iscomplexobj(h):
+        raise ValueError(
+            f"x must be (L, 3) with L >= 2 and h complex of shape (L, {model.num_aps}), got "
+            f"{np.shape(x)} and {np.asarray(h).dtype} {np.shape(h)}"
+        )
+    check_finite("h", h)
+    bad = [f for f in fit if f not in ("receiver_gains", "receiver_constants")]
+    if bad:
+        raise ValueError(f"fit: receivers_closed_form fits receiver groups only, got {bad}")
+    rx = ideal_receivers(model.num_aps) if receivers is None else receivers
+    dtype = model.scene.ap_positions.dtype
+    g, b = _receivers_als(
+        num_iterations,
+        "receiver_gains" in fit,
+        "receiver_constants" in fit,
+        model,
+        jnp.asarray(x, dtype),
+        jnp.asarray(h),
+        rx.gains,
+        rx.constants,
+    )
+    return Receivers(g, b)
+
+
+@partial(jax.jit, static_argnums=(0, 1, 2))
+def _receivers_als(num_iterations, fit_g, fit_b, model, x, h, g0, b0):
+    c = jax.vmap(partial(channel, model))(x)  # (L, M)
+    num_l = h.shape[0]
+    if fit_g:
+        # phases: the circular-mean closed form on arg h - arg c (CPOs profiled), moduli:
+        # the median ratio of |h| to |c|, so the first snapshot factors are right
+        e = jnp.angle(h) - jnp.angle(c)
+        rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - e[:, :1])), axis=0))
+        for _ in range(10):
+            cpo = jnp.angle(jnp.sum(jnp.exp(1j * (e - rel[None, :])), axis=1, keepdims=True))
+            rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - cpo)), axis=0))
+            rel = rel - rel[0]
+        ratio = jnp.median(jnp.abs(h) / jnp.abs(c), axis=0)
+        g0 = ratio / ratio[0] * jnp.exp(1j * rel)
+        b0 = jnp.zeros_like(b0) if fit_b else b0
+
+    def body(_, gb):
+        g, b = gb
+        v = g[None, :] * c
+        s = jnp.sum(jnp.conj(v) * (h - b[None, :]), axis=1) / jnp.sum(jnp.abs(v) ** 2, axis=1)
+        z = s[:, None] * c  # (L, M): h[:, m] = G_m z[:, m] + b_m
+        a11 = jnp.sum(jnp.abs(z) ** 2, axis=0)
+        a12 = jnp.sum(jnp.conj(z), axis=0)
+        r1 = jnp.sum(jnp.conj(z) * h, axis=0)
+        r2 = jnp.sum(h, axis=0)
+        if fit_g and fit_b:
+            det = a11 * num_l - a12 * jnp.conj(a12)
+            g_new = (num_l * r1 - a12 * r2) / det
+            b_new = (a11 * r2 - jnp.conj(a12) * r1) / det
+        elif fit_g:
+            g_new, b_new = (r1 - a12 * b) / a11, b
+        else:
+            g_new, b_new = g, (r2 - jnp.sum(z * g[None, :], axis=0)) / num_l
+        return g_new, b_new
+
+    g, b = jax.lax.fori_loop(0, num_iterations, body, (g0.astype(h.dtype), b0.astype(h.dtype)))
+    if fit_g:
+        g = g / g[0]
+    return g, b
+
+
+def _receiver_groups(model: Any, fit: Sequence[str]) -> list[_Group]:
+    """The receiver groups of ``fit`` at the receivers of the ReceiverModel ``model``."""
+    rx, out = model.receivers, []
+    if "receiver_gains" in fit:
+        g = rx.gains
+        u0 = jnp.concatenate([jnp.real(g[1:]), jnp.imag(g[1:])])
+        out.append(_Group({"first": g[:1]}, u0, "receiver_gains", None))
+    if "receiver_constants" in fit:
+        b = rx.constants
+        out.append(
+            _Group({}, jnp.concatenate([jnp.real(b), jnp.imag(b)]), "receiver_constants", None)
+        )
+    return out
+
+
 def _offsets_group(model: Any, x: Array, r: Array) -> _Group:
     start = offsets_closed_form(model, x, r)
     return _Group({"first": start[:1]}, start[1:], "ap_phase_offsets", None)
@@ -463,6 +611,8 @@ def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[
     Raises:
         ValueError: an index out of range or repeated, or not one permittivity per index.
     """
+    if isinstance(model, ReceiverModel):
+        return ReceiverModel(with_permittivities(model.model, eps_r, surfaces), model.receivers)
     eps_r = jnp.atleast_1d(jnp.asarray(eps_r))
     num = 1 if isinstance(model, TwoRayModel) else len(getattr(model, "reflectors", ()))
     surfaces = tuple(surfaces)
@@ -535,6 +685,16 @@ def _antenna_group(model: Any) -> _Group:
 
 
 def _whitened(model: Any, x: Array, r: Array, noise_var: Array) -> Array:
+    """Whitened residuals, flat: (L M,) of wrapped phases with the CPOs profiled (eq. 15),
+    or for a :class:`~dmimo_jax.receivers.ReceiverModel` and complex snapshots ``r`` with
+    complex-noise variances ``noise_var``, (L M 2,) [Re, Im] of
+    :func:`~dmimo_jax.receivers.profiled_residuals` (each real part of variance
+    ``noise_var / 2``)."""
+    if isinstance(model, ReceiverModel):
+        v = jax.vmap(model.channel)(x)
+        res, _ = profiled_residuals(r, v, model.receivers.constants)
+        scale = jnp.sqrt(noise_var / 2.0)
+        return jnp.stack([jnp.real(res) / scale, jnp.imag(res) / scale], axis=-1).reshape(-1)
     mean = jax.vmap(model.mean)(x)
     return (compressed_residuals(r, mean, noise_var) / jnp.sqrt(noise_var)).reshape(-1)
 
@@ -733,9 +893,12 @@ def _fit_one_polarization(
     done: set[str] = set()  # groups already at their optimum (stage 2 fitted them jointly)
     if "ap_phase_offsets" in fit:
         groups["ap_phase_offsets"] = _offsets_group(model, x, r)
+    if isinstance(model, ReceiverModel):
+        groups.update({g.name: g for g in _receiver_groups(model, fit)})
+    closed = ("ap_phase_offsets", "receiver_gains", "receiver_constants")  # closed-form starts
     if "surfaces" in fit:
-        # stage 2: surfaces (and offsets) from every material start, all surfaces alike
-        first = [groups[g] for g in ("ap_phase_offsets",) if g in groups]
+        # stage 2: surfaces (and offsets or receivers) from every material start, all alike
+        first = [groups[g] for g in closed if g in groups]
         rows = []
         for e in eps_starts:
             s = _surfaces_group(model, idx, np.full(len(idx), e))
@@ -743,8 +906,8 @@ def _fit_one_polarization(
         stage = first + [s]
         u, _, _ = _lm(model, stage, x, r, noise_var, np.stack(rows), num_steps)
         parts = _split(stage, jnp.asarray(u))
-        if first:
-            groups["ap_phase_offsets"] = dataclasses.replace(first[0], u0=parts[0])
+        for g, part in zip(first, parts, strict=False):
+            groups[g.name] = dataclasses.replace(g, u0=part)
         groups["surfaces"] = dataclasses.replace(s, u0=parts[-1])
         done = {g.name for g in stage}
     if "ap_positions" in fit:
@@ -773,9 +936,18 @@ def calibrate(
     num_steps: int = 40,
     max_steps: int = 600,
     unlabeled: Unlabeled | None = None,
+    receivers: Receivers | None = None,
     warn: bool = True,
 ) -> Calibration:
     r"""Maximum-likelihood calibration of a physical model from L labeled snapshots.
+
+    Wrapped phases ``r`` (the paper's receivers), or complex snapshots ``r`` (real receivers,
+    :mod:`dmimo_jax.receivers`: :math:`h = s\,G\odot c(x) + b + w`): then ``noise_var`` is
+    the complex noise's variance :math:`\sigma_w^2` per entry, the snapshot factors are
+    profiled out as the CPOs are, the receivers' gains and constants are the groups
+    ``"receiver_gains"`` (:math:`G_0 = 1` the gauge; their phases are the APs' offsets, so
+    ``"ap_phase_offsets"`` is refused) and ``"receiver_constants"``, started by
+    :func:`receivers_closed_form`, and ``Calibration.receivers`` holds the result.
 
     Args:
         model: the nominal :class:`~dmimo_jax.TwoRayModel` or
@@ -783,8 +955,9 @@ def calibrate(
             zero offsets, a pattern with a guessed exponent): the start of the fit, and the
             values of everything not fitted.
         x: (L, 3) labeled UE positions, m (inside the room for a room model).
-        r: (L, M) wrapped phases measured there.
-        noise_var: (L, M) phase-noise variances, rad^2.
+        r: (L, M) wrapped phases measured there, or (L, M) complex snapshots.
+        noise_var: (L, M) phase-noise variances, rad^2 (complex snapshots: the complex
+            noise's variance per entry).
         fit: the groups to fit, among :data:`GROUPS` (module docstring).
         surfaces: reflector names to calibrate with ``"surfaces"`` (default: every dielectric
             surface some path bounces off).
@@ -799,6 +972,8 @@ def calibrate(
         unlabeled: :class:`Unlabeled` snapshots whose positions are profiled out (module
             docstring): a last stage fits every group to the labeled and the unlabeled
             snapshots together.
+        receivers: complex snapshots: the receivers of the groups not fitted, and the start
+            of those fitted (default ideal: G = 1, b = 0).
         warn: warn unless ``status == "converged"`` (the warning says what went wrong and,
             for a misfit, which APs carry it).
 
@@ -833,11 +1008,36 @@ def calibrate(
     warn_if_float32("calibrate")
     dtype = model.scene.ap_positions.dtype
     check_in_domain("x", np.asarray(x, float), model)
-    x, r, noise_var = (jnp.asarray(v, dtype) for v in (x, r, noise_var))
+    complex_data = np.iscomplexobj(r)
+    x, noise_var = jnp.asarray(x, dtype), jnp.asarray(noise_var, dtype)
+    r = jnp.asarray(r, jnp.result_type(dtype, complex) if complex_data else dtype)
+    rx_fit = [f for f in fit if f.startswith("receiver_")]
+    inner = model
+    if complex_data:
+        if "ap_phase_offsets" in fit:
+            raise ValueError(
+                "fit: complex snapshots carry the APs' phase offsets in 'receiver_gains' (the "
+                "gains' phases); fit that instead of 'ap_phase_offsets'"
+            )
+        if unlabeled is not None:
+            raise ValueError("unlabeled= takes wrapped phases; not complex snapshots (yet)")
+        rx = ideal_receivers(model.num_aps, r.dtype) if receivers is None else receivers
+        if not isinstance(rx, Receivers) or rx.num_aps != model.num_aps:
+            raise ValueError(
+                f"receivers must be a Receivers of the model's {model.num_aps} APs, got "
+                f"{type(rx).__name__}"
+            )
+        if rx_fit:
+            rx = receivers_closed_form(model, x, r, rx, fit=rx_fit)
+        model = ReceiverModel(model, rx)
+    elif rx_fit or receivers is not None:
+        raise ValueError(
+            f"fit {rx_fit or ''} / receivers=: the receivers' groups need complex snapshots r"
+        )
     idx, names = ([], [])
     eps_starts = np.zeros(0)
     if "surfaces" in fit:
-        idx, names = _surface_indices(model, surfaces)
+        idx, names = _surface_indices(inner, surfaces)
         eps_starts = _starts(float(model.scene.frequency), starts)
     elif surfaces is not None:
         raise ValueError("surfaces= names reflectors to fit: add 'surfaces' to fit")
@@ -858,18 +1058,19 @@ def calibrate(
         groups, u, cost, converged = _fit_one_polarization(
             m, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps, max_steps
         )
-        ll = -0.5 * (cost + float(jnp.sum(jnp.log(2 * jnp.pi * noise_var))))
+        ll = -0.5 * (cost + _log_normalizer(noise_var, complex_data))
         lls[pol] = ll
         if best is None or ll > best[0]:
             best = (ll, pol, m, groups, u, cost, converged)
     ll, pol, m, groups, u, cost, converged = best
     num_params = sum(g.size for g in groups)
     num_l, num_m = r.shape
-    dof = num_l * num_m - num_l - num_params
+    per = 2 if complex_data else 1  # real residuals per entry, and per snapshot factor
+    dof = per * (num_l * num_m - num_l) - num_params
     if dof < 1:
         raise ValueError(
-            f"{num_l * num_m} residuals cannot fit {num_params} parameters and {num_l} CPOs: "
-            "use more labeled snapshots"
+            f"{per * num_l * num_m} residuals cannot fit {num_params} parameters and {num_l} "
+            "CPOs: use more labeled snapshots"
         )
     chi2 = cost / dof
     dof_labeled = dof
@@ -888,8 +1089,8 @@ def calibrate(
             ll = -0.5 * (cost + float(jnp.sum(jnp.log(2 * jnp.pi * noise_var))))
             ll -= 0.5 * float(jnp.sum(jnp.log(2 * jnp.pi * unl[2])))
     u = jnp.asarray(u)
-    e = np.asarray(_whitened(_apply(m, groups, u), x, r, noise_var)).reshape(num_l, num_m)
-    chi2_by_ap = num_m * np.sum(e**2, axis=0) / dof_labeled
+    e = np.asarray(_whitened(_apply(m, groups, u), x, r, noise_var)).reshape(num_l, num_m, -1)
+    chi2_by_ap = num_m * np.sum(e**2, axis=(0, 2)) / dof_labeled
     status = fit_status(chi2, dof, converged)
     if warn and status != "converged":
         _warn_status(status, chi2, dof, chi2_by_ap, max_steps)
@@ -912,13 +1113,19 @@ def calibrate(
         i += nat.shape[0]
     if warn:
         _warn_unidentified(stderr)
-    mean = jax.vmap(fitted.mean)(x)
+    fitted_rx = None
+    if complex_data:
+        fitted, fitted_rx = fitted.model, fitted.receivers
+        v = jax.vmap(partial(channel, fitted))(x) * fitted_rx.gains[None, :]
+        cpo = jnp.angle(profiled_residuals(r, v, fitted_rx.constants)[1])
+    else:
+        cpo = wrap(cpo_estimate(r, jax.vmap(fitted.mean)(x), noise_var))
     return Calibration(
         model=fitted,
         values=values,
         stderr=stderr,
         log_likelihood=jnp.asarray(ll),
-        cpo=wrap(cpo_estimate(r, mean, noise_var)),
+        cpo=cpo,
         reduced_chi2=jnp.asarray(chi2),
         log_likelihood_by_polarization=jnp.asarray([lls["TE"], lls["TM"]]),
         dof=int(dof),
@@ -929,7 +1136,16 @@ def calibrate(
         unlabeled_used=used,
         status=status,
         chi2_by_ap=jnp.asarray(chi2_by_ap),
+        receivers=fitted_rx,
     )
+
+
+def _log_normalizer(noise_var: Array, complex_data: bool) -> float:
+    r""":math:`\sum\log 2\pi\sigma^2` over the real residuals (two per complex entry, each
+    of variance :math:`\sigma_w^2/2`)."""
+    if complex_data:
+        return 2.0 * float(jnp.sum(jnp.log(jnp.pi * noise_var)))
+    return float(jnp.sum(jnp.log(2 * jnp.pi * noise_var)))
 
 
 def chi2_band(dof: int) -> tuple[float, float]:

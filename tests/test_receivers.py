@@ -1,0 +1,131 @@
+"""Complex snapshots with receiver impairments (dmimo_jax.receivers) and their calibration."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import dmimo_jax as dj
+from dmimo_jax import receivers as rx
+from dmimo_jax.calibration import calibrate, receivers_closed_form
+
+SCENE = dj.paper_scene(-10.0, convention="itu")
+MODEL = dj.TwoRayModel(SCENE)
+X = jnp.asarray([4.0, 5.0, 1.5])
+
+
+def test_ideal_receivers_are_the_phase_only_model():
+    """arg h of ideal receivers is the model's phase + CPO (to 1e-12), |h| is sqrt(P) alpha."""
+    h = rx.expected_snapshot(MODEL, X, rx.ideal_receivers(17), jnp.exp(0.7j))
+    np.testing.assert_array_less(np.abs(dj.wrap(jnp.angle(h) - MODEL.mean(X) - 0.7)), 1e-12)
+    alpha = jnp.sqrt(SCENE.tx_power) * dj.physics.effective_amplitude(X, SCENE)
+    np.testing.assert_allclose(np.abs(h), alpha, rtol=1e-12)
+
+
+def test_snapshots_against_an_independent_computation():
+    """h = s G e^{j(2 pi d1 / lambda - arg(1 + rho))} sqrt(P) lambda |1 + rho| / (4 pi d1) + b
+    in plain NumPy, and the noise: CN(0, sigma_w^2)."""
+    recv = rx.random_receivers(jax.random.key(0), MODEL)
+    xs = np.asarray(dj.sample_positions(jax.random.key(1), 5, SCENE))
+    s = np.exp(1j * np.linspace(0, 2, 5)) * 0.8
+    ap, lam = np.asarray(SCENE.ap_positions), float(SCENE.wavelength)
+    d1 = np.linalg.norm(xs[:, None] - ap[None], axis=-1)
+    image = ap * np.array([1, 1, -1.0])
+    d2 = np.linalg.norm(xs[:, None] - image[None], axis=-1)
+    cos_g = (xs[:, None, 2] + ap[None, :, 2]) / d2
+    eps = complex(SCENE.eps_r)
+    root = np.sqrt(eps - (1 - cos_g**2))
+    gamma = (cos_g - root) / (cos_g + root)  # TE
+    rho = gamma * d1 / d2 * np.exp(-1j * 2 * np.pi / lam * (d2 - d1))
+    c = np.sqrt(float(SCENE.tx_power)) * lam / (4 * np.pi * d1) * np.abs(1 + rho)
+    c = c * np.exp(1j * (2 * np.pi * d1 / lam - np.angle(1 + rho)))
+    expect = s[:, None] * np.asarray(recv.gains) * c + np.asarray(recv.constants)
+    got = jax.vmap(lambda x, sn: rx.expected_snapshot(MODEL, x, recv, sn))(jnp.asarray(xs), s)
+    np.testing.assert_allclose(np.asarray(got), expect, rtol=1e-9)
+    many = jnp.tile(jnp.asarray(xs[:1]), (4000, 1))
+    h = rx.simulate_snapshots(jax.random.key(2), MODEL, many, recv, jnp.full(4000, s[0]))
+    w = (np.asarray(h) - expect[0]).ravel() / np.sqrt(float(SCENE.noise_power) / 2)
+    for part in (w.real, w.imag):
+        assert stats.kstest(part, "norm").pvalue > 1e-3
+
+
+def test_complex_fim_equals_finite_differences_and_adds_the_amplitude():
+    recv = rx.random_receivers(jax.random.key(0), MODEL)
+    s0 = 1.3 * np.exp(0.4j)
+
+    def nu(eta):
+        return (eta[3] + 1j * eta[4]) * recv.gains * rx.channel(MODEL, eta[:3])
+
+    eta = np.r_[np.asarray(X), s0.real, s0.imag]
+    d = np.zeros((17, 5), complex)
+    for i in range(5):
+        step = np.zeros(5)
+        step[i] = 1e-6
+        d[:, i] = (
+            np.asarray(nu(jnp.asarray(eta + step))) - np.asarray(nu(jnp.asarray(eta - step)))
+        ) / 2e-6
+    full = 2 / float(SCENE.noise_power) * np.real(d.conj().T @ d)
+    expect = full[:3, :3] - full[:3, 3:] @ np.linalg.solve(full[3:, 3:], full[3:, :3])
+    got = np.asarray(rx.complex_fim(X, MODEL, recv, s0))
+    np.testing.assert_allclose(got, expect, rtol=1e-6, atol=1e-6 * np.abs(expect).max())
+    # ideal receivers: the phases' information plus the amplitudes', so the PEB is lower
+    ideal = float(rx.complex_peb(X, MODEL, rx.ideal_receivers(17)))
+    assert ideal < float(dj.peb(X, MODEL))
+    # a known additive constant costs nothing
+    with_b = rx.Receivers(np.ones(17), recv.constants)
+    assert float(rx.complex_peb(X, MODEL, with_b)) == pytest.approx(ideal, rel=1e-12)
+
+
+def _world(seed=3):
+    real = dj.perturb_deployment(
+        jax.random.key(seed), SCENE, position_std=1e-2, random_offsets=False
+    )
+    truth = dj.TwoRayModel(real)
+    recv = rx.random_receivers(jax.random.key(seed + 1), truth)
+    x = dj.sample_positions(jax.random.key(0), 50, SCENE)
+    s = 1.3 * jnp.exp(1j * dj.random_cpos(jax.random.key(1), 50))
+    return real, truth, recv, x, s
+
+
+FIT = ("ap_positions", "receiver_gains", "receiver_constants")
+
+
+def test_gains_constants_and_phase_centres_from_noise_free_snapshots():
+    real, truth, recv, x, s = _world()
+    h = jax.vmap(lambda xx, ss: rx.expected_snapshot(truth, xx, recv, ss))(x, s)
+    nv = jnp.full(h.shape, float(SCENE.noise_power))
+    cal = calibrate(MODEL, x, h, nv, fit=FIT, warn=False)
+    np.testing.assert_allclose(cal.values["ap_positions"], real.ap_positions, atol=1e-6)
+    gains = np.asarray(recv.gains) / complex(recv.gains[0])  # the gauge: G_0 = 1
+    np.testing.assert_allclose(cal.values["receiver_gains"], gains, atol=1e-6)
+    np.testing.assert_allclose(cal.values["receiver_constants"], recv.constants, atol=1e-9)
+    assert cal.receivers is not None and float(cal.reduced_chi2) < 1e-6
+
+
+def test_complex_calibration_with_noise_is_honest():
+    real, truth, recv, x, s = _world(5)
+    h = rx.simulate_snapshots(jax.random.key(6), truth, x, recv, s)
+    nv = jnp.full(h.shape, float(SCENE.noise_power))
+    cal = calibrate(MODEL, x, h, nv, fit=FIT)
+    assert cal.status == "converged"
+    z = (np.asarray(cal.values["ap_positions"]) - np.asarray(real.ap_positions)) / np.asarray(
+        cal.stderr["ap_positions"]
+    )
+    assert 0.7 < np.sqrt(np.mean(z**2)) < 1.3 and np.abs(z).max() < 5
+
+
+def test_complex_calibration_refuses_mixed_requests():
+    real, truth, recv, x, s = _world()
+    h = jax.vmap(lambda xx, ss: rx.expected_snapshot(truth, xx, recv, ss))(x, s)
+    nv = jnp.full(h.shape, float(SCENE.noise_power))
+    with pytest.raises(ValueError, match="receiver_gains"):
+        calibrate(MODEL, x, h, nv, fit=("ap_phase_offsets",))
+    with pytest.raises(ValueError, match="need complex snapshots"):
+        calibrate(MODEL, x, jnp.angle(h), nv, fit=("receiver_gains",))
+    with pytest.raises(ValueError, match="h complex of shape"):
+        receivers_closed_form(MODEL, x, jnp.angle(h))
+    with pytest.raises(ValueError, match="gains and constants must both have shape"):
+        rx.Receivers(np.ones(17), np.zeros(16))
+    with pytest.raises(ValueError, match="gains must be non-zero"):
+        rx.Receivers(np.zeros(17))
