@@ -100,8 +100,16 @@ class Receivers:
 
 @pytree_dataclass
 class ReceiverModel:
-    """A PhaseModel seen through receivers: the complex measurement model of the module
+    r"""A PhaseModel seen through receivers: the complex measurement model of the module
     (a pytree; ``scene`` and ``num_aps`` are the model's).
+
+    It is a PhaseModel itself: ``mean`` the phases of :math:`G_m c_m` (the model's plus the
+    gains'), ``variance`` the model's over :math:`|G_m|^2` (a gain scales the SNR), and its
+    matched filter (:func:`~dmimo_jax.estimators.expected_phasor`) is the normalized
+    conjugate channel :math:`\mathbf v^*/\|\mathbf v\|`, so the coherent search of the
+    snapshots with :math:`\mathbf b` removed maximizes the complex least-squares score
+    :math:`|\mathbf v^H(\mathbf h - \mathbf b)|^2/\|\mathbf v\|^2`
+    (:func:`~dmimo_jax.estimators.complex_search`).
 
     Attributes:
         model: the PhaseModel of the channel.
@@ -122,6 +130,19 @@ class ReceiverModel:
     def channel(self, x: ArrayLike) -> Array:
         r""":math:`\mathbf v(\mathbf x) = \mathbf G\odot\mathbf c(\mathbf x)` (M,) complex."""
         return self.receivers.gains * channel(self.model, x)
+
+    def mean(self, x: ArrayLike) -> Array:
+        r"""Phases of :math:`G_m c_m(\mathbf x)`, (M,) rad, unwrapped."""
+        return self.model.mean(x) + jnp.angle(self.receivers.gains)
+
+    def variance(self, x: ArrayLike) -> Array:
+        """Phase-noise variance through the gains, (M,) rad^2."""
+        return self.model.variance(x) / jnp.abs(self.receivers.gains) ** 2
+
+    def matched_filter(self, x: ArrayLike) -> Array:
+        r""":math:`\mathbf v^*(\mathbf x)/\|\mathbf v(\mathbf x)\|` (M,) complex."""
+        v = self.channel(x)
+        return jnp.conj(v) / jnp.sqrt(jnp.sum(jnp.abs(v) ** 2))
 
 
 def ideal_receivers(num_aps: int, dtype: Any = None) -> Receivers:

@@ -13,21 +13,30 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
 * ``field``: LoS + offsets + the learned residual field (``calibration.fit_residual_field``,
   a per-antenna GP on the residual phasors) from the labeled snapshots, searched with the
   expected phasors and the measured amplitudes (``estimators.coherent_search``);
-* ``best``: that field self-trained on the unlabeled snapshots in time order
+* ``self_trained``: that field self-trained on the unlabeled snapshots in time order
   (``calibration.self_train_field``: pseudo-labels a neighbour in time confirms, 6 rounds;
   their positions are never used), searched the same way. The same settings for every
   experiment; they were chosen on EXP003/EXP005 (docs/real_data.md). By default it
   self-trains on the snapshots it then locates (a deployment's own traffic);
   ``--unlabeled-half`` self-trains on every other held-out snapshot and scores every method
   on the others;
-* ``trajectory``: ``best``'s field, the 8 most coherent local maxima of each snapshot
+* ``trajectory``: ``self_trained``'s field, the 8 most coherent local maxima of each snapshot
   (``estimators.coherent_peaks``), one chosen per snapshot along the trajectory by the
   Viterbi path of ``tracking.most_likely_path`` (cycle numbers as times) through the
   labeled snapshots' known positions (its anchors), then refined
   (``estimators.coherent_refine``); settings chosen on EXP003/EXP005 (docs/real_data.md);
 * ``lobe_oracle``: a diagnostic, not a method: of the same 8 maxima, the one nearest the
   **true** position, refined: what any choice among the lobes (a trajectory, a robust cost)
-  could reach under ``best``'s field.
+  could reach under ``self_trained``'s field;
+* ``complex``: the complex snapshots (the CSI with its amplitudes) under the receivers'
+  model of :mod:`dmimo_jax.receivers` (model B): LoS channel, a complex gain and an additive
+  constant per antenna, calibrated from the labeled snapshots
+  (``calibrate(fit=("receiver_gains", "receiver_constants"))``), located by
+  ``estimators.complex_search`` (the constants removed, the complex least-squares score);
+* ``best``: ``complex`` with the antennas' 3-D phase centres fitted too (a 10 cm prior
+  around the listed positions, ``position_prior``; the noise variance from ``complex``'s
+  fit): the method chosen on EXP003/EXP005 (docs/real_data.md), the same for every
+  experiment.
 
 Every search is ``estimators.coherent_search`` with its grid stage tabulated beforehand
 (``estimators.coherent_table``, counted in ``fit_s``). Per experiment, the noise-floor references:
@@ -50,6 +59,7 @@ import json
 import pathlib
 import sys
 import time
+import warnings
 
 import jax
 
@@ -63,6 +73,7 @@ from _helpers import pyplot, save_figure, write_json  # noqa: E402
 
 from dmimo_jax import bounds, gp  # noqa: E402
 from dmimo_jax.calibration import (  # noqa: E402
+    calibrate,
     fit_residual_field,
     offsets_closed_form,
     self_train_field,
@@ -74,16 +85,30 @@ from dmimo_jax.estimators import (  # noqa: E402
     coherent_refine,
     coherent_search,
     coherent_table,
+    complex_search,
     knn_locate,
     make_grid,
 )
 from dmimo_jax.physics import ImageSourceModel  # noqa: E402
+from dmimo_jax.receivers import ReceiverModel  # noqa: E402
 from dmimo_jax.tracking import most_likely_path  # noqa: E402
 
 DEFAULT_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "techtile"
 STILL_STD = 0.05  # rad: 355 snapshots of EXP002 within 1.4 mm repeat to this (data README)
-METHODS = ("los_offsets", "knn", "paper_gp", "field", "best", "trajectory", "lobe_oracle")
-LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among best's lobes
+METHODS = (
+    "los_offsets",
+    "knn",
+    "paper_gp",
+    "field",
+    "self_trained",
+    "trajectory",
+    "lobe_oracle",
+    "complex",
+    "best",
+)
+LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobes
+COMPLEX_METHODS = ("complex", "best")
+PHASE_CENTRE_PRIOR = 0.10  # m, best's prior on each antenna's phase centre coordinates
 NUM_LOBES = 8  # local maxima per snapshot (estimators.coherent_peaks)
 # tracking.most_likely_path, chosen on EXP003/EXP005 at L = 50 (docs/real_data.md): a
 # random walk of 15 cm per square root of a cycle, a 10% jump probability over the search
@@ -123,6 +148,29 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
+def complex_model(los, x, h, *, phase_centres):
+    """Model B (module docstring) calibrated on complex labeled snapshots ``h``: the
+    receivers' gains and constants under ``los`` (unit noise variance: the fit's reduced
+    chi-square is then the noise's variance), then, with ``phase_centres``, the antennas'
+    phase centres too with a ``PHASE_CENTRE_PRIOR`` prior at that noise level."""
+    fit = ("receiver_gains", "receiver_constants")
+    with warnings.catch_warnings():  # a real room misses what the LoS model lacks: a misfit
+        warnings.simplefilter("ignore", UserWarning)
+        cal = calibrate(los, x, h, np.ones(h.shape), fit=fit)
+        if phase_centres:
+            noise = np.full(h.shape, float(cal.reduced_chi2))
+            cal = calibrate(
+                los,
+                x,
+                h,
+                noise,
+                fit=("ap_positions", *fit),
+                receivers=cal.receivers,
+                position_prior=PHASE_CENTRE_PRIOR,
+            )
+    return ReceiverModel(cal.model, cal.receivers)
+
+
 def choose_lobe(model, grid, table, r, amplitudes, cycles, area, labeled, truth=None):
     """One of each snapshot's ``NUM_LOBES`` most coherent maxima, refined: along the Viterbi
     path over the trajectory through the labeled snapshots (``labeled``: their positions and
@@ -148,7 +196,7 @@ def choose_lobe(model, grid, table, r, amplitudes, cycles, area, labeled, truth=
 
 def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, half=False):
     """Rows (one per method) and the per-snapshot errors, for one experiment and L; with
-    ``half``, ``best`` self-trains on every other held-out snapshot (time order) and every
+    ``half``, ``self_trained`` self-trains on every other held-out snapshot (time order) and every
     method is scored on the others only."""
     n = data.num_snapshots
     if not 2 <= num_labeled < n:
@@ -157,7 +205,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
         )
     idx = np.random.default_rng(seed).permutation(n)
     li, ti = idx[:num_labeled], np.sort(idx[num_labeled:])
-    pool = ti  # best's unlabeled snapshots
+    pool = ti  # self_trained's unlabeled snapshots
     if half:
         pool, ti = ti[0::2], ti[1::2]
     xl, rl, xt, rt = data.positions[li], data.phases[li], data.positions[ti], data.phases[ti]
@@ -198,20 +246,28 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             model = jax.block_until_ready(fit_residual_field(los, xl, rl))
             fit_s += time.perf_counter() - t0
             amplitudes = amps[ti]
-        elif method == "best" or (method in LOBE_METHODS and "best" not in fitted):
+        elif method in COMPLEX_METHODS:
+            t0 = time.perf_counter()
+            model = complex_model(los, xl, data.csi[li], phase_centres=method == "best")
+            table = jax.block_until_ready(coherent_table(model, grid))
+            fit_s = time.perf_counter() - t0  # the receivers carry the offsets
+        elif method == "self_trained" or (method in LOBE_METHODS and "self_trained" not in fitted):
             # the unlabeled snapshots' phases, amplitudes and times only: never their positions
             t0 = time.perf_counter()
             model = self_train_field(
                 los, grid, xl, rl, data.phases[pool], data.cycles[pool], amplitudes=amps[pool]
             ).model
             table = jax.block_until_ready(coherent_table(model, grid))
-            fitted["best"] = (model, table, fit_s + time.perf_counter() - t0)
-        if method in ("best", *LOBE_METHODS):
-            model, table, fit_s = fitted["best"]
+            fitted["self_trained"] = (model, table, fit_s + time.perf_counter() - t0)
+        if method in ("self_trained", *LOBE_METHODS):
+            model, table, fit_s = fitted["self_trained"]
             amplitudes = amps[ti]
         if method == "knn":
             xe, t = timed(knn_locate, xl, rl, rt)
             fit_s = 0.0
+        elif method in COMPLEX_METHODS:
+            res, t = timed(complex_search, model, grid, data.csi[ti], table=table)
+            xe = res.x
         elif method in LOBE_METHODS:
             truth = xt if method == "lobe_oracle" else None
             labeled = (xl, data.cycles[li])  # the path's anchors
@@ -219,7 +275,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             xe, t = timed(choose_lobe, *args)
         else:
             # the grid stage tabulated once (offline, counted in fit_s), then searched
-            if method != "best":
+            if method != "self_trained":
                 t0 = time.perf_counter()
                 table = jax.block_until_ready(coherent_table(model, grid))
                 fit_s += time.perf_counter() - t0
@@ -230,7 +286,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
         residual = None
         if model is not None:
             residual = np.angle(np.asarray(residual_phasors(model, xt, rt)))
-            if method not in LOBE_METHODS:  # best's model: its residuals are plotted once
+            if method not in LOBE_METHODS:  # self_trained's: its residuals are plotted once
                 extras[method] = residual
         rows.append(
             {
@@ -300,7 +356,7 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--unlabeled-half",
         action="store_true",
-        help="best self-trains on every other held-out snapshot; all are scored on the rest",
+        help="self_trained self-trains on every other held-out snapshot; all are scored on the rest",
     )
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--experiments", default=None, help="comma-separated ids (default: all)")

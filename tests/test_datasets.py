@@ -475,11 +475,21 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     assert {(r["experiment"], r["kind"]) for r in rows} == {
         (e, k)
         for e in ("EXP901", "EXP902")
-        for k in ("los_offsets", "knn", "paper_gp", "field", "best", "trajectory", "lobe_oracle")
+        for k in (
+            "los_offsets",
+            "knn",
+            "paper_gp",
+            "field",
+            "self_trained",
+            "trajectory",
+            "lobe_oracle",
+            "complex",
+            "best",
+        )
     }
     for r in rows:
         assert r["num_labeled"] == 12
-        if r["kind"] in ("los_offsets", "field", "best"):
+        if r["kind"] in ("los_offsets", "field", "self_trained", "complex", "best"):
             # 0.1 rad of white phase noise on 8 APs: millimetres, no wrong lobes
             assert r["median_m"] < 0.01 and r["max_m"] < 0.03, r
             assert 0.07 < r["residual_rms_rad"] < 0.15, r

@@ -91,6 +91,7 @@ from dmimo_jax._checks import (
     check_int,
     check_phases,
     check_positions,
+    check_scalar,
     is_concrete,
     warn_if_float32,
 )
@@ -297,6 +298,12 @@ class _Group:
             return v.reshape(self.meta)
         return v
 
+    def prior_residuals(self, u: Array) -> Array:
+        """Whitened residuals of the group's Gaussian prior (the phase centres' survey:
+        ``position_prior``), (n,) or (0,)."""
+        scale = self.data.get("prior_scale") if isinstance(self.data, dict) else None
+        return u[:0] if scale is None else u * scale
+
     def linearized(self, u: Array) -> tuple[_Group, Array]:
         """The same group at the same point with ``u`` the natural values (positions and
         offsets are linear already): (group, u)."""
@@ -391,11 +398,16 @@ def _position_basis(model: Any, free_axes: ArrayLike | None) -> np.ndarray:
     return np.stack(columns, axis=1) if columns else np.zeros((3 * num, 0))
 
 
-def _positions_group(model: Any, free_axes: ArrayLike | None) -> _Group:
+def _positions_group(
+    model: Any, free_axes: ArrayLike | None, prior_std: float | None = None
+) -> _Group:
     start = jnp.asarray(model.scene.ap_positions)
     basis = jnp.asarray(_position_basis(model, free_axes), start.dtype)
     u0 = jnp.zeros(basis.shape[1], start.dtype)
-    return _Group({"start": start, "basis": basis}, u0, "ap_positions", None)
+    data = {"start": start, "basis": basis}
+    if prior_std is not None:
+        data["prior_scale"] = jnp.asarray(1.0 / prior_std, start.dtype)
+    return _Group(data, u0, "ap_positions", None)
 
 
 def offsets_closed_form(
@@ -717,7 +729,8 @@ def _residuals(u, model, groups, x, r, noise_var, unlabeled=None):
     """Whitened residuals of the labeled snapshots, then of the unlabeled ones (if any) at
     their positions profiled out (:func:`_profiled_positions`)."""
     m = _apply(model, groups, u)
-    e = _whitened(m, x, r, noise_var)
+    prior = [g.prior_residuals(p) for g, p in zip(groups, _split(groups, u), strict=True)]
+    e = jnp.concatenate([_whitened(m, x, r, noise_var), *prior])
     if unlabeled is None:
         return e
     x0, r_u, nv_u = unlabeled
@@ -886,7 +899,7 @@ def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.n
 
 
 def _fit_one_polarization(
-    model, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps, max_steps
+    model, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps, max_steps, prior=None
 ):
     """Staged fit under the model's polarization: (final groups, u, cost, converged)."""
     groups: dict[str, _Group] = {}
@@ -911,7 +924,7 @@ def _fit_one_polarization(
         groups["surfaces"] = dataclasses.replace(s, u0=parts[-1])
         done = {g.name for g in stage}
     if "ap_positions" in fit:
-        groups["ap_positions"] = _positions_group(model, free_axes)
+        groups["ap_positions"] = _positions_group(model, free_axes, prior)
     if "antenna" in fit:
         groups["antenna"] = _antenna_group(model)
     final = [groups[g] for g in GROUPS if g in groups]
@@ -937,6 +950,7 @@ def calibrate(
     max_steps: int = 600,
     unlabeled: Unlabeled | None = None,
     receivers: Receivers | None = None,
+    position_prior: float | None = None,
     warn: bool = True,
 ) -> Calibration:
     r"""Maximum-likelihood calibration of a physical model from L labeled snapshots.
@@ -974,6 +988,9 @@ def calibrate(
             snapshots together.
         receivers: complex snapshots: the receivers of the groups not fitted, and the start
             of those fitted (default ideal: G = 1, b = 0).
+        position_prior: the survey's standard deviation per coordinate, m: a Gaussian prior
+            on the fitted phase centres around the model's (MAP; its terms count as
+            observations in the chi-square). Default none (maximum likelihood).
         warn: warn unless ``status == "converged"`` (the warning says what went wrong and,
             for a misfit, which APs carry it).
 
@@ -1005,6 +1022,10 @@ def calibrate(
     check_training_data(x, r, noise_var, model.num_aps)
     check_int("num_steps", num_steps, minimum=1)
     check_int("max_steps", max_steps, minimum=num_steps)
+    if position_prior is not None:
+        check_scalar("position_prior", position_prior, positive=True)
+        if "ap_positions" not in fit:
+            raise ValueError("position_prior= is a prior on 'ap_positions': add it to fit")
     warn_if_float32("calibrate")
     dtype = model.scene.ap_positions.dtype
     check_in_domain("x", np.asarray(x, float), model)
@@ -1056,7 +1077,17 @@ def calibrate(
             else _with_scene(model, model.scene.replace(polarization=pol))
         )
         groups, u, cost, converged = _fit_one_polarization(
-            m, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps, max_steps
+            m,
+            x,
+            r,
+            noise_var,
+            fit,
+            idx,
+            eps_starts,
+            free_axes,
+            num_steps,
+            max_steps,
+            position_prior,
         )
         ll = -0.5 * (cost + _log_normalizer(noise_var, complex_data))
         lls[pol] = ll
@@ -1066,7 +1097,8 @@ def calibrate(
     num_params = sum(g.size for g in groups)
     num_l, num_m = r.shape
     per = 2 if complex_data else 1  # real residuals per entry, and per snapshot factor
-    dof = per * (num_l * num_m - num_l) - num_params
+    num_prior = _prior_size(groups)
+    dof = per * (num_l * num_m - num_l) - num_params + num_prior
     if dof < 1:
         raise ValueError(
             f"{per * num_l * num_m} residuals cannot fit {num_params} parameters and {num_l} "
@@ -1138,6 +1170,11 @@ def calibrate(
         chi2_by_ap=jnp.asarray(chi2_by_ap),
         receivers=fitted_rx,
     )
+
+
+def _prior_size(groups: Sequence[_Group]) -> int:
+    """How many prior pseudo-observations the groups add to the residuals."""
+    return sum(int(g.prior_residuals(g.u0).shape[0]) for g in groups)
 
 
 def _log_normalizer(noise_var: Array, complex_data: bool) -> float:

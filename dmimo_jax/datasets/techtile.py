@@ -86,6 +86,12 @@ class TechtileExperiment:
         return SPEED_OF_LIGHT / self.frequency_hz
 
     @property
+    def csi(self) -> np.ndarray:
+        """(N, M) complex CSI as measured, ``amplitudes * exp(1j * phases)`` (the complex
+        snapshots of :mod:`dmimo_jax.receivers`, phase convention)."""
+        return self.amplitudes * np.exp(1j * self.phases)
+
+    @property
     def num_snapshots(self) -> int:
         return self.positions.shape[0]
 

@@ -28,6 +28,7 @@ from dmimo_jax.estimators.coherent import (
     coherent_refine,
     coherent_search,
     coherent_table,
+    complex_search,
     expected_phasor,
     knn_locate,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "coherent_peaks",
     "coherent_refine",
     "coherent_search",
+    "complex_search",
     "coherent_table",
     "expected_phasor",
     "knn_locate",

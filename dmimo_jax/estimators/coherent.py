@@ -31,9 +31,11 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_int, check_phases, check_positions
 from dmimo_jax.estimators.grid import Grid, grid_points
+from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.estimators.phasors import squared_coherence
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass
+from dmimo_jax.receivers import ReceiverModel, profiled_residuals
 
 __all__ = [
     "CoherentResult",
@@ -42,6 +44,7 @@ __all__ = [
     "coherent_refine",
     "coherent_search",
     "coherent_table",
+    "complex_search",
     "expected_phasor",
     "knn_locate",
 ]
@@ -56,7 +59,11 @@ class CoherentResult(NamedTuple):
 
 
 def expected_phasor(model: PhaseModel, x: ArrayLike) -> Array:
-    r"""The matched filter :math:`e^{-\sigma_m^2/2} e^{-j\mu_m(\mathbf x)}` (M,) complex."""
+    r"""The matched filter :math:`e^{-\sigma_m^2/2} e^{-j\mu_m(\mathbf x)}` (M,) complex;
+    for a :class:`~dmimo_jax.receivers.ReceiverModel` its normalized conjugate channel
+    :math:`\mathbf v^*/\|\mathbf v\|` (the complex least-squares score)."""
+    if isinstance(model, ReceiverModel):
+        return model.matched_filter(x)
     return jnp.exp(-0.5 * model.variance(x) - 1j * model.mean(x))
 
 
@@ -400,3 +407,69 @@ def knn_locate(x_labeled: ArrayLike, r_labeled: ArrayLike, r: ArrayLike, *, k: i
     )
     _, idx = jax.lax.top_k(s, k)
     return jnp.mean(x_labeled[idx], axis=1)
+
+
+def complex_search(
+    model: ReceiverModel,
+    grid: Grid,
+    h: ArrayLike,
+    *,
+    refine_steps: int = 11,
+    lm_steps: int = 10,
+    table: CoherentTable | None = None,
+) -> CoherentResult:
+    r"""Positions of complex snapshots ``h`` (N, M) under a
+    :class:`~dmimo_jax.receivers.ReceiverModel`: the receivers' constants removed, the
+    coherent search of :math:`\mathbf h - \mathbf b` (its grid stage, then the local stage)
+    with the matched filter :math:`\mathbf v^*/\|\mathbf v\|`, i.e. the maximum of the
+    complex least-squares score :math:`|\mathbf v^H(\mathbf h - \mathbf b)|^2/
+    \|\mathbf v\|^2` (the snapshot factor profiled), then ``lm_steps`` steps of the
+    package's Levenberg-Marquardt on the profiled complex residuals
+    (:func:`~dmimo_jax.receivers.profiled_residuals`) in the axes the grid spans.
+
+    Returns:
+        :class:`CoherentResult`: positions (N, 3) and the normalized score
+        :math:`|\mathbf v^H\mathbf y|/(\|\mathbf v\|\|\mathbf y\|)` in [0, 1].
+
+    Raises:
+        ValueError: ``model`` not a ReceiverModel, ``h`` not (N, M) finite complex, bad
+            settings (as :func:`coherent_search`).
+    """
+    if not isinstance(model, ReceiverModel):
+        raise ValueError(f"model must be a ReceiverModel, got {type(model).__name__}")
+    h = jnp.atleast_2d(jnp.asarray(h))
+    if h.ndim != 2 or h.shape[1] != model.num_aps or not jnp.iscomplexobj(h):
+        raise ValueError(
+            f"h must be complex snapshots of shape (N, {model.num_aps}), got {h.dtype} {h.shape}"
+        )
+    check_int("lm_steps", lm_steps)
+    y = np.asarray(h) - np.asarray(model.receivers.constants)[None, :]
+    if not np.all(np.isfinite(y)):
+        raise ValueError("h must be finite")
+    a = np.abs(y)
+    coarse = coherent_search(
+        model, grid, np.angle(y), np.where(a > 0, a, 1e-300), refine_steps=refine_steps, table=table
+    )
+    if lm_steps == 0:
+        return coarse
+    mask = jnp.asarray([float(n > 1) for n in grid.shape], coarse.x.dtype)
+    x = _complex_lm(model, coarse.x, jnp.asarray(y), mask, lm_steps)
+    v = jax.vmap(model.channel)(x)
+    score = jnp.abs(jnp.sum(jnp.conj(v) * y, axis=1)) / (
+        jnp.linalg.norm(v, axis=1) * jnp.linalg.norm(y, axis=1)
+    )
+    return CoherentResult(x, score)
+
+
+@partial(jax.jit, static_argnames=("num_steps",))
+def _complex_lm(model, x0, y, mask, num_steps):
+    def one(x, yn):
+        def res(d, _):
+            v = model.channel(x + d * mask)
+            e, _ = profiled_residuals(yn, v, jnp.zeros_like(yn))
+            return jnp.concatenate([jnp.real(e), jnp.imag(e)])
+
+        out = levenberg_marquardt(res, jnp.zeros_like(x), num_steps=num_steps, damping=1e-3)
+        return x + out.x * mask
+
+    return jax.vmap(one)(x0, y)
