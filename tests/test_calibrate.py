@@ -288,10 +288,11 @@ def test_bad_unlabeled_snapshots_are_refused(unlabeled, match):
 # ----------------------------------------------------- convergence in worlds not tuned on
 
 
-def _benchmark_world(seed, **kwargs):
-    """``datasets.synthetic_deployment`` and L = 50 labeled snapshots at -10 dBm."""
+def _benchmark_world(seed, salt=0, **kwargs):
+    """``datasets.synthetic_deployment`` and L = 50 labeled snapshots at -10 dBm (``salt``
+    10_000: the snapshots of ``benchmarks/calibration_robustness.py``)."""
     w = dj.datasets.synthetic_deployment(-10.0, seed=seed, **kwargs)
-    k_x, k_cpo, k_noise = jax.random.split(jax.random.key(seed), 3)
+    k_x, k_cpo, k_noise = jax.random.split(jax.random.key(salt + seed), 3)
     x = dj.sample_positions(k_x, 50, w.surveyed)
     r = dj.simulate_phases_batch(k_noise, w.truth, x, dj.random_cpos(k_cpo, 50))
     return w, x, r, jax.vmap(w.truth.variance)(x)
@@ -309,11 +310,14 @@ def test_the_seeds_that_failed_converge_from_the_nominal_start(seed):
     assert float(err.max()) < 1e-4
 
 
-def test_a_low_loss_wall_is_not_pinned_to_zero_loss():
-    """A random room with low-loss surfaces: every eps'' within 5 standard errors of the
-    truth and every standard error finite and > 0 (a bound would pin one at 0 with an
-    error of 0)."""
-    w, x, r, nv = _benchmark_world(104, random_materials=True)
+@pytest.mark.parametrize("seed", [104, 289])
+def test_a_low_loss_wall_is_not_pinned_to_zero_loss(seed):
+    """Random rooms with low-loss surfaces (the robustness benchmark's worlds 104 and 289,
+    where a softplus floor and then squares had pinned a wall's eps'' at 0): every eps''
+    within 5 standard errors of the truth and every standard error finite and > 0. (Seed
+    289's failure under squares depended on the rounding of the benchmark's compilation;
+    this test compiles without XLA's optimizations and does not reproduce it.)"""
+    w, x, r, nv = _benchmark_world(seed, 10_000, random_materials=True)
     cal = calibrate(w.nominal, x, r, nv, fit=("ap_positions", "ap_phase_offsets", "surfaces"))
     assert cal.status == "converged"
     true = {f.name: complex(f.eps_r) for f in w.truth.reflectors}

@@ -155,6 +155,7 @@ def test_loader_conventions_and_nan_rows(tmp_path):
     zf = residual_phasors(ImageSourceModel(scene, []), d.positions, -d.phases)
     assert np.std(np.angle(np.asarray(zf) * np.conj(np.asarray(zf[:, :1])))) > 0.5
     np.testing.assert_allclose(d.amplitudes, np.abs(t["csi"][keep]))
+    np.testing.assert_allclose(d.csi, t["csi"][keep], rtol=1e-12)  # the complex CSI as written
 
 
 def test_loader_errors(tmp_path):

@@ -25,13 +25,13 @@ autodiff Jacobian. The groups (``fit=``):
   from the closed form :math:`\hat\delta_m - \hat\delta_0 = \arg\sum_l e^{j(e_{lm}-e_{l0})}`
   of the residuals :math:`e_{lm} = \mathrm{wrap}(r_{lm} - \mu_m(\mathbf x_l))` of the start.
 * ``"surfaces"``: :math:`\varepsilon_r` of every reflector of a room (or the ground of the
-  two-ray model), :math:`\varepsilon' = 1 + a^2`, :math:`\varepsilon'' = b^2` (physical
-  for every :math:`a, b`, and, unlike a softplus, with a derivative that does not vanish
-  as a low-loss material's :math:`\varepsilon''` nears 0: a saturated parameter is a
-  fixed point of the LM), from several material starts
+  two-ray model), :math:`\varepsilon' = 1 + |a|`, :math:`\varepsilon'' = |b|` (physical
+  for every :math:`a, b`, with a derivative of modulus 1 everywhere: a softplus saturates
+  as a low-loss material's :math:`\varepsilon''` nears 0 and a square has a stationary
+  point there, and either is a fixed point of the LM), from several material starts
   (:data:`CALIBRATION_STARTS`), the likeliest winning.
 * ``"antenna"``: the exponent :math:`q` of a :class:`~dmimo_jax.CosinePattern` (shared or
-  per AP), :math:`q = c^2`; a start below :data:`MIN_EXPONENT_START` starts there (at
+  per AP), :math:`q = |c|`; a start below :data:`MIN_EXPONENT_START` starts there (at
   :math:`q = 0` the derivative vanishes and the fit could not leave it).
 * ``"polarization"``: TE or TM, by the likelihood of the whole fit under each.
 
@@ -58,7 +58,7 @@ Honest uncertainty. Standard errors come from the Gauss-Newton information
 (a direction the data do not constrain gets an infinite or huge error, never a small one,
 and a warning names it), in the natural values themselves (phase centres, offsets,
 :math:`\varepsilon', \varepsilon''`, exponents: regular at a physical bound, where the
-squares' derivative would report 0), and scaled by :func:`error_scale` of the reduced
+parametrization's kink would report 0), and scaled by :func:`error_scale` of the reduced
 chi-square :math:`\chi^2_\nu` (``reduced_chi2``; about 1 when the model explains the data
 to the noise, dof = LM - L CPOs - parameters).
 
@@ -246,7 +246,7 @@ class _Group:
     meta: Any = static_field()  # hashable: surface indices, the exponent's shape
     # True: ``u`` holds the natural values themselves (Re/Im eps, the exponent), the
     # parametrization of the standard errors (regular at the physical bounds, where the
-    # squares' derivative vanishes)
+    # parametrization's derivative is not defined)
     linear: bool = static_field(default=False)
 
     @property
@@ -267,7 +267,7 @@ class _Group:
         if self.name == "receiver_constants":
             rx = Receivers(model.receivers.gains, self._complex(u, None))
             return ReceiverModel(model.model, rx)
-        q = u if self.linear else u**2
+        q = u if self.linear else jnp.abs(u)
         pattern = CosinePattern(exponent=q.reshape(self.meta), boresight=self.data["boresight"])
         return _with_scene(model, model.scene.replace(antenna=pattern))
 
@@ -285,7 +285,7 @@ class _Group:
             return jnp.concatenate([jnp.real(g), jnp.imag(g)])
         if self.name == "receiver_constants":
             return u
-        return u if self.linear else u**2
+        return u if self.linear else jnp.abs(u)
 
     def report(self, v: Array) -> Array:
         """Flat natural values (or their errors) in the shape reported by :class:`Calibration`."""
@@ -345,7 +345,7 @@ def _with_scene(model: Any, scene: Any) -> Any:
 
 def _eps(u: Array) -> Array:
     k = u.shape[0] // 2
-    return (1.0 + u[:k] ** 2) - 1j * u[k:] ** 2
+    return (1.0 + jnp.abs(u[:k])) - 1j * jnp.abs(u[k:])
 
 
 def _mounts(model: Any) -> list[list[np.ndarray]]:
@@ -674,8 +674,8 @@ def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: Arr
 def _surfaces_group(model: Any, idx: Sequence[int], eps0: np.ndarray) -> _Group:
     u0 = np.concatenate(
         [
-            np.sqrt(np.maximum(eps0.real - 1.0, 0.0)),
-            np.sqrt(np.maximum(-eps0.imag, 0.0)),
+            np.maximum(eps0.real - 1.0, 0.0),
+            np.maximum(-eps0.imag, 0.0),
         ]
     )
     return _Group({}, jnp.asarray(u0), "surfaces", tuple(idx))
@@ -689,7 +689,7 @@ def _antenna_group(model: Any) -> _Group:
             f"{type(pattern).__name__}"
         )
     q0 = np.atleast_1d(np.asarray(pattern.exponent, float))
-    u0 = jnp.asarray(np.sqrt(np.maximum(q0, MIN_EXPONENT_START)))
+    u0 = jnp.asarray(np.maximum(q0, MIN_EXPONENT_START))
     return _Group({"boresight": pattern.boresight}, u0, "antenna", tuple(pattern.exponent.shape))
 
 
@@ -1127,7 +1127,7 @@ def calibrate(
     if warn and status != "converged":
         _warn_status(status, chi2, dof, chi2_by_ap, max_steps)
     # the information in the natural values of surfaces and exponents: at a physical bound
-    # the squares' derivative vanishes and the delta method would report an error of 0
+    # the parametrization has a kink and the delta method could report an error of 0
     lin = [g.linearized(p) for g, p in zip(groups, _split(groups, u), strict=True)]
     u_lin = jnp.concatenate([p for _, p in lin])
     info, nat, _ = _information(m, tuple(g for g, _ in lin), x, r, noise_var, u_lin, unl)
