@@ -5,6 +5,7 @@ All functions are elementwise, dtype-preserving and jit/vmap/grad friendly.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
@@ -70,13 +71,27 @@ def safe_arg(s: ArrayLike) -> Array:
 
     An AP whose pattern gives no field at a UE has :math:`s = 0`: its phase carries no
     information (its variance is infinite), and the plain ``arctan2(0, 0)`` would make its
-    derivative NaN and poison every AP's sums through ``0 * NaN`` (the double-``where``
-    trick keeps the zero branch's derivative finite: 0).
+    derivative NaN and poison every AP's sums through ``0 * NaN``. The value is ``arctan2``'s
+    (0 at the origin); the derivative is written out (a custom JVP), 0 at the origin, so the
+    forward computation is exactly ``arctan2``'s.
     """
     s = jnp.asarray(s)
-    re, im = jnp.real(s), jnp.imag(s)
-    zero = (re == 0) & (im == 0)
-    return jnp.where(zero, 0.0, jnp.arctan2(im, jnp.where(zero, 1.0, re)))
+    return _arg(jnp.imag(s), jnp.real(s))
+
+
+@jax.custom_jvp
+def _arg(im: Array, re: Array) -> Array:
+    return jnp.arctan2(im, re)
+
+
+@_arg.defjvp
+def _arg_jvp(primals, tangents):
+    im, re = primals
+    d_im, d_re = tangents
+    r2 = re * re + im * im
+    ok = r2 > 0
+    d = (re * d_im - im * d_re) / jnp.where(ok, r2, 1.0)
+    return jnp.arctan2(im, re), jnp.where(ok, d, 0.0)
 
 
 def safe_abs(s: ArrayLike) -> Array:

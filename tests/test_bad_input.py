@@ -474,8 +474,8 @@ def test_material_posterior_refuses_a_missing_key_and_a_foreign_start():
     with pytest.raises(ValueError, match="key must be a JAX PRNG key"):
         material_posterior(XS, r, var, scene, key=None)
     room_r, room_var = _labeled(ROOM)
-    with pytest.warns(UserWarning, match="reduced chi-square"):  # two steps do not fit
-        two = fit_surfaces(XS, room_r, room_var, ROOM, surfaces=["floor", "wall_x0"], num_steps=2)
+    # a fit of two surfaces (rounds of two LM steps each, until converged)
+    two = fit_surfaces(XS, room_r, room_var, ROOM, surfaces=["floor", "wall_x0"], num_steps=2)
     with pytest.raises(ValueError, match="init must be a MaterialFit of the ground"):
         material_posterior(XS, r, var, scene, key=jax.random.key(0), init=two)
 
