@@ -36,7 +36,9 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
 * ``best``: ``complex`` with the antennas' 3-D phase centres fitted too (a 10 cm prior
   around the listed positions, ``position_prior``; the noise variance from ``complex``'s
   fit): the method chosen on EXP003/EXP005 (docs/real_data.md), the same for every
-  experiment.
+  experiment;
+* ``best_trajectory``: ``best``'s model, its 8 most coherent lobes per snapshot (the
+  constants removed) chosen along the trajectory as ``trajectory`` does, then refined.
 
 Every search is ``estimators.coherent_search`` with its grid stage tabulated beforehand
 (``estimators.coherent_table``, counted in ``fit_s``). Per experiment, the noise-floor references:
@@ -105,6 +107,7 @@ METHODS = (
     "lobe_oracle",
     "complex",
     "best",
+    "best_trajectory",
 )
 LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobes
 COMPLEX_METHODS = ("complex", "best")
@@ -246,11 +249,14 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             model = jax.block_until_ready(fit_residual_field(los, xl, rl))
             fit_s += time.perf_counter() - t0
             amplitudes = amps[ti]
-        elif method in COMPLEX_METHODS:
-            t0 = time.perf_counter()
-            model = complex_model(los, xl, data.csi[li], phase_centres=method == "best")
-            table = jax.block_until_ready(coherent_table(model, grid))
-            fit_s = time.perf_counter() - t0  # the receivers carry the offsets
+        elif method in (*COMPLEX_METHODS, "best_trajectory"):
+            key = "complex" if method == "complex" else "best"
+            if key not in fitted:
+                t0 = time.perf_counter()
+                model = complex_model(los, xl, data.csi[li], phase_centres=key == "best")
+                table = jax.block_until_ready(coherent_table(model, grid))
+                fitted[key] = (model, table, time.perf_counter() - t0)
+            model, table, fit_s = fitted[key]  # the receivers carry the offsets
         elif method == "self_trained" or (method in LOBE_METHODS and "self_trained" not in fitted):
             # the unlabeled snapshots' phases, amplitudes and times only: never their positions
             t0 = time.perf_counter()
@@ -268,6 +274,11 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
         elif method in COMPLEX_METHODS:
             res, t = timed(complex_search, model, grid, data.csi[ti], table=table)
             xe = res.x
+        elif method == "best_trajectory":
+            y = data.csi[ti] - np.asarray(model.receivers.constants)[None, :]
+            labeled = (xl, data.cycles[li])
+            args = (model, grid, table, np.angle(y), np.abs(y), data.cycles[ti], area, labeled)
+            xe, t = timed(choose_lobe, *args)
         elif method in LOBE_METHODS:
             truth = xt if method == "lobe_oracle" else None
             labeled = (xl, data.cycles[li])  # the path's anchors

@@ -298,6 +298,7 @@ def _benchmark_world(seed, salt=0, **kwargs):
     return w, x, r, jax.vmap(w.truth.variance)(x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 3])
 def test_the_seeds_that_failed_converge_from_the_nominal_start(seed):
     """Seeds 1 and 3 of the benchmark world ended 15 mm off at chi2 3e4: every LM step was
@@ -310,6 +311,7 @@ def test_the_seeds_that_failed_converge_from_the_nominal_start(seed):
     assert float(err.max()) < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [104, 289])
 def test_a_low_loss_wall_is_not_pinned_to_zero_loss(seed):
     """Random rooms with low-loss surfaces (the robustness benchmark's worlds 104 and 289,

@@ -486,6 +486,7 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
             "lobe_oracle",
             "complex",
             "best",
+            "best_trajectory",
         )
     }
     for r in rows:
