@@ -548,7 +548,7 @@ def test_a_track_whose_reacquisitions_keep_firing_is_never_called_locked():
     motion = tracking.ConstantVelocity(1.0, region=SCENE)
     x0 = jnp.asarray([3.0, 3.0, 1.5])
     path = tracking.simulate_trajectory(
-        jax.random.key(0), motion, x0, jnp.asarray([15.0, 0.0, 0.0]), 300, DT
+        jax.random.key(0), motion, x0, jnp.asarray([15.0, 0.0, 0.0]), 200, DT
     )
     r = tracking.simulate_track_phases(jax.random.key(1), MODEL, path.positions)
     tracker = tracking.Tracker(MODEL, motion, dt=DT)

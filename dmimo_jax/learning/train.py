@@ -10,10 +10,11 @@ HI ambiguity classifier) on a synthetic dataset (in memory or streamed from disk
   loss and the validation error (tqdm bar, and the returned history);
 * data-parallel over ``devices`` (default: all local devices): minibatches are sharded
   along the batch axis with ``jax.sharding``, parameters replicated;
-* ``resident=True`` (default when the training set is at most ``RESIDENT_BYTES``) puts the
-  whole set in device memory once and runs each epoch as a few jitted ``lax.scan`` calls
-  over its minibatches (the same data order and keys as the host loop, so the same
-  parameters to float rounding); otherwise each minibatch travels from host memory;
+* ``resident=True`` (default on an accelerator when the training set is at most
+  ``RESIDENT_BYTES``) puts the whole set in device memory once and runs each epoch as a few
+  jitted ``lax.scan`` calls over its minibatches (the same data order and keys as the host
+  loop, so the same parameters to float rounding); otherwise each minibatch travels from
+  host memory (on a CPU that is no copy, and one step compiles faster than a scan);
 * with ``checkpoint_dir``, an orbax checkpoint after every epoch; a run that is killed
   restarts from its last finished epoch and ends with the same parameters as an
   uninterrupted run (the data order and dropout keys are functions of the seed, epoch
@@ -249,7 +250,8 @@ def train(
         on_epoch_end: called as ``fn(epoch, row)`` after each epoch's checkpoint (a
             benchmark times epochs with it).
         resident: keep the training samples in device memory and scan over minibatches
-            (default: when ``x`` and ``r`` take at most :data:`RESIDENT_BYTES` as float32).
+            (default: on a GPU or TPU, when ``x`` and ``r`` take at most
+            :data:`RESIDENT_BYTES` as float32).
         scan_steps: minibatches per jitted scan call of the resident loop (the progress
             bar moves by this many).
 
@@ -286,7 +288,8 @@ def train(
 
     key = jax.random.key(config.seed)
     if resident is None:
-        resident = 4 * n_tr * (x_all.shape[1] + r_all.shape[1]) <= RESIDENT_BYTES
+        fits = 4 * n_tr * (x_all.shape[1] + r_all.shape[1]) <= RESIDENT_BYTES
+        resident = fits and devices[0].platform != "cpu"
     if resident:
         r_dev = jax.device_put(np.asarray(r_all[:n_tr], np.float32), replicated)
         x_dev = jax.device_put(np.asarray(x_all[:n_tr], np.float32), replicated)
