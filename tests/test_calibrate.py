@@ -341,6 +341,7 @@ def test_lm_moves_the_other_unknowns_when_one_column_of_j_vanishes():
     assert abs(float(out.x[0]) - 2.0) < 1e-9 and int(out.num_accepted) >= 1
 
 
+@pytest.mark.slow
 def test_each_kind_of_failure_is_reported_as_that_kind():
     truth, nominal = _room_world()
     r = dj.simulate_phases_batch(jax.random.key(5), truth, X, CPO)

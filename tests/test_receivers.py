@@ -103,6 +103,7 @@ def test_gains_constants_and_phase_centres_from_noise_free_snapshots():
     assert cal.receivers is not None and float(cal.reduced_chi2) < 1e-6
 
 
+@pytest.mark.slow
 def test_complex_calibration_with_noise_is_honest():
     real, truth, recv, x, s = _world(5)
     h = rx.simulate_snapshots(jax.random.key(6), truth, x, recv, s)
