@@ -14,7 +14,7 @@ the model's accuracy, not the search's:
 * ``phase-only, calibrated``: the paper's receivers assumed, ``calibrate(fit=("ap_positions",
   "ap_phase_offsets"))`` on the phases ``arg h``, the phase MLE refinement;
 
-each as RMSE over the world's mean complex PEB (``receivers.complex_peb``, the snapshot
+each as RMSE over the world's mean complex PEB (``bounds.complex_peb``, the snapshot
 factor profiled), over ``--num-worlds`` worlds (median and worst).
 
     python benchmarks/receiver_calibration.py --json out/receiver_calibration.json
@@ -85,7 +85,7 @@ def main(argv=None):
         x_l, h_l = snapshots(jax.random.key(100 + seed), truth, recv, scene, 50)
         x_t, h_t = snapshots(jax.random.key(200 + seed), truth, recv, scene, args.num_test)
         nv = jnp.full(h_l.shape, float(scene.noise_power))
-        peb = np.asarray(jax.vmap(rx.complex_peb, in_axes=(0, None, None))(x_t, truth, recv))
+        peb = np.asarray(jax.vmap(dj.bounds.complex_peb, in_axes=(0, None, None))(x_t, truth, recv))
         nominal = dj.TwoRayModel(scene)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)

@@ -45,6 +45,7 @@ from dmimo_jax.physics import (
     zeta_term,
 )
 from dmimo_jax.pytree import jit_or_eager
+from dmimo_jax.receivers import Receivers, channel, check_receivers
 from dmimo_jax.scene import Scene
 
 __all__ = [
@@ -52,6 +53,8 @@ __all__ = [
     "efim_schur",
     "efim",
     "efim_from_variance",
+    "complex_fim",
+    "complex_peb",
     "phase_jacobian",
     "jacobian_analytic",
     "position_fim",
@@ -368,3 +371,40 @@ def peb_map(xs: ArrayLike, model: PhaseModel | Scene, *, batch_size: int = 4096)
 @partial(jax.jit, static_argnames=("batch_size",))
 def _peb_map(xs: Array, model: PhaseModel, batch_size: int) -> Array:
     return jax.lax.map(lambda x: _peb(x, model), xs, batch_size=min(batch_size, xs.shape[0]))
+
+
+def complex_fim(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayLike = 1.0) -> Array:
+    r"""Position Fisher information (3, 3) of one complex snapshot of
+    :mod:`dmimo_jax.receivers` with the snapshot factor :math:`s` unknown (profiled: the
+    Schur complement of its two real parameters).
+
+    For :math:`\mathbf h\sim\mathcal{CN}(\boldsymbol\nu(\boldsymbol\eta), \sigma_w^2\mathbf I)`,
+    :math:`\mathbf J = \frac{2}{\sigma_w^2}\mathrm{Re}(\mathbf D^H\mathbf D)` with
+    :math:`\mathbf D = \partial\boldsymbol\nu/\partial\boldsymbol\eta`,
+    :math:`\boldsymbol\eta = (\mathbf x, \mathrm{Re}\,s, \mathrm{Im}\,s)`,
+    :math:`\boldsymbol\nu = s\,\mathbf G\odot\mathbf c(\mathbf x)`. A known
+    :math:`\mathbf b` does not enter. :func:`position_fim` is the information of the phases
+    alone; this one adds the amplitudes'.
+
+    Raises:
+        ValueError: receivers for another number of APs.
+    """
+    model = as_phase_model(model)
+    x = jnp.asarray(x)
+    check_receivers(receivers, model)
+    s = jnp.asarray(s, jnp.result_type(x.dtype, complex))
+
+    def nu(eta):  # [Re, Im] of the mean snapshot, one trace for both
+        v = (eta[3] + 1j * eta[4]) * receivers.gains * channel(model, eta[:3])
+        return jnp.concatenate([jnp.real(v), jnp.imag(v)])
+
+    eta = jnp.concatenate([x, jnp.stack([jnp.real(s), jnp.imag(s)])])
+    d = jax.jacfwd(nu)(eta)  # (2M, 5)
+    full = 2.0 / model.scene.noise_power * (d.T @ d)
+    a, b, c = full[:3, :3], full[:3, 3:], full[3:, 3:]
+    return a - b @ jnp.linalg.solve(c, b.T)
+
+
+def complex_peb(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayLike = 1.0) -> Array:
+    r""":func:`peb_from_fim` of :func:`complex_fim`, m (``inf`` for a singular FIM)."""
+    return peb_from_fim(complex_fim(x, model, receivers, s))

@@ -32,7 +32,7 @@ The snapshot factor is profiled out in closed form, :math:`\hat s = \mathbf v^H(
 the CPO is in eq. 15), which leaves the complex least-squares cost
 :math:`\|\mathbf h - \mathbf b\|^2 - |\mathbf v^H(\mathbf h - \mathbf b)|^2/\|\mathbf v\|^2`
 (:func:`profiled_residuals`), and its Fisher information the Schur complement of the
-snapshot factor (:func:`complex_fim`, :func:`complex_peb`).
+snapshot factor (:func:`dmimo_jax.bounds.complex_fim`, :func:`dmimo_jax.bounds.complex_peb`).
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ __all__ = [
     "ReceiverModel",
     "Receivers",
     "channel",
-    "complex_fim",
-    "complex_peb",
+    "check_receivers",
     "expected_snapshot",
     "ideal_receivers",
     "profiled_residuals",
@@ -208,7 +207,7 @@ def simulate_snapshots(
             f"s must have shape ({xs.shape[0]},) (one factor per snapshot), got {s.shape}"
         )
     check_finite("s", s)
-    _check_receivers(receivers, model)
+    check_receivers(receivers, model)
     return _simulate(key, model, xs, receivers, s)
 
 
@@ -220,7 +219,8 @@ def _simulate(key, model, xs, receivers, s):
     return mean + (w[0] + 1j * w[1])
 
 
-def _check_receivers(receivers: Any, model: PhaseModel) -> None:
+def check_receivers(receivers: Any, model: PhaseModel) -> None:
+    """``ValueError`` unless ``receivers`` is a :class:`Receivers` for ``model``'s M APs."""
     if not isinstance(receivers, Receivers):
         raise ValueError(f"receivers must be a Receivers, got {type(receivers).__name__}")
     if receivers.num_aps != model.num_aps:
@@ -237,36 +237,3 @@ def profiled_residuals(h: ArrayLike, v: ArrayLike, b: ArrayLike) -> tuple[Array,
     y = h - jnp.broadcast_to(jnp.asarray(b), h.shape)
     s = jnp.sum(jnp.conj(v) * y, axis=-1) / jnp.sum(jnp.abs(v) ** 2, axis=-1)
     return y - s[..., None] * v, s
-
-
-def complex_fim(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayLike = 1.0) -> Array:
-    r"""Position Fisher information (3, 3) of one complex snapshot with the snapshot factor
-    :math:`s` unknown (profiled: the Schur complement of its two real parameters).
-
-    For :math:`\mathbf h\sim\mathcal{CN}(\boldsymbol\nu(\boldsymbol\eta), \sigma_w^2\mathbf I)`,
-    :math:`\mathbf J = \frac{2}{\sigma_w^2}\mathrm{Re}(\mathbf D^H\mathbf D)` with
-    :math:`\mathbf D = \partial\boldsymbol\nu/\partial\boldsymbol\eta`,
-    :math:`\boldsymbol\eta = (\mathbf x, \mathrm{Re}\,s, \mathrm{Im}\,s)`. A known
-    :math:`\mathbf b` does not enter. The phase-only FIM (:func:`dmimo_jax.bounds.position_fim`)
-    is the information of the phases alone; this one adds the amplitudes'.
-    """
-    model = as_phase_model(model)
-    x = jnp.asarray(x)
-    _check_receivers(receivers, model)
-    s = jnp.asarray(s, jnp.result_type(x.dtype, complex))
-
-    def nu(eta):
-        return (eta[3] + 1j * eta[4]) * receivers.gains * channel(model, eta[:3])
-
-    eta = jnp.concatenate([x, jnp.stack([jnp.real(s), jnp.imag(s)])])
-    d_re = jax.jacfwd(lambda e: jnp.real(nu(e)))(eta)
-    d_im = jax.jacfwd(lambda e: jnp.imag(nu(e)))(eta)
-    full = 2.0 / model.scene.noise_power * (d_re.T @ d_re + d_im.T @ d_im)
-    a, b, c = full[:3, :3], full[:3, 3:], full[3:, 3:]
-    return a - b @ jnp.linalg.solve(c, b.T)
-
-
-def complex_peb(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayLike = 1.0) -> Array:
-    r""":math:`\sqrt{\mathrm{tr}\,\mathbf J^{-1}}` of :func:`complex_fim`, m."""
-    fim = complex_fim(x, model, receivers, s)
-    return jnp.sqrt(jnp.trace(jnp.linalg.inv(fim)))

@@ -419,8 +419,8 @@ def test_a_surface_too_far_to_matter_gets_a_finite_large_error_not_nan():
     world = dj.ImageSourceModel(SCENE, [floor, far], 1)
     r = dj.simulate_phases_batch(jax.random.key(11), world, X, CPO)
     f = dj.calibration.fit_surfaces(X, r, jax.vmap(world.variance)(X), world)
-    se_far = complex(f.stderr_real[1]), complex(f.stderr_imag[1])
-    assert all(np.isfinite(v) and v.real > 0.1 for v in se_far)
+    se_far = float(f.stderr_real[1]), float(f.stderr_imag[1])
+    assert all(0.1 < v < np.inf for v in se_far)
     assert float(f.stderr_real[0]) < 0.01  # the floor stays well determined
 
 

@@ -505,7 +505,7 @@ def test_pcrb_with_a_flat_prior_is_peb_over_root_k(prior):
     bounds = tracking.pcrb(MODEL, walk, jnp.tile(x, (50, 1)), DT, prior * jnp.eye(3))
     rmse = np.asarray(tracking.pcrb_position_rmse(bounds))
     expect = float(dj.peb(x, MODEL)) / np.sqrt(np.arange(1, 51))
-    np.testing.assert_allclose(rmse, expect, rtol=1e-6 if prior > 1 else 1e-5)
+    np.testing.assert_allclose(rmse, expect, rtol=1e-6)
 
 
 def test_pcrb_of_a_patch_room_at_one_snapshot_is_its_peb():

@@ -301,7 +301,7 @@ class _Group:
     def prior_residuals(self, u: Array) -> Array:
         """Whitened residuals of the group's Gaussian prior (the phase centres' survey:
         ``position_prior``), (n,) or (0,)."""
-        scale = self.data.get("prior_scale") if isinstance(self.data, dict) else None
+        scale = self.data.get("prior_scale")
         return u[:0] if scale is None else u * scale
 
     def linearized(self, u: Array) -> tuple[_Group, Array]:
@@ -512,14 +512,9 @@ def _receivers_als(num_iterations, fit_g, fit_b, model, x, h, g0, b0):
     c = jax.vmap(partial(channel, model))(x)  # (L, M)
     num_l = h.shape[0]
     if fit_g:
-        # phases: the circular-mean closed form on arg h - arg c (CPOs profiled), moduli:
+        # phases: offsets_closed_form on arg h (relative to the model's own offsets), moduli:
         # the median ratio of |h| to |c|, so the first snapshot factors are right
-        e = jnp.angle(h) - jnp.angle(c)
-        rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - e[:, :1])), axis=0))
-        for _ in range(10):
-            cpo = jnp.angle(jnp.sum(jnp.exp(1j * (e - rel[None, :])), axis=1, keepdims=True))
-            rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - cpo)), axis=0))
-            rel = rel - rel[0]
+        rel = _offsets_closed_form(10, model, x, jnp.angle(h)) - model.scene.ap_phase_offsets
         ratio = jnp.median(jnp.abs(h) / jnp.abs(c), axis=0)
         g0 = ratio / ratio[0] * jnp.exp(1j * rel)
         b0 = jnp.zeros_like(b0) if fit_b else b0
@@ -903,7 +898,6 @@ def _fit_one_polarization(
 ):
     """Staged fit under the model's polarization: (final groups, u, cost, converged)."""
     groups: dict[str, _Group] = {}
-    done: set[str] = set()  # groups already at their optimum (stage 2 fitted them jointly)
     if "ap_phase_offsets" in fit:
         groups["ap_phase_offsets"] = _offsets_group(model, x, r)
     if isinstance(model, ReceiverModel):
@@ -922,16 +916,15 @@ def _fit_one_polarization(
         for g, part in zip(first, parts, strict=False):
             groups[g.name] = dataclasses.replace(g, u0=part)
         groups["surfaces"] = dataclasses.replace(s, u0=parts[-1])
-        done = {g.name for g in stage}
     if "ap_positions" in fit:
         groups["ap_positions"] = _positions_group(model, free_axes, prior)
     if "antenna" in fit:
         groups["antenna"] = _antenna_group(model)
     final = [groups[g] for g in GROUPS if g in groups]
     u0 = np.concatenate([np.asarray(g.u0) for g in final])
-    if {g.name for g in final} <= done:
-        residuals = _residuals(jnp.asarray(u0), model, tuple(final), x, r, noise_var)
-        return final, u0, float(jnp.sum(residuals**2)), True
+    # every fit ends in the converging rounds, also one whose groups stage 2 fitted already
+    # (one round of a multi-start is no proof of convergence; a converged start stops
+    # after one round)
     u, cost, converged = _lm(model, final, x, r, noise_var, u0[None], num_steps, None, max_steps)
     return final, u, cost, converged
 
@@ -1118,8 +1111,7 @@ def calibrate(
             n_u = int(used.sum())
             dof += n_u * (num_m - 4)  # M residuals, a CPO and three coordinates each
             chi2 = cost / dof
-            ll = -0.5 * (cost + float(jnp.sum(jnp.log(2 * jnp.pi * noise_var))))
-            ll -= 0.5 * float(jnp.sum(jnp.log(2 * jnp.pi * unl[2])))
+            ll = -0.5 * (cost + _log_normalizer(noise_var, False) + _log_normalizer(unl[2], False))
     u = jnp.asarray(u)
     e = np.asarray(_whitened(_apply(m, groups, u), x, r, noise_var)).reshape(num_l, num_m, -1)
     chi2_by_ap = num_m * np.sum(e**2, axis=(0, 2)) / dof_labeled
@@ -1174,7 +1166,7 @@ def calibrate(
 
 def _prior_size(groups: Sequence[_Group]) -> int:
     """How many prior pseudo-observations the groups add to the residuals."""
-    return sum(int(g.prior_residuals(g.u0).shape[0]) for g in groups)
+    return sum(g.size for g in groups if "prior_scale" in g.data)
 
 
 def _log_normalizer(noise_var: Array, complex_data: bool) -> float:
@@ -1259,9 +1251,8 @@ def _warn_unidentified(stderr: dict[str, Array]) -> None:
     """Warn, naming them, about values the data leave unconstrained (an infinite error)."""
     names = []
     for group, err in stderr.items():
-        e = np.asarray(err)
-        bad = ~np.isfinite(e.real) | ~np.isfinite(e.imag) if np.iscomplexobj(e) else ~np.isfinite(e)
-        for idx in np.argwhere(bad):
+        e = np.asarray(err)  # complex for eps, gains, constants: Re and Im errors
+        for idx in np.argwhere(~np.isfinite(e.real) | ~np.isfinite(e.imag)):
             names.append(f"{group}{list(map(int, idx))}")
     if names:
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")

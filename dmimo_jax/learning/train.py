@@ -317,15 +317,20 @@ def train(
                     losses.append(loss)
                     bar.update(e - s)
                     bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss[-1]):.4f}")
-            for i, idx in enumerate([] if resident else batches):
-                g = epoch * steps_per_epoch + i
-                params, opt_state, loss = step(
-                    params, opt_state, put(r_all, idx), put(x_all, idx), jax.random.fold_in(key, g)
-                )
-                losses.append(loss[None])
-                bar.update(1)
-                if i % 50 == 0:
-                    bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.4f}")
+            else:
+                for i, idx in enumerate(batches):
+                    g = epoch * steps_per_epoch + i
+                    params, opt_state, loss = step(
+                        params,
+                        opt_state,
+                        put(r_all, idx),
+                        put(x_all, idx),
+                        jax.random.fold_in(key, g),
+                    )
+                    losses.append(loss[None])
+                    bar.update(1)
+                    if i % 50 == 0:
+                        bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.4f}")
             jax.block_until_ready(params)
             val_error, val_loss = _validation(evaluate, params, x_all, r_all, n_tr)
             row = dict(

@@ -530,11 +530,12 @@ class Locator:
             check_int(name, getattr(self, name), minimum=1)
         if cells:
             check_int("num_cells", self.num_cells, minimum=1)
-            grid, table = self.estimator.cells, getattr(self.offline.cells, "cells", None)
-            if table is None or (
-                grid.shape != table.shape
-                or grid.cell_size != table.cell_size
-                or not np.allclose(np.asarray(grid.low), np.asarray(table.low))
+            # the classifier's cells and the cells its table tabulates
+            grid, tabled = self.estimator.cells, getattr(self.offline.cells, "cells", None)
+            if tabled is None or (
+                grid.shape != tabled.shape
+                or grid.cell_size != tabled.cell_size
+                or not np.allclose(np.asarray(grid.low), np.asarray(tabled.low))
             ):
                 raise ValueError(
                     "offline.cells (the cell table) does not belong to the classifier's cells "
@@ -542,9 +543,9 @@ class Locator:
                     f"{np.asarray(grid.low).tolist()}; table: "
                     + (
                         "none"
-                        if table is None
-                        else f"{table.shape} cells of {table.cell_size} m from "
-                        f"{np.asarray(table.low).tolist()}"
+                        if tabled is None
+                        else f"{tabled.shape} cells of {tabled.cell_size} m from "
+                        f"{np.asarray(tabled.low).tolist()}"
                     )
                     + "): use the Offline of one run_offline call"
                 )

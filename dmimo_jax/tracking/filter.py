@@ -699,10 +699,7 @@ def global_center(tracker: Tracker, state: TrackState) -> Array:
     (:func:`~dmimo_jax.estimators.egs_table_search`, no prior): a few snapshots in the main
     lobe out of the window put it there, wherever the track was."""
     est = egs_table_search(state.recent_r, tracker.model, tracker.table, 16).x  # (K, 3)
-    ok = state.recent_valid
-    d = jnp.linalg.norm(est[:, None, :] - est[None, :, :], axis=-1)
-    d = jnp.where(ok[None, :], d, 0.0).sum(axis=1)
-    return est[jnp.argmin(jnp.where(ok, d, jnp.inf))]
+    return _medoid(est, state.recent_valid)
 
 
 def run_tracker(
@@ -830,6 +827,13 @@ def medoid_start(estimates: ArrayLike) -> Array:
     if x.ndim not in (2, 3) or x.shape[-1] != 3 or x.shape[-2] < 1:
         raise ValueError(f"estimates must have shape (K, 3) or (B, K, 3), got {x.shape}")
     check_finite("estimates", x)
-    d = jnp.linalg.norm(x[..., :, None, :] - x[..., None, :, :], axis=-1).sum(axis=-1)
-    pick = jnp.argmin(d, axis=-1)
+    return _medoid(x, jnp.ones(x.shape[:-1], bool))
+
+
+def _medoid(x: Array, valid: Array) -> Array:
+    """The estimate (..., K, 3) with the least summed distance to the other valid ones,
+    among the ``valid`` (..., K) ones: (..., 3). Traceable."""
+    d = jnp.linalg.norm(x[..., :, None, :] - x[..., None, :, :], axis=-1)
+    d = jnp.where(valid[..., None, :], d, 0.0).sum(axis=-1)
+    pick = jnp.argmin(jnp.where(valid, d, jnp.inf), axis=-1)
     return jnp.take_along_axis(x, pick[..., None, None], axis=-2)[..., 0, :]
