@@ -3,16 +3,28 @@
 * :mod:`~dmimo_jax.physics.model`: the protocol and :func:`as_phase_model`;
 * :mod:`~dmimo_jax.physics.fresnel`: the Fresnel reflection coefficient, eq. (3);
 * :mod:`~dmimo_jax.physics.two_ray`: the paper's LoS + ground model, eqs. (1)-(9);
-* :mod:`~dmimo_jax.physics.image_source`: rooms with a ceiling and walls (beyond the paper).
+* :mod:`~dmimo_jax.physics.image_source`: rooms with a ceiling and walls (beyond the paper);
+* :mod:`~dmimo_jax.physics.faces`: scenes of finite faces with their own materials, shadows
+  included (beyond the paper).
 """
 
-from dmimo_jax.physics.fresnel import reflection_coefficient, zeta_term
+from dmimo_jax.physics.faces import (
+    Face,
+    MeshModel,
+    MeshPaths,
+    box_faces,
+    cuboid_faces,
+    mesh_paths,
+)
+from dmimo_jax.physics.fresnel import reflection_coefficient, surface_reflections, zeta_term
 from dmimo_jax.physics.image_source import (
     ImagePaths,
     ImageSourceModel,
     Reflector,
     box_room,
     image_paths,
+    mirror,
+    resolve_material,
     room_model,
 )
 from dmimo_jax.physics.model import PhaseModel, as_phase_model, check_in_domain
@@ -36,6 +48,15 @@ from dmimo_jax.physics.two_ray import (
 )
 
 __all__ = [
+    "Face",
+    "MeshModel",
+    "MeshPaths",
+    "box_faces",
+    "cuboid_faces",
+    "mesh_paths",
+    "mirror",
+    "resolve_material",
+    "surface_reflections",
     "Geometry",
     "ImagePaths",
     "ImageSourceModel",

@@ -8,12 +8,13 @@ ground by the two-ray model and for every surface by the image-source room model
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_permittivity
 
-__all__ = ["reflection_coefficient", "zeta_term"]
+__all__ = ["reflection_coefficient", "surface_reflections", "zeta_term"]
 
 
 def reflection_coefficient(
@@ -87,3 +88,20 @@ def zeta_term(cos_gamma: ArrayLike, eps_r: ArrayLike) -> Array:
     # arg = 0 only for eps_r = 1 at grazing: zeta = 0 there, with a finite gradient
     nonzero = arg != 0
     return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, arg, 1.0)), 0.0)
+
+
+def surface_reflections(
+    cos_gamma: Array, eps_r: Array, perfect_conductor: np.ndarray, polarization: str
+) -> Array:
+    """Eq. (3) for K surfaces at once: cosines (..., K), permittivities broadcasting to
+    (..., K) and static perfect-conductor flags (K,) (NumPy bools: those surfaces give -1).
+
+    A perfect conductor's permittivity is replaced by a valid placeholder before the
+    dielectric formula, so its gradient stays finite.
+    """
+    pec = np.asarray(perfect_conductor, bool)
+    if pec.all():
+        return jnp.full(cos_gamma.shape, -1.0 + 0j, jnp.result_type(cos_gamma, jnp.complex64))
+    eps_ok = jnp.where(jnp.asarray(pec), 2.0 + 0j, eps_r)
+    g = reflection_coefficient(cos_gamma, eps_ok, polarization)
+    return jnp.where(jnp.asarray(pec), -1.0 + 0j, g) if pec.any() else g

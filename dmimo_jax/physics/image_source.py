@@ -74,7 +74,7 @@ from dmimo_jax._checks import (
 from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import safe_abs, safe_arg
-from dmimo_jax.physics.fresnel import reflection_coefficient
+from dmimo_jax.physics.fresnel import surface_reflections
 from dmimo_jax.physics.model import check_in_domain
 from dmimo_jax.physics.two_ray import noise_var_from_amplitude, safe_norm
 from dmimo_jax.pytree import pytree_dataclass, static_field
@@ -87,6 +87,8 @@ __all__ = [
     "Reflector",
     "box_room",
     "image_paths",
+    "mirror",
+    "resolve_material",
     "room_model",
 ]
 
@@ -194,8 +196,15 @@ class Reflector:
 MaterialSpec = complex | float | str | None
 
 
-def _material(spec: Any, where: str, frequency_hz: float | None, convention: str):
-    """(eps_r, perfect_conductor) of a material spec, or None when the surface is left out."""
+def resolve_material(spec: Any, where: str, frequency_hz: float | None, convention: str = "itu"):
+    """``(eps_r, perfect_conductor)`` of a material spec (a complex permittivity, an ITU-R
+    P.2040 name evaluated at ``frequency_hz``, ``"metal"`` a perfect conductor), or ``None``
+    for ``None`` (the surface is left out). ``where`` names the argument in errors.
+
+    Raises:
+        ValueError: a name without a frequency, an unknown name, or a permittivity that is
+            not a passive medium.
+    """
     if spec is None:
         return None
     if isinstance(spec, str):
@@ -280,7 +289,7 @@ def box_room(
     ]
     out = []
     for name, spec, point, normal in planes:
-        mat = _material(
+        mat = resolve_material(
             spec, name if name in ("floor", "ceiling") else "walls", frequency_hz, convention
         )
         if mat is not None:
@@ -305,16 +314,6 @@ def _stack(reflectors: Sequence[Reflector]):
     eps = jnp.stack([r.eps_r for r in reflectors])
     pec = np.array([r.perfect_conductor for r in reflectors])
     return q, n, eps, pec
-
-
-def _gamma(cos_gamma: Array, eps: Array, pec: np.ndarray, polarization: str) -> Array:
-    """Fresnel coefficients (..., K) for per-reflector eps (K,) and PEC flags (K,)."""
-    if pec.all():
-        return jnp.full(cos_gamma.shape, -1.0 + 0j, jnp.result_type(cos_gamma, jnp.complex64))
-    # a PEC reflector's eps_r is replaced by a valid placeholder, then overwritten by -1
-    eps_ok = jnp.where(jnp.asarray(pec), 2.0 + 0j, eps)
-    g = reflection_coefficient(cos_gamma, eps_ok, polarization)
-    return jnp.where(jnp.asarray(pec), -1.0 + 0j, g) if pec.any() else g
 
 
 def check_reflectors(
@@ -343,7 +342,7 @@ def check_reflectors(
                 )
 
 
-def _mirror(v: Array, n: Array) -> Array:
+def mirror(v: Array, n: Array) -> Array:
     """Directions ``v`` (..., 3) mirrored across planes of unit normals ``n`` (..., 3)."""
     return v - 2.0 * jnp.sum(v * n, axis=-1, keepdims=True) * n
 
@@ -377,11 +376,11 @@ def image_paths(
     d = jnp.sqrt(jnp.sum(to_image * to_image, axis=-1))  # (M, K)
     diff = 4.0 * hp * hx[None, :] / (d + d1[:, None])
     cos_g = (hx[None, :] + hp) * (1.0 / d)
-    gamma = _gamma(cos_g, eps[None, :], pec, scene.polarization)
+    gamma = surface_reflections(cos_g, eps[None, :], pec, scene.polarization)
     # a path exists when the AP is not mounted on the plane and the UE is in front of it
     valid = (hp > MOUNT_TOLERANCE) & (hx[None, :] > 0.0)
     # the ray leaves the AP along the unfolded direction mirrored back across the plane
-    departure = _mirror(-to_image / d[..., None], n[None]) if directions else None
+    departure = mirror(-to_image / d[..., None], n[None]) if directions else None
     if order == 1:
         return ImagePaths(d, diff, gamma, valid, departure)
     num = len(reflectors)
@@ -397,9 +396,9 @@ def image_paths(
     cos_l = jnp.abs(jnp.sum(u * nl[None], axis=-1))
     nk_unf = nk - 2.0 * jnp.sum(nk * nl, axis=-1, keepdims=True) * nl  # plane k seen across l
     cos_k = jnp.abs(jnp.sum(u * nk_unf[None], axis=-1))
-    g2 = _gamma(cos_k, eps[k_idx][None], pec[k_idx], scene.polarization) * _gamma(
-        cos_l, eps[l_idx][None], pec[l_idx], scene.polarization
-    )
+    g2 = surface_reflections(
+        cos_k, eps[k_idx][None], pec[k_idx], scene.polarization
+    ) * surface_reflections(cos_l, eps[l_idx][None], pec[l_idx], scene.polarization)
     # reflection point on l: where the UE -> image2 line crosses plane l
     hxl = hx[l_idx][None, :]
     r_l = x[None, None, :] + (hxl / (hxl + h1l))[..., None] * to_img2  # (M, P2, 3)
@@ -412,7 +411,7 @@ def image_paths(
     valid2 = valid2 & (hxl > 0.0)
     diff2 = (d2 * d2 - d1[:, None] ** 2) / (d2 + d1[:, None])
     if directions:  # mirrored back across l, then across k
-        dep2 = _mirror(_mirror(-u, nl[None]), nk[None])
+        dep2 = mirror(mirror(-u, nl[None]), nk[None])
         departure = jnp.concatenate([departure, dep2], axis=1)
     return ImagePaths(
         jnp.concatenate([d, d2], axis=1),

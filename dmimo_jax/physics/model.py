@@ -70,12 +70,17 @@ def check_in_domain(name: str, x: Any, model: PhaseModel) -> None:
     """``ValueError`` when concrete position(s) ``x`` (3,) or (N, 3) lie where ``model`` is
     not defined: on an AP (the LoS amplitude of eq. 9 is infinite there), or, for a model
     with ``reflectors`` (a room, :class:`~dmimo_jax.physics.ImageSourceModel`), on or behind
-    one of them (its image paths assume a UE inside the room). Traced input passes.
+    one of them (its image paths assume a UE inside the room), or where the model's own
+    ``check_domain(name, x)`` refuses it (a :class:`~dmimo_jax.physics.MeshModel`: on a face
+    or inside a solid). Traced input passes.
 
     The one rule of simulation, bounds and calibration for positions (shapes and
     finiteness are :func:`~dmimo_jax._checks.check_positions`'s).
     """
     check_away_from_aps(name, x, model.scene.ap_positions)
+    check_domain = getattr(model, "check_domain", None)
+    if check_domain is not None:  # a model with rules of its own (a scene of faces)
+        check_domain(name, x)
     for refl in getattr(model, "reflectors", ()):
         if not is_concrete(x, refl.point, refl.normal):
             continue

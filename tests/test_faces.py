@@ -1,0 +1,300 @@
+"""dmimo_jax.physics.faces: scenes of finite faces (a box of faces is the box room; shadows
+and finite faces against hand-computed geometry and an independent NumPy computation;
+gradients; bad input)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax.physics import Face, MeshModel, box_faces, cuboid_faces, mesh_paths
+from tests.helpers import assert_allclose
+
+SCENE = dj.paper_scene(convention="itu")
+FREQ = float(SCENE.frequency)
+GROUND = complex(SCENE.eps_r)
+ROOM = box_faces(
+    SCENE.room_size, floor=GROUND, ceiling="plasterboard", walls="concrete", frequency_hz=FREQ
+)
+PILLAR = cuboid_faces(
+    (5.7, 4.2, 0.0), (6.3, 4.8, 3.0), "concrete", name="pillar", frequency_hz=FREQ, skip=("z0",)
+)
+CABINET = cuboid_faces(
+    (1.0, 7.5, 0.0), (1.8, 8.1, 1.9), None, name="cabinet", frequency_hz=FREQ, skip=("z0",)
+)
+
+
+def _solid_free(xs, boxes=((5.7, 4.2, 6.3, 4.8), (1.0, 7.5, 1.8, 8.1)), margin=0.05):
+    xs = np.asarray(xs)
+    keep = np.ones(len(xs), bool)
+    for x0, y0, x1, y1 in boxes:
+        keep &= ~(
+            (xs[:, 0] > x0 - margin)
+            & (xs[:, 0] < x1 + margin)
+            & (xs[:, 1] > y0 - margin)
+            & (xs[:, 1] < y1 + margin)
+        )
+    return jnp.asarray(xs[keep])
+
+
+# --- an independent reference: triangles, Moller-Trumbore and explicit phasor sums ----------
+
+
+def _np_gamma(cos_g, eps, pol, pec):
+    if pec:
+        return -1.0 + 0j
+    zeta = np.sqrt(eps - (1.0 - cos_g**2) + 0j)
+    if pol == "TE":
+        return (cos_g - zeta) / (cos_g + zeta)
+    return (eps * cos_g - zeta) / (eps * cos_g + zeta)
+
+
+def _triangles(face):
+    v = np.asarray(face.vertices, float)
+    return [(v[0], v[i], v[i + 1]) for i in range(1, len(v) - 1)]
+
+
+def _segment_hits_triangle(a, b, tri, eps=1e-12):
+    """Moller-Trumbore on the open segment a -> b (ends excluded)."""
+    p0, p1, p2 = tri
+    d = b - a
+    e1, e2 = p1 - p0, p2 - p0
+    pv = np.cross(d, e2)
+    det = e1 @ pv
+    if abs(det) < eps:
+        return False
+    tv = a - p0
+    u = (tv @ pv) / det
+    qv = np.cross(tv, e1)
+    v = (d @ qv) / det
+    t = (e2 @ qv) / det
+    return 1e-7 < t < 1 - 1e-7 and u > 1e-9 and v > 1e-9 and u + v < 1 - 1e-9
+
+
+def _np_blocked(a, b, faces):
+    return any(_segment_hits_triangle(a, b, tri) for f in faces for tri in _triangles(f))
+
+
+def _on_face(p, face):
+    """Inside by barycentric coordinates on the triangle fan (closed)."""
+    for p0, p1, p2 in _triangles(face):
+        e1, e2, w = p1 - p0, p2 - p0, p - p0
+        g = np.array([[e1 @ e1, e1 @ e2], [e1 @ e2, e2 @ e2]])
+        u, v = np.linalg.solve(g, [e1 @ w, e2 @ w])
+        if u >= -1e-9 and v >= -1e-9 and u + v <= 1 + 1e-9:
+            return True
+    return False
+
+
+def _np_mean(x, scene, faces):
+    x = np.asarray(x, float)
+    lam = float(scene.wavelength)
+    k = 2 * np.pi / lam
+    out = []
+    for p in np.asarray(scene.ap_positions, float):
+        d1 = np.linalg.norm(p - x)
+        total = 0j if _np_blocked(p, x, faces) else 1.0 + 0j
+        for f in faces:
+            v = np.asarray(f.vertices, float)
+            n = np.cross(v[1] - v[0], v[2] - v[0])
+            n /= np.linalg.norm(n)
+            hp, hx = (p - v[0]) @ n, (x - v[0]) @ n
+            if abs(hp) <= 1e-6 or hp * hx <= 0:
+                continue
+            img = p - 2 * hp * n
+            spec = x + abs(hx) / (abs(hx) + abs(hp)) * (img - x)
+            if not _on_face(spec, f):
+                continue
+            if _np_blocked(p, spec, faces) or _np_blocked(spec, x, faces):
+                continue
+            d = np.linalg.norm(img - x)
+            cos_g = (abs(hx) + abs(hp)) / d
+            g = _np_gamma(cos_g, complex(f.eps_r), scene.polarization, f.perfect_conductor)
+            total += g * d1 / d * np.exp(-1j * k * (d - d1))
+        out.append(k * d1 - np.angle(total))
+    return np.array(out)
+
+
+# --- a box of faces is the box room ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_a_box_of_faces_equals_the_box_room(order):
+    pattern = dj.antenna.DipolePattern() if hasattr(dj.antenna, "DipolePattern") else None
+    scene = SCENE.replace(ap_phase_offsets=jnp.linspace(-1.0, 1.0, SCENE.num_aps))
+    if pattern is not None:
+        scene = scene.replace(antenna=pattern)
+    ref = dj.room_model(scene, ceiling="plasterboard", walls="concrete", order=order)
+    faces = box_faces(
+        scene.room_size, floor=GROUND, ceiling="plasterboard", walls="concrete", frequency_hz=FREQ
+    )
+    mesh = MeshModel(scene, faces, order)
+    xs = dj.sample_positions(jax.random.key(order), 64, scene)
+    assert_allclose(jax.vmap(mesh.mean)(xs), jax.vmap(ref.mean)(xs), rtol=0, atol=1e-12)
+    assert_allclose(jax.vmap(mesh.variance)(xs), jax.vmap(ref.variance)(xs), rtol=1e-12)
+
+
+def test_a_box_of_faces_equals_the_box_room_in_tm_with_a_metal_ceiling():
+    scene = SCENE.replace(polarization="TM")
+    ref = dj.room_model(scene, ceiling="metal", walls={"x0": "glass", "y1": "wood"})
+    faces = box_faces(scene.room_size, floor=GROUND, ceiling=None, frequency_hz=FREQ) + (
+        Face(
+            [[0, 0, 0], [0, 10, 0], [0, 10, 4], [0, 0, 4]],
+            "glass",
+            name="wall_x0",
+            frequency_hz=FREQ,
+        ),
+        Face(
+            [[0, 10, 0], [10, 10, 0], [10, 10, 4], [0, 10, 4]],
+            "wood",
+            name="wall_y1",
+            frequency_hz=FREQ,
+        ),
+    )
+    mesh = MeshModel(scene, faces)
+    xs = dj.sample_positions(jax.random.key(5), 64, scene)
+    assert_allclose(jax.vmap(mesh.mean)(xs), jax.vmap(ref.mean)(xs), rtol=0, atol=1e-12)
+
+
+# --- finite faces and shadows -----------------------------------------------------------------
+
+
+def test_phases_equal_an_independent_computation_with_a_pillar_and_a_metal_cabinet():
+    faces = ROOM + PILLAR + CABINET
+    mesh = MeshModel(SCENE, faces)
+    xs = _solid_free(dj.sample_positions(jax.random.key(3), 32, SCENE))
+    got = np.asarray(jax.vmap(mesh.mean)(xs))
+    want = np.array([_np_mean(x, SCENE, faces) for x in np.asarray(xs)])
+    assert_allclose(got, want, rtol=0, atol=1e-9)
+    # the pillar and the cabinet matter: they move the phase of many (UE, AP) pairs
+    box = np.asarray(jax.vmap(MeshModel(SCENE, ROOM).mean)(xs))
+    moved = np.abs((got - box + np.pi) % (2 * np.pi) - np.pi) > 1e-3
+    assert 0.1 < moved.mean() < 0.9
+
+
+def _one_ap(p):
+    return SCENE.replace(ap_positions=jnp.array([p], float), ap_phase_offsets=jnp.zeros(1))
+
+
+def test_a_path_is_dropped_when_its_specular_point_leaves_a_finite_face():
+    scene = _one_ap((0.0, 0.0, 3.0))
+    patch = Face([[2.0, -1, 0], [4, -1, 0], [4, 1, 0], [2, 1, 0]], GROUND, name="patch")
+    x_in = jnp.array([4.0, 0.0, 1.0])  # specular point (3, 0, 0): on the patch
+    x_out = jnp.array([8.0, 0.0, 1.0])  # specular point (6, 0, 0): off it
+    model = MeshModel(scene, [patch])
+    paths_in, paths_out = mesh_paths(x_in, scene, [patch]), mesh_paths(x_out, scene, [patch])
+    assert bool(paths_in.valid[0, 0]) and not bool(paths_out.valid[0, 0])
+    # off the patch only the LoS: the phase is 2 pi d / lambda exactly
+    k = 2 * np.pi / float(scene.wavelength)
+    assert float(model.mean(x_out)[0]) == pytest.approx(k * np.sqrt(64 + 4), abs=1e-12)
+    # on it, the two-ray channel of an infinite ground
+    two_ray = dj.TwoRayModel(scene)
+    assert_allclose(model.mean(x_in), two_ray.mean(x_in), rtol=0, atol=1e-12)
+
+
+def test_a_plate_blocks_the_los_then_the_floor_bounce_when_it_grows():
+    scene = _one_ap((0.0, 0.0, 3.0))
+    x = jnp.array([4.0, 0.0, 1.0])
+    floor = Face([[-1.0, -2, 0], [6, -2, 0], [6, 2, 0], [-1, 2, 0]], GROUND, name="floor")
+    # the LoS crosses x = 2 at z = 2, the floor bounce's first leg (to (3, 0, 0)) at z = 1
+    small = Face([[2.0, -1, 1.9], [2, 1, 1.9], [2, 1, 2.1], [2, -1, 2.1]], None, name="plate")
+    tall = Face([[2.0, -1, 0.9], [2, 1, 0.9], [2, 1, 2.1], [2, -1, 2.1]], None, name="plate")
+    lam, k = float(scene.wavelength), 2 * np.pi / float(scene.wavelength)
+    d1, d2 = np.sqrt(16 + 4), np.sqrt(16 + 16)
+    cos_g = 4 / d2
+    rho = (
+        _np_gamma(cos_g, GROUND, scene.polarization, False) * d1 / d2 * np.exp(-1j * k * (d2 - d1))
+    )
+    shadowed = MeshModel(scene, [floor, small])
+    assert float(shadowed.mean(x)[0]) == pytest.approx(k * d1 - np.angle(rho), abs=1e-12)
+    amp = lam / (4 * np.pi * d1) * abs(rho)
+    assert float(shadowed.amplitude(x)[0]) == pytest.approx(amp, rel=1e-12)
+    dark = MeshModel(scene, [floor, tall])
+    assert float(dark.amplitude(x)[0]) == 0.0 and np.isinf(float(dark.variance(x)[0]))
+    g = jax.grad(lambda xx: dark.mean(xx)[0])(x)
+    assert np.all(np.isfinite(np.asarray(g)))
+
+
+def test_gradients_equal_finite_differences_away_from_boundaries():
+    faces = ROOM + PILLAR
+    mesh = MeshModel(SCENE, faces)
+    x = jnp.array([3.1, 2.7, 1.3])
+    fn = lambda xx: jnp.sum(jnp.sin(mesh.mean(xx)) * jnp.arange(17.0))  # noqa: E731
+    g = np.asarray(jax.grad(fn)(x))
+    h = 1e-6
+    fd = np.array([(fn(x + h * e) - fn(x - h * e)) / (2 * h) for e in np.eye(3)])
+    assert_allclose(g, fd, rtol=1e-6, atol=1e-6)
+
+    # the pillar's permittivity and the APs' positions
+    def by_eps(e):
+        return jnp.sum(
+            MeshModel(SCENE, ROOM + tuple(f.with_permittivity(e) for f in PILLAR)).mean(x)
+        )
+
+    e0 = complex(PILLAR[0].eps_r)
+    ge = jax.grad(lambda re: by_eps(re + 1j * e0.imag))(e0.real)
+    fde = (by_eps(e0 + 1e-6) - by_eps(e0 - 1e-6)) / 2e-6
+    assert float(ge) == pytest.approx(float(fde), rel=1e-5)
+
+    def by_ap(p):
+        return jnp.sum(MeshModel(SCENE.replace(ap_positions=p), faces).mean(x))
+
+    ap = SCENE.ap_positions
+    gp = np.asarray(jax.grad(by_ap)(ap))
+    e = jnp.zeros_like(ap).at[3, 0].set(1e-6)
+    assert gp[3, 0] == pytest.approx(float(by_ap(ap + e) - by_ap(ap - e)) / 2e-6, rel=1e-5)
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "vertices, match",
+    [
+        ([[0, 0, 0], [1, 0, 0]], "K >= 3"),
+        ([[0, 0, 0], [1, 0, 0], [np.nan, 1, 0]], "finite"),
+        ([[0, 0, 0], [1, 0, 0], [2, 0, 0]], "zero area"),
+        ([[0, 0, 0], [1, 0, 0], [1, 0, 0], [0, 1, 0]], "repeats a vertex"),
+        ([[0, 0, 0], [1, 0, 0], [1, 1, 0.01], [0, 1, 0]], "not planar"),
+        ([[0, 0, 0], [2, 0, 0], [1, 0.2, 0], [2, 1, 0], [0, 1, 0]], "not a convex polygon"),
+    ],
+)
+def test_bad_faces_are_refused(vertices, match):
+    with pytest.raises(ValueError, match=match):
+        Face(vertices, 4.0)
+
+
+def test_bad_materials_and_models_are_refused():
+    square = [[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]]
+    with pytest.raises(ValueError, match="frequency"):
+        Face(square, "concrete")
+    with pytest.raises(ValueError, match="passive"):
+        Face(square, 4.0 + 1j)
+    with pytest.raises(ValueError, match="at least one Face"):
+        MeshModel(SCENE, [])
+    with pytest.raises(ValueError, match="order must be 1 or 2"):
+        MeshModel(SCENE, ROOM, order=3)
+    with pytest.raises(ValueError, match=r"faces\[1\] must be a Face"):
+        MeshModel(SCENE, [ROOM[0], "wall"])
+
+
+def test_positions_inside_a_solid_or_on_a_face_are_refused():
+    mesh = MeshModel(SCENE, ROOM + PILLAR)
+    with pytest.raises(ValueError, match="inside a solid.*pillar"):
+        mesh.mean(jnp.array([6.0, 4.5, 1.0]))
+    with pytest.raises(ValueError, match="lies on face 'pillar'"):
+        mesh.mean(jnp.array([5.7, 4.5, 1.0]))
+    with pytest.raises(ValueError, match=r"\(row 1\).*inside a solid"):
+        dj.peb_map(jnp.array([[3.0, 3.0, 1.0], [6.0, 4.5, 1.0]]), mesh)
+    inside = SCENE.replace(ap_positions=SCENE.ap_positions.at[0].set(jnp.array([6.0, 4.5, 2.0])))
+    with pytest.raises(ValueError, match="ap_positions.*inside a solid"):
+        MeshModel(inside, ROOM + PILLAR)
+    # a flipped face points the other way; flipped back it is the same face
+    flipped = PILLAR[0].flipped()
+    assert_allclose(flipped.normal, -PILLAR[0].normal)
+    assert_allclose(flipped.flipped().vertices, PILLAR[0].vertices)
+    with pytest.raises(ValueError, match="inside a solid"):
+        MeshModel(SCENE, ROOM + (flipped,)).mean(jnp.array([5.5, 4.0, 0.5]))
+    # the APs on the ceiling are mounted, not inside anything
+    assert MeshModel(SCENE, ROOM + PILLAR).mounted()[0][0].tolist() == [0.0, 0.0, -1.0]
