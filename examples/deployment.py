@@ -57,7 +57,7 @@ import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
 from dmimo_jax import gp, pipeline  # noqa: E402
 from dmimo_jax.calibration import Unlabeled, calibrate  # noqa: E402
-from dmimo_jax.datasets import synthetic_deployment  # noqa: E402
+from dmimo_jax.datasets import sample_world_positions, synthetic_deployment  # noqa: E402
 from dmimo_jax.learning import get_preset  # noqa: E402
 
 TRUE_EXPONENT = 1.7  # synthetic_deployment's default
@@ -69,9 +69,10 @@ def world(args):
 
 
 def snapshots(key, model, scene, num):
-    """Positions in the UE region, CPOs, the world's noisy phases and its noise variances."""
+    """Positions in the UE region (in the air: not inside a solid of a scene of faces), CPOs,
+    the world's noisy phases and its noise variances."""
     k_x, k_cpo, k_noise = jax.random.split(key, 3)
-    x = dj.sample_positions(k_x, num, scene)
+    x = sample_world_positions(k_x, num, model)
     r = dj.simulate_phases_batch(k_noise, model, x, dj.random_cpos(k_cpo, num))
     return x, r, jax.vmap(model.variance)(x)
 
@@ -317,7 +318,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--num-train", type=int, default=50)
     ap.add_argument("--num-test", type=int, default=1280)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--world", default="room", choices=["room", "two-ray"])
+    ap.add_argument("--world", default="room", choices=["room", "two-ray", "faces"])
     ap.add_argument("--patch", action="store_true", help="patch antennas of unknown exponent")
     ap.add_argument("--quick", action="store_true", help="256 test UEs")
     ap.add_argument(
@@ -385,7 +386,10 @@ def main(argv=None) -> dict:
             )
         )
     calibrations = []  # in the room, the two-ray calibration is a baseline
-    if args.baselines or args.world == "two-ray":
+    if args.world == "faces":  # the box room is the baseline of the scene of faces
+        box = dj.room_model(surveyed, ceiling="concrete", walls="concrete", floor="concrete")
+        calibrations += [("box room", box), ("faces", nominal)]
+    elif args.baselines or args.world == "two-ray":
         calibrations.append(("two rays", dj.TwoRayModel(surveyed)))
     if args.world == "room":
         calibrations.append(("room", nominal))

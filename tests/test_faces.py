@@ -298,3 +298,30 @@ def test_positions_inside_a_solid_or_on_a_face_are_refused():
         MeshModel(SCENE, ROOM + (flipped,)).mean(jnp.array([5.5, 4.0, 0.5]))
     # the APs on the ceiling are mounted, not inside anything
     assert MeshModel(SCENE, ROOM + PILLAR).mounted()[0][0].tolist() == [0.0, 0.0, -1.0]
+
+
+# --- calibration of a scene of faces -----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_calibrate_fits_one_permittivity_per_face_name_from_noise_free_snapshots():
+    from dmimo_jax.calibration import calibrate
+    from dmimo_jax.datasets import face_scene, sample_world_positions, synthetic_deployment
+
+    truth, surveyed, nominal = synthetic_deployment(seed=3, world="faces")
+    x = sample_world_positions(jax.random.key(0), 50, truth)
+    r = jax.vmap(truth.mean)(x) + dj.random_cpos(jax.random.key(1), 50)[:, None]
+    nv = jax.vmap(truth.variance)(x)
+    fit = ("ap_positions", "ap_phase_offsets", "surfaces")
+    cal = calibrate(nominal, x, dj.wrap(r), nv, fit=fit, warn=False)
+    # the ceiling holds every AP: no path bounces off it, so it is not fitted
+    assert cal.surfaces == ("floor_concrete", "floor_wood", "walls", "pillar")
+    want = [dj.materials.relative_permittivity(m, FREQ) for m in ("concrete", "floorboard")]
+    want += [dj.materials.relative_permittivity(m, FREQ) for m in ("brick", "concrete")]
+    assert_allclose(cal.values["surfaces"], np.array(want), rtol=0, atol=1e-6)
+    assert_allclose(cal.values["ap_positions"], truth.scene.ap_positions, rtol=0, atol=1e-6)
+    assert float(cal.reduced_chi2) < 1e-6
+    # faces that share a name share the fitted material
+    pillar = [f for f in cal.model.faces if f.name == "pillar"]
+    assert len(pillar) == 4 and len({complex(f.eps_r) for f in pillar}) == 1
+    assert face_scene(surveyed).surface_names == nominal.surface_names

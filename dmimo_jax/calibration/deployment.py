@@ -17,15 +17,17 @@ by the package's one Levenberg-Marquardt solver on the whitened residuals with t
 autodiff Jacobian. The groups (``fit=``):
 
 * ``"ap_positions"``: the APs' phase centres. An AP mounted on a reflector of an
-  :class:`~dmimo_jax.physics.ImageSourceModel` (within ``MOUNT_TOLERANCE`` of its plane)
-  moves only within that plane; ``free_axes`` (M, 3) restricts the coordinates further.
+  :class:`~dmimo_jax.physics.ImageSourceModel` or a face of a
+  :class:`~dmimo_jax.physics.MeshModel` (within ``MOUNT_TOLERANCE`` of its plane) moves
+  only within that plane; ``free_axes`` (M, 3) restricts the coordinates further.
 * ``"ap_phase_offsets"``: the static per-AP offsets :math:`\delta_m`. Only differences are
   observable (a common part is the CPO), so AP 0 keeps the model's value (the gauge).
   Offsets uniform in :math:`[-\pi,\pi)` are far outside any local basin, so the fit starts
   from the closed form :math:`\hat\delta_m - \hat\delta_0 = \arg\sum_l e^{j(e_{lm}-e_{l0})}`
   of the residuals :math:`e_{lm} = \mathrm{wrap}(r_{lm} - \mu_m(\mathbf x_l))` of the start.
 * ``"surfaces"``: :math:`\varepsilon_r` of every reflector of a room (or the ground of the
-  two-ray model), :math:`\varepsilon' = 1 + |a|`, :math:`\varepsilon'' = |b|` (physical
+  two-ray model, or each material of a scene of faces: one per face name),
+  :math:`\varepsilon' = 1 + |a|`, :math:`\varepsilon'' = |b|` (physical
   for every :math:`a, b`, with a derivative of modulus 1 everywhere: a softplus saturates
   as a low-loss material's :math:`\varepsilon''` nears 0 and a square has a stationary
   point there, and either is a fixed point of the LM), from several material starts
@@ -103,6 +105,7 @@ from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import (
     ImageSourceModel,
+    MeshModel,
     PhaseModel,
     TwoRayModel,
     check_in_domain,
@@ -340,6 +343,8 @@ def _with_scene(model: Any, scene: Any) -> Any:
         return ReceiverModel(_with_scene(model.model, scene), model.receivers)
     if isinstance(model, TwoRayModel):
         return TwoRayModel(scene)
+    if isinstance(model, MeshModel):
+        return MeshModel(scene, model.faces, model.order)
     return ImageSourceModel(scene, model.reflectors, model.order)
 
 
@@ -352,6 +357,8 @@ def _mounts(model: Any) -> list[list[np.ndarray]]:
     """Per AP, the unit normals of the reflectors it is mounted on."""
     model = model.model if isinstance(model, ReceiverModel) else model
     ap = np.asarray(model.scene.ap_positions, float)
+    if isinstance(model, MeshModel):
+        return model.mounted()
     out: list[list[np.ndarray]] = [[] for _ in range(ap.shape[0])]
     if isinstance(model, ImageSourceModel):
         for r in model.reflectors:
@@ -574,6 +581,8 @@ def _surface_indices(model: Any, surfaces: Sequence[str] | None) -> tuple[list[i
         if surfaces is not None and list(surfaces) != ["ground"]:
             raise ValueError(f"surfaces: a two-ray model has only 'ground', got {surfaces}")
         return [0], ["ground"]
+    if isinstance(model, MeshModel):
+        return _face_surfaces(model, surfaces)
     names = [r.name for r in model.reflectors]
     ap = np.asarray(model.scene.ap_positions)
     seen = [
@@ -608,11 +617,44 @@ def _surface_indices(model: Any, surfaces: Sequence[str] | None) -> tuple[list[i
     return idx, list(surfaces)
 
 
+def _face_surfaces(model: MeshModel, surfaces: Sequence[str] | None) -> tuple[list[int], list[str]]:
+    """Indices into ``model.surface_names`` (one material per face name) and the names."""
+    names = list(model.surface_names)
+    ap = np.asarray(model.scene.ap_positions, float)
+    dielectric, seen = {}, {}
+    for f in model.faces:
+        h = (ap - np.asarray(f.vertices[0])) @ np.asarray(f.normal)
+        dielectric.setdefault(f.name, set()).add(not f.perfect_conductor)
+        seen[f.name] = seen.get(f.name, False) or bool(np.any(np.abs(h) > MOUNT_TOLERANCE))
+    if surfaces is None:
+        surfaces = [n for n in names if dielectric[n] == {True} and seen[n]]
+    surfaces = list(surfaces)
+    if len(set(surfaces)) != len(surfaces):
+        raise ValueError(f"surfaces must not repeat a name, got {surfaces}")
+    for s in surfaces:
+        if s not in names:
+            raise ValueError(f"surfaces: no face named {s!r} (the model's materials: {names})")
+        if dielectric[s] != {True}:
+            raise ValueError(
+                f"surfaces: faces named {s!r} include a perfect conductor, it has no eps_r to fit"
+            )
+        if not seen[s]:
+            raise ValueError(
+                f"surfaces: every AP is mounted on the faces named {s!r}, so no path bounces "
+                "off them and their eps_r does not enter the phases"
+            )
+    if not surfaces:
+        raise ValueError("fit: 'surfaces' asked, but the model has no dielectric face to fit")
+    return [names.index(s) for s in surfaces], surfaces
+
+
 def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[int]) -> Any:
     """``model`` with the permittivity of the surfaces at indices ``surfaces`` replaced.
 
     For a :class:`TwoRayModel` the only surface is the ground (index 0); for an
-    :class:`ImageSourceModel` the indices run over its reflectors.
+    :class:`ImageSourceModel` the indices run over its reflectors; for a
+    :class:`~dmimo_jax.physics.MeshModel` over its materials (``surface_names``: faces that
+    share a name share the permittivity).
     Works on tracers.
 
     Raises:
@@ -621,7 +663,10 @@ def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[
     if isinstance(model, ReceiverModel):
         return ReceiverModel(with_permittivities(model.model, eps_r, surfaces), model.receivers)
     eps_r = jnp.atleast_1d(jnp.asarray(eps_r))
-    num = 1 if isinstance(model, TwoRayModel) else len(getattr(model, "reflectors", ()))
+    if isinstance(model, MeshModel):
+        num = len(model.surface_names)
+    else:
+        num = 1 if isinstance(model, TwoRayModel) else len(getattr(model, "reflectors", ()))
     surfaces = tuple(surfaces)
     if not all(isinstance(k, int | np.integer) and 0 <= k < num for k in surfaces):
         raise ValueError(
@@ -640,8 +685,12 @@ def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[
         for j, k in enumerate(surfaces):
             refl[k] = refl[k].with_permittivity(eps_r[j])
         return ImageSourceModel(model.scene, refl, model.order)
+    if isinstance(model, MeshModel):
+        names = model.surface_names
+        return model.with_surface_permittivities(eps_r, [names[k] for k in surfaces])
     raise ValueError(
-        f"model must be a TwoRayModel or an ImageSourceModel, got {type(model).__name__}"
+        "model must be a TwoRayModel, an ImageSourceModel or a MeshModel, got "
+        f"{type(model).__name__}"
     )
 
 
@@ -854,10 +903,10 @@ def _stderr(info: np.ndarray, nat: np.ndarray, inflation: float) -> np.ndarray:
 
 
 def _check_model(model: Any) -> None:
-    if not isinstance(model, TwoRayModel | ImageSourceModel):
+    if not isinstance(model, TwoRayModel | ImageSourceModel | MeshModel):
         raise ValueError(
-            "model must be a TwoRayModel or an ImageSourceModel (a physical model whose "
-            f"unknowns can be calibrated), got {type(model).__name__}"
+            "model must be a TwoRayModel, an ImageSourceModel or a MeshModel (a physical "
+            f"model whose unknowns can be calibrated), got {type(model).__name__}"
         )
 
 

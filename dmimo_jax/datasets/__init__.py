@@ -10,6 +10,13 @@
 The data are never shipped with the package: every loader takes a folder.
 """
 
+from dmimo_jax.datasets.meshes import (
+    faces_from_mesh,
+    load_mitsuba,
+    load_obj,
+    read_obj,
+    read_ply,
+)
 from dmimo_jax.datasets.techtile import (
     SPEED_OF_LIGHT,
     TECHTILE_FREQUENCY_HZ,
@@ -20,13 +27,24 @@ from dmimo_jax.datasets.techtile import (
     techtile_scene,
 )
 from dmimo_jax.datasets.worlds import (
+    FACE_MATERIALS,
     ROOM_MATERIALS,
     ROOM_WALLS,
     SyntheticDeployment,
+    face_scene,
+    sample_world_positions,
     synthetic_deployment,
 )
 
 __all__ = [
+    "faces_from_mesh",
+    "load_mitsuba",
+    "load_obj",
+    "read_obj",
+    "read_ply",
+    "FACE_MATERIALS",
+    "face_scene",
+    "sample_world_positions",
     "ROOM_MATERIALS",
     "ROOM_WALLS",
     "SyntheticDeployment",

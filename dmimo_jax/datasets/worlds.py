@@ -17,13 +17,22 @@ import numpy as np
 
 from dmimo_jax._checks import check_int
 from dmimo_jax.antenna import CosinePattern
-from dmimo_jax.physics import TwoRayModel, room_model
-from dmimo_jax.scene import Scene, paper_scene, perturb_deployment
+from dmimo_jax.physics import (
+    Face,
+    MeshModel,
+    TwoRayModel,
+    cuboid_faces,
+    room_model,
+)
+from dmimo_jax.scene import Scene, paper_scene, perturb_deployment, sample_positions
 
 __all__ = [
+    "FACE_MATERIALS",
     "ROOM_MATERIALS",
     "ROOM_WALLS",
     "SyntheticDeployment",
+    "face_scene",
+    "sample_world_positions",
     "synthetic_deployment",
 ]
 
@@ -61,6 +70,97 @@ def _random_room(key: Any) -> dict[str, Any]:
     return {"floor": str(names[pick[0]]), "ceiling": str(names[pick[1]]), "walls": walls}
 
 
+FACE_MATERIALS = MappingProxyType(
+    {
+        "floor_concrete": "concrete",
+        "floor_wood": "floorboard",
+        "ceiling": "plasterboard",
+        "walls": "brick",
+        "pillar": "concrete",
+        "cabinet": "metal",
+    }
+)
+"""The materials of :func:`face_scene` by face name (ITU-R P.2040 names; metal: a perfect
+conductor)."""
+
+
+def face_scene(
+    scene: Scene, materials: Mapping[str, Any] | None = None, *, order: int = 1
+) -> MeshModel:
+    """The paper's room as a scene of faces: a floor of two materials (concrete for x < 5 m,
+    floorboard beyond), a plasterboard ceiling, brick walls, a 0.6 x 0.6 m concrete pillar
+    from floor to ceiling at (6.0, 4.5) and a 0.8 x 0.6 x 1.9 m metal cabinet at (1.4, 7.8).
+
+    Args:
+        scene: the deployment (its ``room_size`` must be the paper's 10 x 10 x 4 m).
+        materials: permittivities (or ITU names, or ``None`` for a perfect conductor) by face
+            name, overriding :data:`FACE_MATERIALS` (e.g. a nominal model's guesses).
+        order: reflection order of the :class:`~dmimo_jax.physics.MeshModel`.
+    """
+    size = np.asarray(scene.room_size, float)
+    if not np.allclose(size, (10.0, 10.0, 4.0)):
+        raise ValueError(f"scene.room_size must be the paper's (10, 10, 4) m, got {size}")
+    mats = dict(FACE_MATERIALS)
+    if materials is not None:
+        unknown = set(materials) - set(mats)
+        if unknown:
+            raise ValueError(f"materials keys must be among {sorted(mats)}, got {sorted(unknown)}")
+        mats.update(materials)
+    f = float(scene.frequency)
+    kw = dict(frequency_hz=f, dtype=scene.ap_positions.dtype)
+    walls = cuboid_faces(
+        (0, 0, 0), size, mats["walls"], name="walls", inward=True, skip=("z0", "z1"), **kw
+    )
+    ceiling = cuboid_faces(
+        (0, 0, 0),
+        size,
+        mats["ceiling"],
+        name="ceiling",
+        inward=True,
+        skip=("x0", "x1", "y0", "y1", "z0"),
+        **kw,
+    )
+    floor = (
+        Face(
+            [[0, 0, 0], [5, 0, 0], [5, 10, 0], [0, 10, 0]],
+            mats["floor_concrete"],
+            name="floor_concrete",
+            **kw,
+        ),
+        Face(
+            [[5, 0, 0], [10, 0, 0], [10, 10, 0], [5, 10, 0]],
+            mats["floor_wood"],
+            name="floor_wood",
+            **kw,
+        ),
+    )
+    pillar = cuboid_faces(
+        (5.7, 4.2, 0.0), (6.3, 4.8, 4.0), mats["pillar"], name="pillar", skip=("z0", "z1"), **kw
+    )
+    cabinet = cuboid_faces(
+        (1.0, 7.5, 0.0), (1.8, 8.1, 1.9), mats["cabinet"], name="cabinet", skip=("z0",), **kw
+    )
+    return MeshModel(scene, floor + ceiling + walls + pillar + cabinet, order)
+
+
+def sample_world_positions(key: Any, num: int, model: Any, *, clearance: float = 0.05) -> Any:
+    """``num`` positions uniform in the UE region of ``model.scene``, kept in the air: for a
+    :class:`~dmimo_jax.physics.MeshModel` positions inside a solid or within ``clearance``
+    metres of a face are redrawn (:meth:`~dmimo_jax.physics.MeshModel.in_air`); any other
+    model is :func:`~dmimo_jax.sample_positions`."""
+    check_int("num", num, minimum=1)
+    if not isinstance(model, MeshModel):
+        return sample_positions(key, num, model.scene)
+    kept, drawn = [], 0
+    while drawn < num:
+        key, sub = jax.random.split(key)
+        xs = np.asarray(sample_positions(sub, 2 * num, model.scene))
+        xs = xs[model.in_air(xs, clearance=clearance)]
+        kept.append(xs)
+        drawn += len(xs)
+    return jax.numpy.asarray(np.concatenate(kept)[:num])
+
+
 def synthetic_deployment(
     power_dbm: float = -10.0,
     *,
@@ -82,6 +182,10 @@ def synthetic_deployment(
       plasterboard and walls :data:`ROOM_WALLS`, or with ``random_materials`` each of the six
       surfaces drawn from :data:`ROOM_MATERIALS` (uniformly, independently). The nominal
       model guesses every surface concrete.
+    * ``world="faces"``: as ``"room"`` (APs on the ceiling, off laterally), in the scene of
+      faces :func:`face_scene` (a floor of two materials, a pillar, a metal cabinet). The
+      nominal model is the same scene with every dielectric guessed concrete (the cabinet
+      known to be metal).
     * ``world="two-ray"``: free-standing APs off by N(0, sigma^2) in 3-D (``position_std``,
       default 1 cm), the two-ray channel. The nominal model is the surveyed two-ray model.
 
@@ -94,8 +198,8 @@ def synthetic_deployment(
         ValueError: an unknown ``world``, a non-integer ``seed``, a negative or non-finite
             ``position_std``, ``random_materials`` for the two-ray world.
     """
-    if world not in ("room", "two-ray"):
-        raise ValueError(f"world must be 'room' or 'two-ray', got {world!r}")
+    if world not in ("room", "two-ray", "faces"):
+        raise ValueError(f"world must be 'room', 'two-ray' or 'faces', got {world!r}")
     check_int("seed", seed)
     if random_materials and world != "room":
         raise ValueError("random_materials draws a room's surfaces: use world='room'")
@@ -113,6 +217,11 @@ def synthetic_deployment(
         real = real.replace(antenna=CosinePattern(true_exponent))
     if world == "two-ray":
         return SyntheticDeployment(TwoRayModel(real), surveyed, TwoRayModel(surveyed))
+    if world == "faces":
+        guess = dict.fromkeys(
+            ("floor_concrete", "floor_wood", "ceiling", "walls", "pillar"), "concrete"
+        )
+        return SyntheticDeployment(face_scene(real), surveyed, face_scene(surveyed, guess))
     room: Mapping[str, Any] = {"ceiling": "plasterboard", "walls": ROOM_WALLS, "floor": "concrete"}
     if random_materials:
         room = _random_room(jax.random.fold_in(key, 7))

@@ -636,6 +636,19 @@ class MeshModel:
             out[m].append(n[k])
         return out
 
+    def in_air(self, xs: ArrayLike, *, clearance: float = 0.0) -> np.ndarray:
+        """(N,) bool for concrete positions (N, 3): not inside a solid and more than
+        ``clearance`` metres from every face (measured along its normal, over the face and
+        ``clearance`` around it). NumPy; for sampling test positions."""
+        st = _stack_faces(self.faces)
+        pts = np.asarray(xs, float).reshape(-1, 3)
+        q, n = np.asarray(st.q), np.asarray(st.n)
+        h = np.abs(np.sum((pts[:, None, :] - q[None]) * n[None], axis=-1))
+        margin = np.asarray(_edge_margin(jnp.asarray(pts), st))
+        near = np.any((h <= clearance) & (margin >= -clearance), axis=1)
+        inside = np.array([_first_hit(p, st, _PROBE)[1] > 0 for p in pts], bool)
+        return ~near & ~inside
+
     def check_domain(self, name: str, x: Any, *, what: str = "position") -> None:
         """``ValueError`` when a concrete position (3,) or (N, 3) lies on a face or inside a
         solid (the first face a ray along (1, 2, 3) meets is met from behind). APs may lie on

@@ -1,0 +1,333 @@
+r"""Scenes from the files ray tracers use: Wavefront OBJ, and Mitsuba XML with PLY meshes (the
+format of Sionna RT and DiffeRT scenes), loaded into :class:`~dmimo_jax.physics.Face` s.
+
+* :func:`load_obj`: one face per polygon, named by its ``usemtl`` material (else its ``o`` /
+  ``g`` name);
+* :func:`load_mitsuba`: every ``<shape type="ply">`` (or ``"obj"``) of the scene, named by its
+  material: a ``<bsdf type="itu-radio-material">`` with a ``type`` string (Sionna RT >= 0.17),
+  or a bsdf whose id reads ``mat-itu_<name>`` / ``itu_<name>`` (older Sionna and DiffeRT
+  scenes);
+* :func:`read_ply`: ASCII and binary PLY (vertices and polygon lists).
+
+The coplanar triangles of one shape and one material are merged into one face where their
+union is a convex polygon (a wall exported as two triangles becomes one quad; a shared
+diagonal inside a wall is no edge of the scene). A material is a name of
+:data:`~dmimo_jax.materials.ITU_MATERIALS` (evaluated at ``frequency_hz``; ``"metal"`` a
+perfect conductor) unless ``materials={name: spec}`` says otherwise (a complex permittivity,
+an ITU name or ``None`` for a perfect conductor). Faces' normals follow the files' vertex
+order (right-hand rule), which must point to the air (:mod:`dmimo_jax.physics.faces`).
+
+Transforms (``<transform name="to_world">``) are refused: bake them into the meshes.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dmimo_jax.materials import ITU_MATERIALS
+from dmimo_jax.physics import Face
+from dmimo_jax.physics.faces import check_polygon
+
+__all__ = ["faces_from_mesh", "load_mitsuba", "load_obj", "read_obj", "read_ply"]
+
+_PLY_TYPES = {
+    "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
+    "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",
+    "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
+    "float": "f4", "float32": "f4", "double": "f8", "float64": "f8",
+}  # fmt: skip
+
+
+def read_ply(path: str | pathlib.Path) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``(vertices (V, 3) float64, polygons: list of index arrays)`` of a PLY file (ASCII,
+    binary little or big endian; other vertex properties and elements are skipped).
+
+    Raises:
+        ValueError: not a PLY file, no x/y/z vertex properties, or an index out of range.
+    """
+    data = pathlib.Path(path).read_bytes()
+    end = data.find(b"end_header")
+    if not data.startswith(b"ply") or end < 0:
+        raise ValueError(f"{path} is not a PLY file (no 'ply' magic or 'end_header')")
+    header = data[:end].decode("ascii", "replace").splitlines()
+    body = data[data.index(b"\n", end) + 1 :]
+    fmt = next((ln.split()[1] for ln in header if ln.startswith("format")), None)
+    if fmt not in ("ascii", "binary_little_endian", "binary_big_endian"):
+        raise ValueError(f"{path}: unknown PLY format {fmt!r}")
+    elements: list[list[Any]] = []  # [name, count, [(prop, type, list_count_type | None)]]
+    for ln in header:
+        words = ln.split()
+        if words[:1] == ["element"]:
+            elements.append([words[1], int(words[2]), []])
+        elif words[:1] == ["property"] and elements:
+            if words[1] == "list":
+                elements[-1][2].append((words[4], words[3], words[2]))
+            else:
+                elements[-1][2].append((words[2], words[1], None))
+    order = "<" if fmt == "binary_little_endian" else ">"
+    tokens = body.decode("ascii", "replace").split() if fmt == "ascii" else None
+    pos = 0
+    vertices, polygons = None, []
+    for name, count, props in elements:
+        rows: list[dict[str, Any]] = []
+        for _ in range(count):
+            row = {}
+            for prop, typ, list_type in props:
+                if tokens is not None:
+                    if list_type is None:
+                        row[prop] = float(tokens[pos])
+                        pos += 1
+                    else:
+                        n = int(tokens[pos])
+                        row[prop] = np.array(tokens[pos + 1 : pos + 1 + n], int)
+                        pos += 1 + n
+                    continue
+                if list_type is None:
+                    dt = np.dtype(order + _PLY_TYPES[typ])
+                    row[prop] = float(np.frombuffer(body, dt, 1, pos)[0])
+                    pos += dt.itemsize
+                else:
+                    ct = np.dtype(order + _PLY_TYPES[list_type])
+                    n = int(np.frombuffer(body, ct, 1, pos)[0])
+                    pos += ct.itemsize
+                    dt = np.dtype(order + _PLY_TYPES[typ])
+                    row[prop] = np.frombuffer(body, dt, n, pos).astype(int)
+                    pos += n * dt.itemsize
+            rows.append(row)
+        if name == "vertex":
+            if not rows or not all(k in rows[0] for k in "xyz"):
+                raise ValueError(f"{path}: the vertex element needs x, y and z properties")
+            vertices = np.array([[r["x"], r["y"], r["z"]] for r in rows], float)
+        elif name == "face":
+            key = next((p[0] for p in props if p[2] is not None), None)
+            polygons = [np.asarray(r[key], int) for r in rows] if key else []
+    if vertices is None:
+        raise ValueError(f"{path}: no vertex element")
+    for i, p in enumerate(polygons):
+        if p.size and (p.min() < 0 or p.max() >= len(vertices)):
+            raise ValueError(f"{path}: face {i} indexes a vertex out of range")
+    return vertices, polygons
+
+
+def _merge_coplanar(polys: list[np.ndarray]) -> list[np.ndarray]:
+    """Coplanar polygons whose union is convex become that union (its hull); others stay."""
+    groups: dict[tuple, list[tuple[np.ndarray, np.ndarray, float]]] = {}
+    for v in polys:
+        n = check_polygon("a mesh polygon", v)
+        area = 0.5 * abs(float(np.cross(v[1:-1] - v[0], v[2:] - v[0]).sum(axis=0) @ n))
+        key = tuple(np.round(np.r_[n, n @ v[0]], 6))
+        groups.setdefault(key, []).append((v, n, area))
+    out = []
+    for items in groups.values():
+        if len(items) == 1:
+            out.append(items[0][0])
+            continue
+        n = items[0][1]
+        pts = np.concatenate([v for v, _, _ in items])
+        hull = _hull_in_plane(pts, n)
+        hull_area = 0.5 * abs(float(np.cross(hull[1:-1] - hull[0], hull[2:] - hull[0]).sum(0) @ n))
+        total = sum(a for _, _, a in items)
+        if abs(hull_area - total) <= 1e-9 * max(total, 1e-12):
+            out.append(hull)
+        else:
+            out.extend(v for v, _, _ in items)
+    return out
+
+
+def _hull_in_plane(pts: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The convex hull (counter-clockwise about ``n``) of coplanar points (monotone chain)."""
+    e1 = np.cross(n, [1.0, 0, 0] if abs(n[0]) < 0.9 else [0, 1.0, 0])
+    e1 /= np.linalg.norm(e1)
+    e2 = np.cross(n, e1)
+    uv = np.round(np.c_[pts @ e1, pts @ e2], 12)
+    _, keep = np.unique(uv, axis=0, return_index=True)
+    pts, uv = pts[keep], uv[keep]
+    order = np.lexsort((uv[:, 1], uv[:, 0]))
+
+    def chain(idx):
+        out: list[int] = []
+        for i in idx:
+            while len(out) >= 2:
+                a, b = uv[out[-2]], uv[out[-1]]
+                if (b[0] - a[0]) * (uv[i][1] - a[1]) - (b[1] - a[1]) * (uv[i][0] - a[0]) > 1e-12:
+                    break
+                out.pop()
+            out.append(i)
+        return out
+
+    lower, upper = chain(order), chain(order[::-1])
+    return pts[lower[:-1] + upper[:-1]]
+
+
+def _spec(name: str, materials: Mapping[str, Any] | None) -> Any:
+    if materials is not None and name in materials:
+        return materials[name]
+    for prefix in ("mat-itu_", "itu_", "mat-"):
+        if name.startswith(prefix) and name[len(prefix) :] in ITU_MATERIALS:
+            return name[len(prefix) :]
+    if name in ITU_MATERIALS:
+        return name
+    raise ValueError(
+        f"no material for {name!r}: it is not an ITU-R P.2040 name ({sorted(ITU_MATERIALS)}); "
+        f"pass materials={{{name!r}: eps_r or an ITU name or None}}"
+    )
+
+
+def faces_from_mesh(
+    vertices: np.ndarray,
+    polygons: Sequence[Sequence[int]],
+    name: str,
+    *,
+    materials: Mapping[str, Any] | None = None,
+    frequency_hz: float | None = None,
+    convention: str = "itu",
+    merge: bool = True,
+) -> tuple[Face, ...]:
+    """Faces of one mesh of one material ``name``: each polygon (fan-triangulated when not
+    a convex planar polygon), coplanar triangles merged where their union is convex.
+
+    Raises:
+        ValueError: a degenerate polygon, a material that is not known (see module).
+    """
+    v = np.asarray(vertices, float)
+    polys = []
+    for p in polygons:
+        poly = v[np.asarray(p, int)]
+        try:
+            check_polygon("a mesh polygon", poly)
+            polys.append(poly)
+        except ValueError:
+            if len(poly) == 3:
+                raise
+            polys.extend(np.array([poly[0], poly[i], poly[i + 1]]) for i in range(1, len(poly) - 1))
+    if merge:
+        polys = _merge_coplanar(polys)
+    spec = _spec(name, materials)
+    if isinstance(spec, str) and spec == "metal":
+        spec = None
+    return tuple(
+        Face(p, spec, name=name, frequency_hz=frequency_hz, convention=convention) for p in polys
+    )
+
+
+def read_obj(path: str | pathlib.Path) -> tuple[np.ndarray, dict[str, list[list[int]]]]:
+    """``(vertices (V, 3), {name: polygons})`` of a Wavefront OBJ file: ``v`` and ``f``
+    records (indices may be negative and carry ``/vt/vn`` parts), polygons named by their
+    ``usemtl`` material, else their ``o`` / ``g`` name, else ``"face"``.
+
+    Raises:
+        ValueError: an index out of range or a face with fewer than 3 vertices.
+    """
+    verts: list[list[float]] = []
+    groups: dict[str, list[list[int]]] = {}
+    current, fallback = None, "face"
+    for lineno, raw in enumerate(pathlib.Path(path).read_text().splitlines(), 1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        if words[0] == "v":
+            verts.append([float(w) for w in words[1:4]])
+        elif words[0] in ("o", "g") and len(words) > 1:
+            fallback = words[1]
+        elif words[0] == "usemtl" and len(words) > 1:
+            current = words[1]
+        elif words[0] == "f":
+            idx = []
+            for w in words[1:]:
+                i = int(w.split("/")[0])
+                i = i - 1 if i > 0 else len(verts) + i
+                if not 0 <= i < len(verts):
+                    raise ValueError(f"{path}:{lineno}: vertex index {w} out of range")
+                idx.append(i)
+            if len(idx) < 3:
+                raise ValueError(f"{path}:{lineno}: a face needs at least 3 vertices")
+            groups.setdefault(current or fallback, []).append(idx)
+    return np.asarray(verts, float).reshape(-1, 3), groups
+
+
+def load_obj(
+    path: str | pathlib.Path,
+    *,
+    materials: Mapping[str, Any] | None = None,
+    frequency_hz: float | None = None,
+    convention: str = "itu",
+    merge: bool = True,
+) -> tuple[Face, ...]:
+    """The faces of a Wavefront OBJ file (:func:`read_obj`), one material per name.
+
+    Raises:
+        ValueError: what :func:`read_obj` refuses, a degenerate polygon, a material that
+            is not known.
+    """
+    v, groups = read_obj(path)
+    out: list[Face] = []
+    for name, polys in groups.items():
+        out.extend(
+            faces_from_mesh(v, polys, name, materials=materials, frequency_hz=frequency_hz,
+                            convention=convention, merge=merge)
+        )  # fmt: skip
+    return tuple(out)
+
+
+def _bsdf_material(bsdf: ET.Element) -> str:
+    """The material name of a bsdf element: an ITU radio material's type, else its id."""
+    if bsdf.get("type") == "itu-radio-material":
+        for s in bsdf.iter("string"):
+            if s.get("name") == "type":
+                return s.get("value", "")
+    return bsdf.get("id", "")
+
+
+def load_mitsuba(
+    path: str | pathlib.Path,
+    *,
+    materials: Mapping[str, Any] | None = None,
+    frequency_hz: float | None = None,
+    convention: str = "itu",
+    merge: bool = True,
+) -> tuple[Face, ...]:
+    """The faces of a Mitsuba XML scene's PLY (or OBJ) shapes, named by their materials (see
+    the module docstring); mesh paths are relative to the XML file.
+
+    Raises:
+        ValueError: a shape without a material or a file, a ``to_world`` transform, an
+            unknown shape type, or what :func:`read_ply` / :func:`load_obj` refuse.
+    """
+    path = pathlib.Path(path)
+    root = ET.parse(path).getroot()
+    bsdfs = {b.get("id"): _bsdf_material(b) for b in root.iter("bsdf") if b.get("id")}
+    out: list[Face] = []
+    for i, shape in enumerate(root.iter("shape")):
+        label = shape.get("id", f"shape {i}")
+        kind = shape.get("type")
+        if kind not in ("ply", "obj"):
+            raise ValueError(f"{path}: {label} has type {kind!r}: only ply and obj shapes load")
+        if shape.find("transform") is not None:
+            raise ValueError(f"{path}: {label} has a to_world transform: bake it into the mesh")
+        file = next((s.get("value") for s in shape.iter("string") if s.get("name") == "filename"),
+                    None)  # fmt: skip
+        if file is None:
+            raise ValueError(f"{path}: {label} names no filename")
+        ref, inner = shape.find("ref"), shape.find("bsdf")
+        if ref is not None and ref.get("id") in bsdfs:
+            name = bsdfs[ref.get("id")]
+        elif inner is not None:
+            name = _bsdf_material(inner) or label
+        else:
+            raise ValueError(f"{path}: {label} has no material (a <ref id=...> to a bsdf)")
+        mesh = path.parent / file
+        if kind == "obj":
+            v, groups = read_obj(mesh)
+            polys = [p for g in groups.values() for p in g]
+        else:
+            v, polys = read_ply(mesh)
+        out.extend(
+            faces_from_mesh(v, polys, name, materials=materials, frequency_hz=frequency_hz,
+                            convention=convention, merge=merge)
+        )  # fmt: skip
+    return tuple(out)
