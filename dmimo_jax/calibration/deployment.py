@@ -344,7 +344,7 @@ def _with_scene(model: Any, scene: Any) -> Any:
     if isinstance(model, TwoRayModel):
         return TwoRayModel(scene)
     if isinstance(model, MeshModel):
-        return MeshModel(scene, model.faces, model.order)
+        return MeshModel(scene, model.faces, model.order, blockers=model.blockers)
     return ImageSourceModel(scene, model.reflectors, model.order)
 
 

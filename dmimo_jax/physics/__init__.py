@@ -15,6 +15,7 @@ from dmimo_jax.physics.faces import (
     box_faces,
     cuboid_faces,
     mesh_paths,
+    occluders,
 )
 from dmimo_jax.physics.fresnel import reflection_coefficient, surface_reflections, zeta_term
 from dmimo_jax.physics.image_source import (
@@ -54,6 +55,7 @@ __all__ = [
     "box_faces",
     "cuboid_faces",
     "mesh_paths",
+    "occluders",
     "mirror",
     "resolve_material",
     "surface_reflections",

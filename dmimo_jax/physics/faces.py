@@ -77,6 +77,7 @@ __all__ = [
     "box_faces",
     "cuboid_faces",
     "mesh_paths",
+    "occluders",
 ]
 
 EDGE_TOLERANCE = 1e-9
@@ -402,12 +403,36 @@ def _blocked(a: _Seen, b: _Seen) -> Array:
     return jnp.any(crosses & inside, axis=-1)
 
 
-def _own_margin(seen: _Seen, face: np.ndarray) -> Array:
-    """The margin (...,) of points (..., P) inside the edges of their own faces (P,)."""
-    m = jnp.take_along_axis(
-        seen.margin, face.reshape((1,) * (seen.h.ndim - 2) + (-1, 1, 1)), axis=-2
+def _own_margin(p: Array, st: _Stacked, face: np.ndarray) -> Array:
+    """The margin (M, P) of points ``p`` (M, P, 3) inside the edges of their own faces
+    ``face`` (P,) (negative outside)."""
+    m = jnp.einsum("mpd,pkd->mpk", p, st.w[face]) - st.c[face][None]
+    return jnp.min(m, axis=-1)
+
+
+def _subset(st: _Stacked, idx: np.ndarray) -> _Stacked:
+    return _Stacked(st.q[idx], st.n[idx], st.eps[idx], st.pec[idx], st.w[idx], st.c[idx])
+
+
+def occluders(faces: Sequence[Face], scene: Scene) -> tuple[int, ...]:
+    """Indices of the faces that can block a path: all but those whose plane has every face's
+    vertices, every AP and the whole UE region (``scene.ue_low``/``ue_high``) on its front
+    side (a room's enclosure: no segment between such points crosses it). Every face when
+    anything is traced."""
+    if not is_concrete([f.vertices for f in faces], scene.ap_positions, scene.ue_low):
+        return tuple(range(len(faces)))
+    lo, hi = np.asarray(scene.ue_low, float), np.asarray(scene.ue_high, float)
+    corners = np.array([[(lo, hi)[(i >> a) & 1][a] for a in range(3)] for i in range(8)])
+    pts = np.concatenate(
+        [np.asarray(f.vertices, float) for f in faces]
+        + [np.asarray(scene.ap_positions, float), corners]
     )
-    return jnp.min(m[..., 0, :], axis=-1)
+    out = []
+    for k, f in enumerate(faces):
+        h = (pts - np.asarray(f.vertices[0], float)) @ np.asarray(f.normal, float)
+        if np.any(h < -MOUNT_TOLERANCE):
+            out.append(k)
+    return tuple(out)
 
 
 class MeshPaths(NamedTuple):
@@ -429,19 +454,25 @@ def mesh_paths(
     order: int = 1,
     *,
     directions: bool = False,
+    blockers: Sequence[int] | None = None,
 ) -> MeshPaths:
     r"""The LoS visibility and the specular paths on ``faces`` to UE ``x`` (3,).
 
     Columns: the F first-order bounces in face order, then (``order=2``) the F(F-1) ordered
     pairs (k, l), AP -> k -> l -> UE, k-major. See the module docstring for the rules.
+    ``blockers``: the faces tested for occlusion (default :func:`occluders`; the others are
+    known never to block, which saves their cost).
     """
     faces = tuple(faces)
     st = _stack_faces(faces)
+    if blockers is None:
+        blockers = occluders(faces, scene)
+    occ = _subset(st, np.asarray(blockers, int).reshape(-1))
     x = jnp.asarray(x, scene.ap_positions.dtype)
     ap = scene.ap_positions  # (M, 3)
     d1 = safe_norm(ap - x[None, :])
-    seen_ap = _seen(ap[:, None, :], st)  # (M, 1, F)
-    seen_x = _seen(x, st)
+    seen_ap = _seen(ap[:, None, :], occ)  # (M, 1, F_occ)
+    seen_x = _seen(x, occ)
     los = ~_blocked(_Seen(seen_ap.h[:, 0], seen_ap.margin[:, 0]), seen_x)
     offset = jnp.sum(st.q * st.n, axis=-1)  # (F,)
     hx = x @ st.n.T - offset  # (F,)
@@ -459,8 +490,8 @@ def mesh_paths(
     gamma = surface_reflections(cos_g, st.eps[None, :], st.pec, scene.polarization)
     frac = jnp.where(front, hxs / jnp.where(front, hxs + hp, 1.0), 0.5)
     spec = x[None, None, :] + frac[..., None] * to_image  # (M, F, 3) specular points
-    seen_spec = _seen(spec, st)  # (M, F, F)
-    on_face = _own_margin(seen_spec, np.arange(len(faces))) >= -EDGE_TOLERANCE
+    seen_spec = _seen(spec, occ)  # (M, F, F_occ)
+    on_face = _own_margin(spec, st, np.arange(len(faces))) >= -EDGE_TOLERANCE
     open_legs = ~_blocked(seen_ap, seen_spec) & ~_blocked(seen_spec, seen_x)
     valid = front & on_face & open_legs
     departure = mirror(-to_image / safe_d[..., None], st.n[None]) if directions else None
@@ -495,9 +526,9 @@ def mesh_paths(
     a_s, a_hp = jnp.abs(s), jnp.abs(hpk)
     r_k = r_l + (a_s / jnp.where(same_k, a_s + a_hp, 1.0))[..., None] * (img1 - r_l)
     hkl = jnp.sum(r_k * nl[None], axis=-1) - offset[l_idx][None]  # r_k on x's side of l
-    seen_k, seen_l = _seen(r_k, st), _seen(r_l, st)  # (M, P2, F)
-    on_faces = (_own_margin(seen_l, l_idx) >= -EDGE_TOLERANCE) & (
-        _own_margin(seen_k, k_idx) >= -EDGE_TOLERANCE
+    seen_k, seen_l = _seen(r_k, occ), _seen(r_l, occ)  # (M, P2, F_occ)
+    on_faces = (_own_margin(r_l, st, l_idx) >= -EDGE_TOLERANCE) & (
+        _own_margin(r_k, st, k_idx) >= -EDGE_TOLERANCE
     )
     open2 = ~_blocked(seen_ap, seen_k) & ~_blocked(seen_k, seen_l) & ~_blocked(seen_l, seen_x)
     valid2 = same_l & same_k & (hkl * hxl > 0.0) & on_faces & open2
@@ -524,15 +555,24 @@ def _first_hit(point: np.ndarray, st: _Stacked, direction: np.ndarray) -> tuple[
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.where(np.abs(dn) > 1e-12, -h / dn, np.inf)
     hit = point[None, :] + t[:, None] * direction[None, :]
-    inside = np.min(np.einsum("fd,fkd->fk", hit, w) - c, axis=-1) >= -EDGE_TOLERANCE
+    # a ray through an edge meets both faces there (a lenient margin: no slipping between)
+    inside = np.min(np.einsum("fd,fkd->fk", hit, w) - c, axis=-1) >= -MOUNT_TOLERANCE
     t = np.where((t > MOUNT_TOLERANCE) & inside, t, np.inf)
     k = int(np.argmin(t))
     return (k, float(dn[k])) if np.isfinite(t[k]) else (-1, 0.0)
 
 
-_PROBE = np.array([0.2672612419124244, 0.5345224838248488, 0.8017837257372732])
-"""The fixed ray direction of the inside-a-solid check (1, 2, 3)/sqrt(14): not along a
-coordinate axis, so it does not run along the faces of axis-aligned boxes."""
+_PROBES = np.array([[1.0, 2.0, 3.0], [-3.0, 1.0, 2.0], [2.0, -3.0, -1.0]]) / np.sqrt(14.0)
+"""The fixed ray directions of the inside-a-solid check: none along a coordinate axis or in a
+coordinate plane, so they do not run along the faces of axis-aligned boxes."""
+
+
+def _solid_around(point: np.ndarray, st: _Stacked) -> int:
+    """The index of a face met from behind when ``point`` is inside a solid (at least two of
+    the three probe rays meet a face from behind first: one ray grazing an edge or a vertex
+    cannot decide alone), else -1."""
+    behind = [k for k, dn in (_first_hit(point, st, d) for d in _PROBES) if k >= 0 and dn > 0]
+    return behind[0] if len(behind) >= 2 else -1
 
 
 @pytree_dataclass(init=False)
@@ -549,10 +589,14 @@ class MeshModel:
         scene: the deployment.
         faces: a non-empty sequence of :class:`Face`.
         order: 1 (one bounce per path) or 2 (also every valid double bounce).
+        blockers: indices of the faces that can block a path (default :func:`occluders`
+            of the concrete geometry: a room's enclosure never blocks, and skipping it saves
+            most of the cost; a model rebuilt from traced APs passes its nominal's).
 
     Raises:
-        ValueError: no faces or not :class:`Face` s, ``order`` not 1 or 2, or an AP inside
-            a solid (see the module docstring's orientation rule).
+        ValueError: no faces or not :class:`Face` s, ``order`` not 1 or 2, ``blockers`` not
+            face indices, or an AP inside a solid (see the module docstring's orientation
+            rule).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -570,8 +614,16 @@ class MeshModel:
     scene: Scene
     faces: tuple[Face, ...]
     order: int = static_field()
+    blockers: tuple[int, ...] = static_field()
 
-    def __init__(self, scene: Scene, faces: Sequence[Face], order: int = 1):
+    def __init__(
+        self,
+        scene: Scene,
+        faces: Sequence[Face],
+        order: int = 1,
+        *,
+        blockers: Sequence[int] | None = None,
+    ):
         if not isinstance(scene, Scene):
             raise ValueError(f"scene must be a Scene, got {type(scene).__name__}")
         faces = tuple(faces)
@@ -585,9 +637,17 @@ class MeshModel:
             raise ValueError(f"order must be 1 or 2, got {order}")
         if order == 2 and len(faces) < 2:
             raise ValueError(f"order=2 needs at least two faces, got {len(faces)}")
+        if blockers is None:
+            blockers = occluders(faces, scene)
+        blockers = tuple(int(k) for k in blockers)
+        if any(not 0 <= k < len(faces) for k in blockers) or len(set(blockers)) < len(blockers):
+            raise ValueError(
+                f"blockers must be distinct face indices in [0, {len(faces)}), got {blockers}"
+            )
         object.__setattr__(self, "scene", scene)
         object.__setattr__(self, "faces", faces)
         object.__setattr__(self, "order", order)
+        object.__setattr__(self, "blockers", blockers)
         if is_concrete(scene.ap_positions, faces):
             self.check_domain("scene.ap_positions", scene.ap_positions, what="AP")
 
@@ -619,7 +679,7 @@ class MeshModel:
         faces = tuple(
             f.with_permittivity(eps_r[where[f.name]]) if f.name in where else f for f in self.faces
         )
-        return MeshModel(self.scene, faces, self.order)
+        return MeshModel(self.scene, faces, self.order, blockers=self.blockers)
 
     def mounted(self) -> list[list[np.ndarray]]:
         """Per AP, the unit normals of the faces it is mounted on (within ``MOUNT_TOLERANCE``
@@ -646,12 +706,13 @@ class MeshModel:
         h = np.abs(np.sum((pts[:, None, :] - q[None]) * n[None], axis=-1))
         margin = np.asarray(_edge_margin(jnp.asarray(pts), st))
         near = np.any((h <= clearance) & (margin >= -clearance), axis=1)
-        inside = np.array([_first_hit(p, st, _PROBE)[1] > 0 for p in pts], bool)
+        inside = np.array([_solid_around(p, st) >= 0 for p in pts], bool)
         return ~near & ~inside
 
     def check_domain(self, name: str, x: Any, *, what: str = "position") -> None:
         """``ValueError`` when a concrete position (3,) or (N, 3) lies on a face or inside a
-        solid (the first face a ray along (1, 2, 3) meets is met from behind). APs may lie on
+        solid (the first face that rays along two of three fixed directions meet is met from
+        behind). APs may lie on
         a face (mounted); UEs may not. Traced input passes."""
         if not is_concrete(x, self.faces):
             return
@@ -669,8 +730,8 @@ class MeshModel:
                     f"{name}{row} = {p.tolist()} lies on face {self.faces[k].name!r}: "
                     "positions must lie in the air, off every face"
                 )
-            k, dn = _first_hit(p, st, _PROBE)
-            if k >= 0 and dn > 0:
+            k = _solid_around(p, st)
+            if k >= 0:
                 raise ValueError(
                     f"{name}{row} = {p.tolist()} is inside a solid: the first face a ray from "
                     f"it meets ({self.faces[k].name!r}) is met from behind (faces' normals "
@@ -684,8 +745,9 @@ class MeshModel:
     def paths(self, x: ArrayLike) -> MeshPaths:
         """The LoS visibility and the reflected paths at ``x`` (:func:`mesh_paths`)."""
         self._check_x(x)
+        isotropic = is_isotropic(self.scene.antenna)
         return mesh_paths(
-            x, self.scene, self.faces, self.order, directions=not is_isotropic(self.scene.antenna)
+            x, self.scene, self.faces, self.order, directions=not isotropic, blockers=self.blockers
         )
 
     def _ratio(self, x: ArrayLike) -> tuple[Array, Array]:
@@ -693,7 +755,9 @@ class MeshModel:
         ap = self.scene.ap_positions
         d1 = safe_norm(ap - x[None, :])
         isotropic = is_isotropic(self.scene.antenna)
-        paths = mesh_paths(x, self.scene, self.faces, self.order, directions=not isotropic)
+        paths = mesh_paths(
+            x, self.scene, self.faces, self.order, directions=not isotropic, blockers=self.blockers
+        )
         k = 2 * jnp.pi / self.scene.wavelength
         phase = k * paths.path_difference
         ratio = d1[:, None] / paths.length
