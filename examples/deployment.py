@@ -218,21 +218,24 @@ def calibration_table(cal, truth, fit) -> list[dict]:
     if "surfaces" in fit:
         if isinstance(truth, dj.TwoRayModel):
             true_eps = {"ground": complex(truth.scene.eps_r)}
+        elif isinstance(truth, dj.MeshModel):  # a box room's walls are the faces' walls; its
+            true_eps = {f.name: complex(f.eps_r) for f in truth.faces}  # floor has no one truth
+            true_eps.update({f"wall_{w}": true_eps["walls"] for w in ("x0", "x1", "y0", "y1")})
         else:  # a two-ray model calibrated in a room: its ground is the floor
             true_eps = {r.name: complex(r.eps_r) for r in truth.reflectors}
             true_eps["ground"] = true_eps["floor"]
         for name, e, s in zip(
             cal.surfaces, cal.values["surfaces"], cal.stderr["surfaces"], strict=True
         ):
-            t = true_eps[name]
+            t = true_eps.get(name)
             rows.append(
                 dict(
                     group="surfaces",
                     what=name,
-                    truth=[t.real, t.imag],
+                    truth=None if t is None else [t.real, t.imag],
                     estimate=[float(np.real(e)), float(np.imag(e))],
                     stderr=[float(np.real(s)), float(np.imag(s))],
-                    relative_error=float(abs(complex(e) / t - 1)),
+                    relative_error=None if t is None else float(abs(complex(e) / t - 1)),
                 )
             )
     if "antenna" in fit:
