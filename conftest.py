@@ -77,7 +77,7 @@ LONGEST_FILES = (
     "tests/test_bad_input.py",  # 20 s
     "tests/test_calibration.py",  # 16 s
     "tests/test_physics.py",  # 16 s
-    "docs/getting_started.md",  # 13 s
+    "docs/index.md",  # 13 s
     "tests/test_receivers.py",  # 20 s (this stop)
     "tests/test_design.py",  # 13 s
     "tests/test_structure.py",  # 12 s

@@ -5,11 +5,14 @@ Physics, bounds and estimation expect float64: enable it in your entry point wit
 
 Each layer's main entry points are here (``dj.egs``, ``dj.refine``, ``dj.coarse_to_fine``,
 ``dj.peb``, ...), and its module too (``dj.gp``, ``dj.estimators``). ``dj.learning`` and
-``dj.pipeline`` (Flax, orbax) are imported on first access.
+``dj.pipeline`` (Flax, orbax) are imported on first access, and so are the nouns a user
+composes from them: ``dj.calibrate``, ``dj.Calibration``, ``dj.run_offline``, ``dj.Locator``,
+``dj.Tracker``, ``dj.Receivers``, ``dj.synthetic_deployment``.
 """
 
 import importlib
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from dmimo_jax import (
     antenna,
@@ -105,13 +108,44 @@ _LAZY = (
 )  # heavier imports, loaded on first access
 
 
+if TYPE_CHECKING:  # what type checkers and the API reference see of the lazy names below
+    from dmimo_jax.calibration import Calibration, calibrate
+    from dmimo_jax.datasets import synthetic_deployment
+    from dmimo_jax.pipeline import Locator, run_offline
+    from dmimo_jax.receivers import Receivers
+    from dmimo_jax.tracking import Tracker
+
+_LAZY_NAMES = MappingProxyType(
+    {
+        "calibrate": "calibration",
+        "Calibration": "calibration",
+        "run_offline": "pipeline",
+        "Locator": "pipeline",
+        "Tracker": "tracking",
+        "Receivers": "receivers",
+        "synthetic_deployment": "datasets",
+    }
+)
+"""The nouns a user composes, at the top (``dj.calibrate``, ``dj.run_offline``, ``dj.Locator``,
+...): each lives in its module and is imported from it on first access."""
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return importlib.import_module(f"dmimo_jax.{name}")
+    if name in _LAZY_NAMES:
+        return getattr(importlib.import_module(f"dmimo_jax.{_LAZY_NAMES[name]}"), name)
     raise AttributeError(f"module 'dmimo_jax' has no attribute {name!r}")
 
 
 __all__ = [
+    "Calibration",
+    "Locator",
+    "Receivers",
+    "Tracker",
+    "calibrate",
+    "run_offline",
+    "synthetic_deployment",
     "CosinePattern",
     "DipolePattern",
     "IsotropicPattern",

@@ -33,6 +33,8 @@ def localization_rmse(x_true: ArrayLike, x_hat: ArrayLike) -> Array:
 
 
 class ModelingScore(NamedTuple):
+    """A phase model's score on held-out snapshots: RMSE and negative log predictive density."""
+
     rmse: Array  # rad
     nlpd: Array  # nats per observation
 

@@ -283,6 +283,7 @@ def watt_to_dbm(p_w: ArrayLike) -> Array:
 
 
 def db_to_linear(x_db: ArrayLike) -> Array:
+    """Decibels to a linear power ratio, :math:`10^{x/10}`."""
     return 10.0 ** (jnp.asarray(x_db, float) / 10.0)
 
 

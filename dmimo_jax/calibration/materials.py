@@ -198,11 +198,15 @@ def fit_surfaces(
     others keep the model's values.
 
     Args:
-        x, r, noise_var: as in :func:`fit_material`.
+        x: as in :func:`fit_material`.
+        r: see ``x``.
+        noise_var: see ``x``.
         model: an :class:`ImageSourceModel` whose ``eps_r`` values are only placeholders for
             the surfaces being fitted.
         surfaces: reflector names to calibrate.
-        polarization, starts, num_steps: as in :func:`fit_material`.
+        polarization: as in :func:`fit_material`.
+        starts: see ``polarization``.
+        num_steps: see ``polarization``.
 
     Returns:
         A :class:`MaterialFit` with ``eps_r`` (K,) in the order of ``surfaces``.

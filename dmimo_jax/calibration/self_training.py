@@ -145,8 +145,11 @@ def self_train_field(
         time_index: (N,) their strictly increasing integer times.
         amplitudes: (N, M) the unlabeled snapshots' amplitude weights, or None (equal).
         rounds: search-and-refit rounds, >= 1.
-        max_step, max_gap, max_coherence: :func:`confirmed_by_neighbours`.
-        length_scale, noise: :func:`fit_residual_field`.
+        max_step: :func:`confirmed_by_neighbours`.
+        max_gap: see ``max_step``.
+        max_coherence: see ``max_step``.
+        length_scale: :func:`fit_residual_field`.
+        noise: see ``length_scale``.
         progress: a tqdm bar over the rounds.
 
     Raises:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import pathlib
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -35,12 +36,12 @@ from dmimo_jax.physics.faces import check_polygon
 
 __all__ = ["faces_from_mesh", "load_mitsuba", "load_obj", "read_obj", "read_ply"]
 
-_PLY_TYPES = {
+_PLY_TYPES = MappingProxyType({
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
     "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",
     "int": "i4", "int32": "i4", "uint": "u4", "uint32": "u4",
     "float": "f4", "float32": "f4", "double": "f8", "float64": "f8",
-}  # fmt: skip
+})  # fmt: skip
 
 
 def read_ply(path: str | pathlib.Path) -> tuple[np.ndarray, list[np.ndarray]]:

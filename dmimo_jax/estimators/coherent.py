@@ -273,7 +273,11 @@ def coherent_peaks(
     stage's float32 ones (:func:`coherent_search` with ``refine_steps=1`` is the first column).
 
     Args:
-        model, grid, r, amplitudes, table: as in :func:`coherent_search`.
+        model: as in :func:`coherent_search`.
+        grid: see ``model``.
+        r: see ``model``.
+        amplitudes: see ``model``.
+        table: see ``model``.
         num_peaks: maxima per snapshot, K.
         separation: half-width of the local-maximum window, grid cells (>= 1).
         batch_size: snapshots scored over the whole grid at once (memory: the grid size x

@@ -275,7 +275,8 @@ def refine_multistart(
         starts: (B, K, 3) start positions, m.
         r: (B, M) wrapped phases.
         model: PhaseModel or Scene.
-        num_steps, damping: as in :func:`refine`.
+        num_steps: as in :func:`refine`.
+        damping: see ``num_steps``.
 
     Returns:
         :class:`MultiStartResult`.

@@ -41,6 +41,8 @@ __all__ = [
 
 
 class SyntheticBatch(NamedTuple):
+    """A batch of the synthetic set (Sec. III-C): positions, phases, CPOs (and more)."""
+
     x: Any  # (N, 3) UE positions, m
     r: Any  # (N, M) wrapped phases, rad
     cpo: Any  # (N,) CPOs, rad

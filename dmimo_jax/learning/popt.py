@@ -103,7 +103,8 @@ class POPT(PositionRegressor, nnx.Module):
     Args:
         num_aps: M, the number of tokens (one per AP, in the scene's AP order).
         config: :class:`POPTConfig`.
-        low, high: the UE region (3,), m, used to standardize the targets.
+        low: the UE region (3,), m, used to standardize the targets.
+        high: see ``low``.
         rngs: ``nnx.Rngs`` for the initialization.
 
     ``model(r)`` maps wrapped phases (..., M) to positions (..., 3) in metres (float32);

@@ -77,6 +77,8 @@ class TrainConfig:
 
 
 class TrainResult(NamedTuple):
+    """Output of :func:`train`: the trained network and one history row per epoch."""
+
     model: nnx.Module  # trained (updated in place and returned)
     history: list[dict]  # one row per epoch: epoch, loss, val_loss, val_error, lr
 

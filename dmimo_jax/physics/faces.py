@@ -243,11 +243,14 @@ def cuboid_faces(
     """The six faces of the axis-aligned box ``[low, high]``, one material.
 
     Args:
-        low, high: (3,) opposite corners, ``low < high`` on every axis.
+        low: (3,) opposite corners, ``low < high`` on every axis.
+        high: see ``low``.
         eps_r: the material, as :class:`Face` takes it.
         name: the material name every face gets.
         inward: normals into the box (a room's enclosure) instead of out of it (a solid).
-        frequency_hz, convention, dtype: as :class:`Face`.
+        frequency_hz: as :class:`Face`.
+        convention: see ``frequency_hz``.
+        dtype: see ``frequency_hz``.
         skip: sides to leave out, among ``"x0", "x1", "y0", "y1", "z0", "z1"`` (e.g. the
             ``"z0"`` face of a pillar standing on the floor).
 

@@ -109,7 +109,11 @@ class Reflector:
         name: a label (static), e.g. ``"ceiling"``.
 
     Args:
-        point, normal, eps_r, perfect_conductor, name: as above; ``normal`` is normalized.
+        point: as above; ``normal`` is normalized.
+        normal: see ``point``.
+        eps_r: see ``point``.
+        perfect_conductor: see ``point``.
+        name: see ``point``.
         dtype: float dtype of the leaves (default JAX's).
 
     Raises:

@@ -275,7 +275,9 @@ def run_offline(
     interrupted synthesis or training resumes.
 
     Args:
-        x, r, noise_var: the L labeled snapshots (positions, wrapped phases, noise variances).
+        x: the L labeled snapshots (positions, wrapped phases, noise variances).
+        r: see ``x``.
+        noise_var: see ``x``.
         scene: the deployment: UE region (what the networks cover), geometry, wavelength,
             powers (with ``model="gp"``, its permittivity is not used).
         model: ``"gp"``, a PhaseModel of ``scene``'s M APs, or a

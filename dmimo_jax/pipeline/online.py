@@ -80,6 +80,8 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
 
 
 class OnlineResult(NamedTuple):
+    """Output of :func:`locate` (leading batch axis B)."""
+
     coarse: Array  # (B, 3) learned estimate
     screened: Array  # (B, 3) best point of the safeguard window (after its cheap refinement)
     fine: Array  # (B, 3) refined with the exact phase model
@@ -108,7 +110,9 @@ def locate(
             model for a matched-model study).
         screen: the cheap model of the window search (default: the tabulated mean of
             ``model`` when it is a :class:`~dmimo_jax.gp.GPPhaseModel`, else ``model``).
-        radius, spacing, num_starts: the window (:func:`window_search`).
+        radius: the window (:func:`window_search`).
+        spacing: see ``radius``.
+        num_starts: see ``radius``.
         refine_steps: LM steps of the final refinement.
         table: a :class:`~dmimo_jax.estimators.PhasorTable` of ``screen`` for wide windows.
     """
