@@ -293,3 +293,12 @@ def test_every_public_name_is_documented_and_the_top_level_has_the_nouns_users_c
     assert not undocumented, undocumented
     for noun in ("calibrate", "run_offline", "Locator", "Tracker", "MeshModel", "Face"):
         assert noun in dj.__all__ and getattr(dj, noun) is not None
+
+
+def test_the_readme_script_is_the_example_that_runs():
+    root = pathlib.Path(__file__).parents[1]
+    readme = (root / "README.md").read_text()
+    start = readme.index("```python\n") + len("```python\n")
+    block = readme[start : readme.index("```", start)]
+    assert block in (root / "examples" / "calibrate_and_locate.py").read_text()
+    assert len(readme.splitlines()) <= 120
