@@ -19,6 +19,7 @@ from dmimo_jax import (
     bounds,
     estimators,
     gp,
+    likelihood,
     materials,
     measure,
     metrics,
@@ -41,9 +42,7 @@ from dmimo_jax.bounds import (
 from dmimo_jax.estimators import (
     coarse_to_fine,
     egs,
-    ls_cost,
     make_grid,
-    ml_cost,
     phasor_table,
     refine,
     refine_batch,
@@ -51,6 +50,7 @@ from dmimo_jax.estimators import (
     search_grid,
     window_search,
 )
+from dmimo_jax.likelihood import ls_cost, ml_cost
 from dmimo_jax.materials import ITU_MATERIALS, relative_permittivity
 from dmimo_jax.measure import (
     phases_from_signal,
@@ -139,6 +139,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "likelihood",
     "Calibration",
     "Locator",
     "Receivers",

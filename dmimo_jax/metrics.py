@@ -11,7 +11,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_phases, check_positions
-from dmimo_jax.estimators.mle import compressed_residuals
+from dmimo_jax.likelihood import compressed_residuals
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import jit_or_eager

@@ -98,7 +98,7 @@ def test_coherence_bound_is_a_lower_bound_on_the_ls_cost():
     pts = est.grid_points(grid, jnp.arange(grid.size))
     theta = jax.vmap(dj.TwoRayModel(SCENE).mean)(pts)
     for rb in r:
-        ls = jnp.sum(est.compressed_residuals(rb[None, :], theta) ** 2, axis=-1)
+        ls = jnp.sum(dj.likelihood.compressed_residuals(rb[None, :], theta) ** 2, axis=-1)
         coh = jnp.abs(jnp.sum(jnp.exp(1j * (rb[None, :] - theta)), axis=-1))
         assert bool(jnp.all(ls >= 2 * (17 - coh) - 1e-9))
         assert float(jnp.min(ls - 2 * (17 - coh))) < 0.05  # and tight near the arg-min

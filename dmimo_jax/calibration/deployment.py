@@ -99,8 +99,8 @@ from dmimo_jax._checks import (
 )
 from dmimo_jax.antenna import CosinePattern
 from dmimo_jax.estimators.lm import levenberg_marquardt
-from dmimo_jax.estimators.mle import compressed_residuals, cpo_estimate
 from dmimo_jax.gp.kernel import check_training_data
+from dmimo_jax.likelihood import compressed_residuals, cpo_estimate
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import (

@@ -44,15 +44,9 @@ from dmimo_jax.estimators.lm import LMResult, levenberg_marquardt
 from dmimo_jax.estimators.mle import (
     MultiStartResult,
     RefineResult,
-    compressed_residuals,
-    cpo_estimate,
-    ls_cost,
-    ls_costs,
-    ml_cost,
     refine,
     refine_batch,
     refine_multistart,
-    wrap_corrected_residuals,
 )
 from dmimo_jax.estimators.search import CoarseToFineResult, EgsResult, coarse_to_fine, egs
 from dmimo_jax.estimators.window import window_covers_table, window_search
@@ -81,16 +75,11 @@ __all__ = [
     "PhasorTable",
     "RefineResult",
     "coarse_to_fine",
-    "compressed_residuals",
-    "cpo_estimate",
     "egs",
     "grid_points",
     "hyperbola",
     "levenberg_marquardt",
-    "ls_cost",
-    "ls_costs",
     "make_grid",
-    "ml_cost",
     "phasor_table",
     "refine",
     "refine_batch",
@@ -98,5 +87,4 @@ __all__ = [
     "search_grid",
     "window_covers_table",
     "window_search",
-    "wrap_corrected_residuals",
 ]

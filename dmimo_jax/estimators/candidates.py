@@ -34,13 +34,14 @@ from dmimo_jax._checks import (
     check_scalar,
     check_table_aps,
 )
-from dmimo_jax.estimators.mle import check_num_steps, ls_costs, refine_multistart_unchecked
+from dmimo_jax.estimators.mle import check_num_steps, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import (
     coherence_weights,
     cube_offsets,
     phasor_rows,
     squared_coherence,
 )
+from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene

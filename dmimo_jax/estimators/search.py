@@ -49,8 +49,9 @@ from dmimo_jax.estimators.grid import (
     search_grid,
     sharded_top_k,
 )
-from dmimo_jax.estimators.mle import check_num_steps, ls_costs, refine_multistart_unchecked
+from dmimo_jax.estimators.mle import check_num_steps, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import coherence_weights, squared_coherence
+from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.scene import Scene
 

@@ -23,9 +23,10 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_table_aps
 from dmimo_jax.estimators.grid import PhasorTable
-from dmimo_jax.estimators.mle import check_num_steps, ls_costs, refine_multistart_unchecked
+from dmimo_jax.estimators.mle import check_num_steps, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import cube_offsets
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
+from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel
 
 __all__ = ["window_covers_table", "window_search"]

@@ -80,9 +80,9 @@ from dmimo_jax._checks import (
 )
 from dmimo_jax.bounds import linearize
 from dmimo_jax.estimators.grid import PhasorTable
-from dmimo_jax.estimators.mle import compressed_residuals
 from dmimo_jax.estimators.phasors import cube_offsets
 from dmimo_jax.estimators.search import egs_table_search
+from dmimo_jax.likelihood import compressed_residuals
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
