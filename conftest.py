@@ -66,7 +66,7 @@ def _xla_optimized_if_marked(request):
 LONGEST_FILES = (
     "tests/test_examples.py",  # 77 s
     "tests/test_tracking.py",  # 56 s
-    "tests/test_calibrate.py",  # 49 s (with this stop's status tests, about 70 s)
+    "tests/test_calibration_deployment.py",  # 49 s (with this stop's status tests, about 70 s)
     "tests/test_pipeline.py",  # 40 s
     "tests/test_candidates.py",  # 34 s
     "tests/test_datasets.py",  # 33 s
@@ -75,13 +75,13 @@ LONGEST_FILES = (
     "tests/test_offline_online.py",  # 27 s
     "tests/test_grid.py",  # 25 s
     "tests/test_bad_input.py",  # 20 s
-    "tests/test_calibration.py",  # 16 s
+    "tests/test_calibration_materials.py",  # 16 s
     "tests/test_physics.py",  # 16 s
     "docs/index.md",  # 13 s
     "tests/test_receivers.py",  # 20 s (this stop)
     "tests/test_design.py",  # 13 s
     "tests/test_structure.py",  # 12 s
-    "tests/test_deployment.py",  # 12 s
+    "tests/test_antenna.py",  # 12 s
     "tests/test_bounds.py",  # 12 s
 )
 

@@ -1,4 +1,4 @@
-"""AP placement by the gradient of the PEB (issue 16)."""
+"""dmimo_jax.design: AP placement by the gradient of the PEB."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""The image-source room model (issue 13): agreement with the two-ray model and with an
+"""dmimo_jax.physics.image_source: agreement with the two-ray model and with an
 independent NumPy/SciPy computation, the physics limits, gradients and bad input."""
 
 import jax

@@ -1,4 +1,4 @@
-"""The pipeline on any PhaseModel (issue 22): run_offline for every kind under a physical
+"""dmimo_jax.pipeline on any PhaseModel: run_offline for every kind under a physical
 model, the cache key that covers everything, and the one Locator equal to the composed stages."""
 
 import dataclasses

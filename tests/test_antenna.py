@@ -1,4 +1,4 @@
-"""The deployment in the model (issue 22): per-AP phase offsets and antenna field patterns,
+"""dmimo_jax.antenna and the scene's deployment in every model: per-AP phase offsets and antenna field patterns,
 against an independent NumPy computation of every ray's amplitude and phase."""
 
 import jax

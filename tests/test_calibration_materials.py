@@ -1,4 +1,4 @@
-"""Calibration of the ground and of a room's surfaces from labeled snapshots (issue 16)."""
+"""dmimo_jax.calibration.materials: the ground and a room's surfaces from labeled snapshots."""
 
 import jax
 import jax.numpy as jnp
