@@ -136,7 +136,7 @@ def learned(model, x_l, r_l, nv_l, x, r, args):
         seed=args.seed,
     )
     t_off = time.perf_counter() - t0
-    loc = pipeline.locator(off, "cells")
+    loc = pipeline.Locator(off, "cells")
     jax.block_until_ready(loc(r).x)  # compile outside the timing
 
     def run():  # the stages one after the other, each timed

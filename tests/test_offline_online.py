@@ -74,7 +74,7 @@ def test_run_offline_trains_every_kind_under_the_given_model(trained):
 def test_cells_locator_equals_the_composed_stages(trained):
     _, off = trained
     x, r, _ = _labeled(16, seed=3)
-    loc = pipeline.locator(off, "cells", num_cells=4, first_cells=2)
+    loc = pipeline.Locator(off, "cells", num_cells=4, first_cells=2)
     out = loc(r)
     ref = pipeline.locate_candidates(
         r,
@@ -101,7 +101,7 @@ def test_cells_locator_equals_the_composed_stages(trained):
 def test_window_locator_equals_locate(trained, kind):
     _, off = trained
     r = _labeled(8, seed=4)[1]
-    out = pipeline.locator(off, kind, fine="model")(r)
+    out = pipeline.Locator(off, kind, fine="model")(r)
     ref = pipeline.locate(
         r,
         off.estimators[kind],
@@ -198,15 +198,15 @@ def test_run_offline_refuses_a_bad_model(tmp_path, model, match):
 def test_locator_refuses_bad_settings(trained):
     _, off = trained
     with pytest.raises(ValueError, match="was not trained"):
-        pipeline.locator(off._replace(estimators={}), "cells")
+        pipeline.Locator(off._replace(estimators={}), "cells")
     with pytest.raises(ValueError, match="fine must be"):
-        pipeline.locator(off, "cells", fine="gp")
+        pipeline.Locator(off, "cells", fine="gp")
     with pytest.raises(ValueError, match="num_cells=99 exceeds"):
-        pipeline.locator(off, "cells", num_cells=99)
+        pipeline.Locator(off, "cells", num_cells=99)
     with pytest.raises(ValueError, match="offline must be"):
-        pipeline.locator(object(), "cells")
+        pipeline.Locator(object(), "cells")
     with pytest.raises(ValueError, match=r"r must have shape"):
-        pipeline.locator(off, "cells", num_cells=4)(jnp.zeros((2, 16)))
+        pipeline.Locator(off, "cells", num_cells=4)(jnp.zeros((2, 16)))
 
 
 def test_the_cost_gate_recovers_wrong_cells(trained):
@@ -214,10 +214,10 @@ def test_the_cost_gate_recovers_wrong_cells(trained):
     far above chi-square, and the whole-region search recovers it."""
     _, off = trained
     x, r, _ = _labeled(64, seed=8)
-    blind = pipeline.locator(off, "cells", num_cells=1, min_mass=0.0, cost_gate=None)
+    blind = pipeline.Locator(off, "cells", num_cells=1, min_mass=0.0, cost_gate=None)
     err = np.linalg.norm(np.asarray(blind(r).x) - np.asarray(x), axis=1)
     assert np.any(err > 1e-3)  # the top cell alone misses some
-    out = pipeline.locator(off, "cells", num_cells=1, min_mass=0.0)(r)
+    out = pipeline.Locator(off, "cells", num_cells=1, min_mass=0.0)(r)
     err_gated = np.linalg.norm(np.asarray(out.x) - np.asarray(x), axis=1)
     assert float(err_gated.max()) < 1e-3
     np.testing.assert_array_equal(np.asarray(out.recovered), err > 1e-3)
@@ -232,6 +232,6 @@ def test_locator_refuses_a_cell_table_of_other_cells(trained):
     _, off = trained
     other = cell_table(off.screen, cell_grid(SCENE, 0.3))
     with pytest.raises(ValueError, match="does not belong to the classifier's cells"):
-        pipeline.locator(off._replace(cells=other), "cells", num_cells=2)
+        pipeline.Locator(off._replace(cells=other), "cells", num_cells=2)
     with pytest.raises(ValueError, match="table: none"):
-        pipeline.locator(off._replace(cells=None), "cells", num_cells=2)
+        pipeline.Locator(off._replace(cells=None), "cells", num_cells=2)

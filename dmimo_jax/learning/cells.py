@@ -1,8 +1,8 @@
 r"""A learned coarse stage that works at room scale (beyond the paper): cell classification.
 
 POPT regresses the position with an L1 loss; over the paper's 9 x 9 x 3 m UE region the
-phases repeat every ~lambda/2, and regression stalls on the mean position (the ``cpu``
-POPT ends at ~2.7 m RMSE, the centre of the region gives ~3.8 m). Classifying the
+phases repeat every ~lambda/2, and regression stalls near the mean position (docs/learning.md
+has the numbers). Classifying the
 position into the cells of a regular partition (:class:`~dmimo_jax.estimators.CellGrid`,
 1 m cubes: 243 cells here) does not stall: the network only has to say which cell the
 phases come from, and the safeguard refines inside its K most likely cells

@@ -28,8 +28,8 @@ variance read from tables, no kernel evaluation online).
 
 Beyond the paper too, every step runs on **any PhaseModel**: ``run_offline(..., model=m)``
 with a calibrated two-ray or room model (:func:`~dmimo_jax.calibration.calibrate`) fits no
-GP and trains, screens and refines under ``m``. :func:`locator` gives the one online object
-(:class:`Locator`: ``coarse``, ``screen``, ``fine_stage`` and ``__call__``).
+GP and trains, screens and refines under ``m``. :class:`Locator` is the one online object
+(``coarse``, ``screen``, ``fine_stage``, ``certify`` and ``__call__``: ``dj.Locator``).
 
 Modules: :mod:`~dmimo_jax.pipeline.offline` (steps 1-4), :mod:`~dmimo_jax.pipeline.online`
 (the stages and the Locator), :mod:`~dmimo_jax.pipeline.cache` (where the offline work is
@@ -62,7 +62,6 @@ from dmimo_jax.pipeline.online import (
     coarse_estimate,
     locate,
     locate_candidates,
-    locator,
     screen_candidates,
 )
 
@@ -87,7 +86,6 @@ __all__ = [
     "stored_phase_model",
     "locate",
     "locate_candidates",
-    "locator",
     "make_training_set",
     "run_offline",
     "screen_candidates",

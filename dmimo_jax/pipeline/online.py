@@ -60,7 +60,7 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
     if hasattr(estimator, "top_cells"):
         raise ValueError(
             "estimator is a cell classifier: it gives candidate cells, not positions; use "
-            "locate_candidates(r, classifier, ...) or pipeline.locator(offline, 'cells')"
+            "locate_candidates(r, classifier, ...) or pipeline.Locator(offline, 'cells')"
         )
     num_aps = getattr(estimator, "num_aps", None)
     r = jnp.atleast_2d(r) if num_aps is None else as_snapshot_batch("r", r, num_aps)
@@ -385,9 +385,9 @@ def locate_candidates(
     3. the fine stage: ``fine_steps`` Levenberg-Marquardt steps under ``model``. With the
        tabulated GP model of eq. (27) (:class:`~dmimo_jax.gp.TabulatedGPModel` with its
        variance table, what :func:`run_offline` returns as ``screen``) as ``model`` the
-       whole stage runs on tables: its estimate agrees with the exact GP model's to a few
-       tens of nm on noise-free snapshots (``tests/test_candidates.py``) at a fraction of
-       the cost; with the exact :class:`~dmimo_jax.gp.GPPhaseModel` the same steps
+       whole stage runs on tables: its estimate agrees with the exact GP model's on
+       noise-free snapshots (``tests/test_candidates.py`` states the tolerance) at a
+       fraction of the cost; with the exact :class:`~dmimo_jax.gp.GPPhaseModel` the same steps
        finish exactly.
 
     Raises:
@@ -472,10 +472,13 @@ class LocatorResult(NamedTuple):
 class Locator:
     """The online stage of one trained coarse estimator: coarse -> screen -> fine.
 
-    Build it with :func:`locator`. Each stage is a method, so a benchmark can time them one
-    at a time; ``locator(r)`` runs all three, then the cost gate (:meth:`certify`), and
-    equals :func:`locate_candidates` (cells) or :func:`locate` (POPT, MLP, HI) with the same
-    settings wherever the gate does not trip.
+    The one online stage of the package (``dj.Locator(offline, kind)``), over any coarse
+    stage that :func:`~dmimo_jax.pipeline.run_offline` trained. Each stage is a method, so a
+    benchmark can time them one at a time; ``locator(r)`` runs all three, then the cost gate
+    (:meth:`certify`), and equals :func:`locate_candidates` (cells) or :func:`locate` (POPT,
+    MLP, HI) with the same settings wherever the gate does not trip. Those two functions
+    remain for one distinct use: the stages over an estimator and models a user holds
+    without an ``Offline`` (a network trained elsewhere); they have no cost gate.
 
     Attributes:
         offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
@@ -711,8 +714,3 @@ class Locator:
             fine.cpo,
             jnp.asarray(recovered),
         )
-
-
-def locator(offline: Any, kind: str = "cells", **settings: Any) -> Locator:
-    """The :class:`Locator` of ``offline``'s estimator ``kind`` (settings as its attributes)."""
-    return Locator(offline, kind, **settings)
