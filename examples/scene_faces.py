@@ -90,6 +90,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/scene_faces"))
     ap.add_argument("--cache", type=pathlib.Path, default=None)
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per row (median)")
+    ap.add_argument(
+        "--mle-starts",
+        type=int,
+        default=16,
+        help="MLE rows: the most coherent table points refined, lowest cost wins (1: EGS + one "
+        "refinement, which misses UEs whose table optimum lies across a shadow boundary)",
+    )
     args = ap.parse_args(argv)
     truth = synthetic_deployment(seed=args.seed, world="faces").truth
     gx, gy, faces, boxed = peb_maps(truth)
@@ -115,7 +122,7 @@ def main(argv=None) -> dict:
     dep_args += ["--out", str(args.out), "--json", str(args.out.with_suffix(".json"))]
     if args.cache is not None:
         dep_args += ["--cache", str(args.cache)]
-    dep_args += ["--repeats", str(args.repeats)]
+    dep_args += ["--repeats", str(args.repeats), "--mle-starts", str(args.mle_starts)]
     if args.quick:  # the MLE rows keep their lambda/8 tables: at lambda/4 the table search
         dep_args += ["--quick", "--preset", "quick"]  # misses in this scene (0.66 m RMSE)
     result = deployment.main(dep_args)
