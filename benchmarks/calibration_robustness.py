@@ -9,6 +9,10 @@ Worlds (``datasets.synthetic_deployment``, a world per seed):
 * ``two-ray``: free-standing APs off by N(0, 1 cm) in 3-D, downward patches of exponent
   1.7 believed to be 1, offsets uniform; fit: phase centres, offsets, ground, exponent.
   Success: every phase centre within 1 mm.
+* ``faces`` (``--faces``): the paper's room as a scene of faces (``datasets.face_scene``: a
+  floor of two materials, walls, ceiling, a pillar, a metal cabinet), the five dielectric
+  names each drawn from ``ROOM_MATERIALS`` (nominal: all concrete), APs as in ``room``; fit:
+  phase centres, offsets, one permittivity per face name. Success: within 0.1 mm.
 
 Success also needs the reduced chi-square inside its band (1 +- 5 sqrt(2 / dof)). A second
 criterion is the noise's own: status "converged" and every fitted coordinate within 5 of its
@@ -29,6 +33,7 @@ skips the worlds already there.
 
     python benchmarks/calibration_robustness.py --json out/calibration_robustness.json
     python benchmarks/calibration_robustness.py --quick          # 8 worlds, main rows only
+    python benchmarks/calibration_robustness.py --faces --num-worlds 20   # scenes of faces
 """
 
 from __future__ import annotations
@@ -49,17 +54,21 @@ from tqdm.auto import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax.calibration import calibrate  # noqa: E402
-from dmimo_jax.datasets import synthetic_deployment  # noqa: E402
+from dmimo_jax.datasets import sample_world_positions, synthetic_deployment  # noqa: E402
 
 FITS = {
     "room": ("ap_positions", "ap_phase_offsets", "surfaces"),
+    "faces": ("ap_positions", "ap_phase_offsets", "surfaces"),
     "two-ray": ("ap_positions", "ap_phase_offsets", "surfaces", "antenna"),
 }
-TOLERANCE_M = {"room": 1e-4, "two-ray": 1e-3}
+TOLERANCE_M = {"room": 1e-4, "faces": 1e-4, "two-ray": 1e-3}
 
 
-def configs(num_main: int, num_grid: int, quick: bool) -> list[dict]:
-    """(kind, sigma, L, power, worlds) of every row: the two main rows, then the grid."""
+def configs(num_main: int, num_grid: int, quick: bool, faces: bool = False) -> list[dict]:
+    """(kind, sigma, L, power, worlds) of every row: the two main rows, then the grid (with
+    ``faces``: the one row of scenes of faces instead)."""
+    if faces:
+        return [dict(kind="faces", sigma=5e-3, L=50, power=-10.0, worlds=num_main)]
     rows = [
         dict(kind="room", sigma=5e-3, L=50, power=-10.0, worlds=num_main),
         dict(kind="two-ray", sigma=1e-2, L=50, power=-10.0, worlds=num_main),
@@ -77,16 +86,17 @@ def configs(num_main: int, num_grid: int, quick: bool) -> list[dict]:
 
 def world(cfg: dict, seed: int):
     """(truth, nominal, x, r, noise_var) of one world."""
-    if cfg["kind"] == "room":
+    if cfg["kind"] in ("room", "faces"):
+        kind = "faces" if cfg["kind"] == "faces" else "room"
         w = synthetic_deployment(
-            cfg["power"], seed=seed, position_std=cfg["sigma"], random_materials=True
+            cfg["power"], seed=seed, world=kind, position_std=cfg["sigma"], random_materials=True
         )
     else:
         w = synthetic_deployment(
             cfg["power"], seed=seed, world="two-ray", patch=True, position_std=cfg["sigma"]
         )
     k_x, k_cpo, k_noise = jax.random.split(jax.random.key(10_000 + seed), 3)
-    x = dj.sample_positions(k_x, cfg["L"], w.surveyed)
+    x = sample_world_positions(k_x, cfg["L"], w.truth)  # in the air
     r = dj.simulate_phases_batch(k_noise, w.truth, x, dj.random_cpos(k_cpo, cfg["L"]))
     return w.truth, w.nominal, x, r, jax.vmap(w.truth.variance)(x)
 
@@ -197,6 +207,11 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--num-grid", type=int, default=50, help="worlds per grid row")
     ap.add_argument("--first-seed", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="8 worlds, the two main rows")
+    ap.add_argument(
+        "--faces",
+        action="store_true",
+        help="the scenes of faces (random materials of the five dielectric names) instead",
+    )
     ap.add_argument("--fine-seeds", type=int, default=0, help="the fine stage on seeds 0..N-1 only")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
@@ -223,7 +238,7 @@ def main(argv=None) -> list[dict]:
     if args.json is not None and args.json.exists():
         done = json.loads(args.json.read_text()).get("worlds", {})
     rows = []
-    for cfg in configs(args.num_worlds, args.num_grid, args.quick):
+    for cfg in configs(args.num_worlds, args.num_grid, args.quick, args.faces):
         key = key_of(cfg)
         records = done.setdefault(key, [])
         have = {w["seed"] for w in records}

@@ -145,9 +145,10 @@ def face_scene(
 
 def sample_world_positions(key: Any, num: int, model: Any, *, clearance: float = 0.05) -> Any:
     """``num`` positions uniform in the UE region of ``model.scene``, kept in the air: for a
-    :class:`~dmimo_jax.physics.MeshModel` positions inside a solid or within ``clearance``
-    metres of a face are redrawn (:meth:`~dmimo_jax.physics.MeshModel.in_air`); any other
-    model is :func:`~dmimo_jax.sample_positions`."""
+    :class:`~dmimo_jax.physics.MeshModel` positions inside a solid, within ``clearance``
+    metres of a face, or where some AP receives no path at all (every path blocked: zero
+    amplitude, infinite variance) are redrawn (:meth:`~dmimo_jax.physics.MeshModel.in_air`);
+    any other model is :func:`~dmimo_jax.sample_positions`."""
     check_int("num", num, minimum=1)
     if not isinstance(model, MeshModel):
         return sample_positions(key, num, model.scene)
@@ -156,6 +157,8 @@ def sample_world_positions(key: Any, num: int, model: Any, *, clearance: float =
         key, sub = jax.random.split(key)
         xs = np.asarray(sample_positions(sub, 2 * num, model.scene))
         xs = xs[model.in_air(xs, clearance=clearance)]
+        heard = np.all(np.isfinite(np.asarray(jax.vmap(model.variance)(xs))), axis=1)
+        xs = xs[heard]
         kept.append(xs)
         drawn += len(xs)
     return jax.numpy.asarray(np.concatenate(kept)[:num])
@@ -185,7 +188,8 @@ def synthetic_deployment(
     * ``world="faces"``: as ``"room"`` (APs on the ceiling, off laterally), in the scene of
       faces :func:`face_scene` (a floor of two materials, a pillar, a metal cabinet). The
       nominal model is the same scene with every dielectric guessed concrete (the cabinet
-      known to be metal).
+      known to be metal); with ``random_materials`` the five dielectric materials are drawn
+      from :data:`ROOM_MATERIALS`.
     * ``world="two-ray"``: free-standing APs off by N(0, sigma^2) in 3-D (``position_std``,
       default 1 cm), the two-ray channel. The nominal model is the surveyed two-ray model.
 
@@ -201,8 +205,8 @@ def synthetic_deployment(
     if world not in ("room", "two-ray", "faces"):
         raise ValueError(f"world must be 'room', 'two-ray' or 'faces', got {world!r}")
     check_int("seed", seed)
-    if random_materials and world != "room":
-        raise ValueError("random_materials draws a room's surfaces: use world='room'")
+    if random_materials and world == "two-ray":
+        raise ValueError("random_materials draws a room's surfaces: use world='room' or 'faces'")
     surveyed = paper_scene(power_dbm, "concrete", convention="itu")
     if patch:
         surveyed = surveyed.replace(antenna=CosinePattern(believed_exponent))
@@ -218,10 +222,16 @@ def synthetic_deployment(
     if world == "two-ray":
         return SyntheticDeployment(TwoRayModel(real), surveyed, TwoRayModel(surveyed))
     if world == "faces":
-        guess = dict.fromkeys(
-            ("floor_concrete", "floor_wood", "ceiling", "walls", "pillar"), "concrete"
-        )
-        return SyntheticDeployment(face_scene(real), surveyed, face_scene(surveyed, guess))
+        names = ("floor_concrete", "floor_wood", "ceiling", "walls", "pillar")
+        materials = None
+        if random_materials:  # each dielectric material drawn from ROOM_MATERIALS
+            draw = jax.random.randint(
+                jax.random.fold_in(key, 7), (len(names),), 0, len(ROOM_MATERIALS)
+            )
+            materials = {n: ROOM_MATERIALS[int(i)] for n, i in zip(names, draw, strict=True)}
+        guess = dict.fromkeys(names, "concrete")
+        truth = face_scene(real, materials)
+        return SyntheticDeployment(truth, surveyed, face_scene(surveyed, guess))
     room: Mapping[str, Any] = {"ceiling": "plasterboard", "walls": ROOM_WALLS, "floor": "concrete"}
     if random_materials:
         room = _random_room(jax.random.fold_in(key, 7))
