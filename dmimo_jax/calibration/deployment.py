@@ -38,7 +38,10 @@ autodiff Jacobian. The groups (``fit=``):
 * ``"polarization"``: TE or TM, by the likelihood of the whole fit under each.
 
 Staging: offsets from the closed form; then, when surfaces are fitted, surfaces and offsets
-from each material start (the best kept); then every group jointly.
+from each material start (the best kept); then every group jointly. For a scene of faces
+(whose phases jump across shadow boundaries) a fit that ends outside its chi-square band gets
+one more round with the residuals beyond :data:`BOUNDARY_OUTLIER_Z` set aside, then all of
+them again, kept when it lowers the full cost.
 
 Unlabeled snapshots (``unlabeled=``, beyond the paper). A deployment in operation collects
 far more snapshots than anyone labels. Given N of them with start positions in the right
@@ -157,6 +160,11 @@ MIN_EXPONENT_START = 0.1
 
 UNLABELED_STEPS = 10
 """Levenberg-Marquardt steps that re-locate each unlabeled snapshot at every iterate."""
+
+BOUNDARY_OUTLIER_Z = 10.0
+"""Standard deviations: the smallest residual of a piecewise model's fit (a scene of faces)
+set aside for one round when the fit ends outside its chi-square band (a labeled UE on the
+wrong side of a shadow boundary; :func:`calibrate`)."""
 
 CONVERGENCE_TOLERANCE = 1e-2
 """A round of LM steps that lowers the cost (the chi-square, in units of the noise) by less
@@ -975,7 +983,44 @@ def _fit_one_polarization(
     # (one round of a multi-start is no proof of convergence; a converged start stops
     # after one round)
     u, cost, converged = _lm(model, final, x, r, noise_var, u0[None], num_steps, None, max_steps)
+    if _piecewise(model):
+        u, cost, converged = _across_boundaries(
+            model, final, x, r, noise_var, u, cost, converged, num_steps, max_steps
+        )
     return final, u, cost, converged
+
+
+def _piecewise(model: Any) -> bool:
+    """A model whose paths appear and disappear with the geometry (shadows, finite faces)."""
+    inner = model.model if isinstance(model, ReceiverModel) else model
+    return isinstance(inner, MeshModel)
+
+
+def _across_boundaries(model, groups, x, r, noise_var, u, cost, converged, num_steps, max_steps):
+    """One more try when a fit of a piecewise model ends outside the chi-square band.
+
+    A labeled UE near a shadow boundary of a displaced AP can sit on the wrong side of it at
+    the start: its residual for that AP is radians, and no continuous step crosses the
+    boundary (the Jacobian does not see it), and pulling the AP toward it displaces the AP
+    for every other snapshot. The worst residuals (beyond :data:`BOUNDARY_OUTLIER_Z` and a
+    quarter of the largest, in standard deviations; at most 5% of them) are set aside (their
+    variance multiplied by 1e12), the fit continues from where it stopped, then runs again on
+    every residual from there; the result is kept only if its full cost is lower.
+    """
+    dof = max(r.size - len(u), 1)
+    if cost / dof <= chi2_band(dof)[1]:
+        return u, cost, converged
+    m = _apply(model, groups, jnp.asarray(u))
+    z = np.abs(np.asarray(_whitened(m, x, r, noise_var))).reshape(r.shape + (-1,))
+    # the worst residuals: a displaced AP drags every residual of its own up with it, so a
+    # fixed threshold would also set aside the many moderate ones that show the displacement
+    outliers = np.any(z > max(BOUNDARY_OUTLIER_Z, 0.25 * float(z.max())), axis=-1)
+    if not outliers.any() or outliers.mean() > 0.05:
+        return u, cost, converged
+    aside = jnp.where(jnp.asarray(outliers), noise_var * 1e12, noise_var)
+    u1, _, _ = _lm(model, groups, x, r, aside, u[None], num_steps, None, max_steps)
+    u2, c2, conv2 = _lm(model, groups, x, r, noise_var, u1[None], num_steps, None, max_steps)
+    return (u2, c2, conv2) if c2 < cost else (u, cost, converged)
 
 
 def calibrate(
