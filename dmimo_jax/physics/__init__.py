@@ -28,7 +28,7 @@ from dmimo_jax.physics.image_source import (
     resolve_material,
     room_model,
 )
-from dmimo_jax.physics.model import PhaseModel, as_phase_model, check_in_domain
+from dmimo_jax.physics.model import PhaseModel, PhasorSumModel, as_phase_model, check_in_domain
 from dmimo_jax.physics.two_ray import (
     Geometry,
     PathParameters,
@@ -68,6 +68,7 @@ __all__ = [
     "room_model",
     "PathParameters",
     "PhaseModel",
+    "PhasorSumModel",
     "TwoRayModel",
     "as_phase_model",
     "check_in_domain",

@@ -53,19 +53,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, check_permittivity, check_positions, is_concrete
+from dmimo_jax._checks import check_int, check_permittivity, is_concrete
 from dmimo_jax.antenna import is_isotropic
-from dmimo_jax.phase import safe_abs, safe_arg
 from dmimo_jax.physics.fresnel import surface_reflections
 from dmimo_jax.physics.image_source import MOUNT_TOLERANCE, mirror, resolve_material
-from dmimo_jax.physics.model import check_in_domain
-from dmimo_jax.physics.two_ray import noise_var_from_amplitude, safe_norm
+from dmimo_jax.physics.model import PhasorSumModel
+from dmimo_jax.physics.two_ray import safe_norm
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
@@ -579,7 +577,7 @@ def _solid_around(point: np.ndarray, st: _Stacked) -> int:
 
 
 @pytree_dataclass(init=False)
-class MeshModel:
+class MeshModel(PhasorSumModel):
     r"""LoS plus specular bounces on finite faces, as a **PhaseModel** (beyond the paper).
 
     ``mean(x)`` is the effective phase of the visible paths' phasors, unwrapped by the LoS
@@ -653,10 +651,6 @@ class MeshModel:
         object.__setattr__(self, "blockers", blockers)
         if is_concrete(scene.ap_positions, faces):
             self.check_domain("scene.ap_positions", scene.ap_positions, what="AP")
-
-    @property
-    def num_aps(self) -> int:
-        return self.scene.num_aps
 
     @property
     def surface_names(self) -> tuple[str, ...]:
@@ -741,10 +735,6 @@ class MeshModel:
                     f"point to the air); {what}s must lie in the air"
                 )
 
-    def _check_x(self, x: ArrayLike) -> None:
-        check_positions("x", x, batched=False)
-        check_in_domain("x", x, self)
-
     def paths(self, x: ArrayLike) -> MeshPaths:
         """The LoS visibility and the reflected paths at ``x`` (:func:`mesh_paths`)."""
         self._check_x(x)
@@ -777,35 +767,6 @@ class MeshModel:
         phasor, :math:`s_m = v_m F_m + \sum_k F_{mk}\rho_{mk}` (M,) (phase offset excluded)."""
         self._check_x(x)
         return self._ratio(x)
-
-    def mean(self, x: ArrayLike) -> Array:
-        r""":math:`2\pi d^{(1)}_m/\lambda - \arg s_m + \delta_m`, (M,) radians."""
-        self._check_x(x)
-        return self._mean(x)
-
-    @jax.jit
-    def _mean(self, x: ArrayLike) -> Array:
-        d1, s = self._ratio(x)
-        return 2 * jnp.pi / self.scene.wavelength * d1 - safe_arg(s) + self.scene.ap_phase_offsets
-
-    def amplitude(self, x: ArrayLike) -> Array:
-        r"""Effective amplitude :math:`\frac{\lambda}{4\pi d^{(1)}_m}|s_m|`, (M,) (0 where no
-        path reaches)."""
-        self._check_x(x)
-        return self._amplitude(x)
-
-    def _amplitude(self, x: ArrayLike) -> Array:
-        d1, s = self._ratio(x)
-        return self.scene.wavelength / (4 * jnp.pi * d1) * safe_abs(s)
-
-    def variance(self, x: ArrayLike) -> Array:
-        """Eq. (9) with the effective amplitude, rad^2, (M,) (inf where no path reaches)."""
-        self._check_x(x)
-        return self._variance(x)
-
-    @jax.jit
-    def _variance(self, x: ArrayLike) -> Array:
-        return noise_var_from_amplitude(self._amplitude(x), self.scene)
 
     def __repr__(self) -> str:
         return (

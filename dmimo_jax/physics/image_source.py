@@ -58,7 +58,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array, lax
@@ -68,15 +67,14 @@ from dmimo_jax._checks import (
     check_finite,
     check_int,
     check_permittivity,
-    check_positions,
     is_concrete,
 )
 from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
-from dmimo_jax.phase import safe_abs, safe_arg
+from dmimo_jax.phase import safe_arg
 from dmimo_jax.physics.fresnel import surface_reflections
-from dmimo_jax.physics.model import check_in_domain
-from dmimo_jax.physics.two_ray import noise_var_from_amplitude, safe_norm
+from dmimo_jax.physics.model import PhasorSumModel
+from dmimo_jax.physics.two_ray import safe_norm
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
@@ -426,13 +424,8 @@ def image_paths(
     )
 
 
-def _minus_arg(s: Array) -> Array:
-    """-arg(s) of the summed phasor ratio, in (-pi, pi]."""
-    return -safe_arg(s)
-
-
 @pytree_dataclass(init=False)
-class ImageSourceModel:
+class ImageSourceModel(PhasorSumModel):
     r"""LoS plus specular bounces on planar reflectors, as a **PhaseModel** (beyond the paper).
 
     ``mean(x)`` is the effective phase of the summed phasors (the room's eq. 7b, unwrapped by
@@ -484,14 +477,6 @@ class ImageSourceModel:
         object.__setattr__(self, "reflectors", reflectors)
         object.__setattr__(self, "order", order)
 
-    @property
-    def num_aps(self) -> int:
-        return self.scene.num_aps
-
-    def _check_x(self, x: ArrayLike) -> None:
-        check_positions("x", x, batched=False)
-        check_in_domain("x", x, self)
-
     def relative_reflections(self, x: ArrayLike) -> tuple[Array, Array]:
         r"""``(d1, rho)``: LoS lengths (M,) and :math:`\rho_{mk}` (M, P) (zero for absent paths),
         each bounce weighted by its antenna gain relative to the LoS one (isotropic: 1)."""
@@ -534,38 +519,7 @@ class ImageSourceModel:
     def perturbation(self, x: ArrayLike) -> Array:
         r"""Phase moved by all bounces, :math:`-\arg(1+\sum_k\rho_{mk})`, (M,) radians (the
         AP's phase offset excluded)."""
-        return _minus_arg(self.phasor_ratio(x)[1])
-
-    def mean(self, x: ArrayLike) -> Array:
-        r""":math:`2\pi d^{(1)}_m/\lambda - \arg(1+\sum_k\rho_{mk}) + \delta_m`, unwrapped by the
-        LoS, (M,), with the AP's phase offset :math:`\delta_m` (zero by default)."""
-        self._check_x(x)
-        return self._mean(x)
-
-    # compiled as one program per model and shape when called outside jit (a script, an
-    # eager vmap), instead of an eager dispatch per operation; inlined inside a jitted caller
-    @jax.jit
-    def _mean(self, x: ArrayLike) -> Array:
-        d1, s = self._ratio(x)
-        return 2 * jnp.pi / self.scene.wavelength * d1 + _minus_arg(s) + self.scene.ap_phase_offsets
-
-    def amplitude(self, x: ArrayLike) -> Array:
-        r"""Effective amplitude :math:`\frac{\lambda}{4\pi d^{(1)}_m}|1+\sum_k\rho_{mk}|`, (M,)."""
-        self._check_x(x)
-        return self._amplitude(x)
-
-    def _amplitude(self, x: ArrayLike) -> Array:
-        d1, s = self._ratio(x)
-        return self.scene.wavelength / (4 * jnp.pi * d1) * safe_abs(s)
-
-    def variance(self, x: ArrayLike) -> Array:
-        """Eq. (9) with the effective amplitude of all paths, rad^2, (M,)."""
-        self._check_x(x)
-        return self._variance(x)
-
-    @jax.jit
-    def _variance(self, x: ArrayLike) -> Array:
-        return noise_var_from_amplitude(self._amplitude(x), self.scene)
+        return -safe_arg(self.phasor_ratio(x)[1])
 
     def __repr__(self) -> str:
         names = ", ".join(r.name for r in self.reflectors)

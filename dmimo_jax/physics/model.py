@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_away_from_aps, is_concrete
-from dmimo_jax.physics.two_ray import TwoRayModel
+from dmimo_jax._checks import check_away_from_aps, check_positions, is_concrete
+from dmimo_jax.phase import safe_abs, safe_arg
+from dmimo_jax.physics.two_ray import TwoRayModel, noise_var_from_amplitude
 from dmimo_jax.scene import Scene
 
-__all__ = ["PhaseModel", "as_phase_model", "check_in_domain"]
+__all__ = ["PhaseModel", "PhasorSumModel", "as_phase_model", "check_in_domain"]
 
 
 @runtime_checkable
@@ -94,3 +97,53 @@ def check_in_domain(name: str, x: Any, model: PhaseModel) -> None:
                 f"reflector {refl.name!r} (signed distance {h[i]:.3g} m): positions must lie "
                 "strictly inside the room, in front of every reflector"
             )
+
+
+class PhasorSumModel:
+    r"""The PhaseModel methods of a model that sums path phasors (rooms, scenes of faces).
+
+    A subclass has ``scene`` and ``_ratio(x) -> (d1, s)``: the LoS lengths (M,) and the
+    total channel relative to the isotropic LoS phasor (M,) (phase offset excluded). Then
+    eq. (7) and eq. (9) give ``mean`` :math:`2\pi d^{(1)}_m/\lambda - \arg s_m + \delta_m`,
+    ``amplitude`` :math:`\frac{\lambda}{4\pi d^{(1)}_m}|s_m|` (0 where no path reaches) and
+    ``variance`` (inf there). Positions are checked once per public call
+    (:func:`check_in_domain`).
+    """
+
+    @property
+    def num_aps(self) -> int:
+        return self.scene.num_aps
+
+    def _check_x(self, x: ArrayLike) -> None:
+        check_positions("x", x, batched=False)
+        check_in_domain("x", x, self)
+
+    def mean(self, x: ArrayLike) -> Array:
+        r""":math:`2\pi d^{(1)}_m/\lambda - \arg s_m + \delta_m`, unwrapped by the LoS, (M,)."""
+        self._check_x(x)
+        return self._mean(x)
+
+    # compiled as one program per model and shape when called outside jit (a script, an
+    # eager vmap), instead of an eager dispatch per operation; inlined inside a jitted caller
+    @jax.jit
+    def _mean(self, x: ArrayLike) -> Array:
+        d1, s = self._ratio(x)
+        return 2 * jnp.pi / self.scene.wavelength * d1 - safe_arg(s) + self.scene.ap_phase_offsets
+
+    def amplitude(self, x: ArrayLike) -> Array:
+        r"""Effective amplitude :math:`\frac{\lambda}{4\pi d^{(1)}_m}|s_m|`, (M,)."""
+        self._check_x(x)
+        return self._amplitude(x)
+
+    def _amplitude(self, x: ArrayLike) -> Array:
+        d1, s = self._ratio(x)
+        return self.scene.wavelength / (4 * jnp.pi * d1) * safe_abs(s)
+
+    def variance(self, x: ArrayLike) -> Array:
+        """Eq. (9) with the effective amplitude of all paths, rad^2, (M,)."""
+        self._check_x(x)
+        return self._variance(x)
+
+    @jax.jit
+    def _variance(self, x: ArrayLike) -> Array:
+        return noise_var_from_amplitude(self._amplitude(x), self.scene)
