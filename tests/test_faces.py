@@ -121,10 +121,9 @@ def _np_mean(x, scene, faces):
 
 @pytest.mark.parametrize("order", [1, 2])
 def test_a_box_of_faces_equals_the_box_room(order):
-    pattern = dj.antenna.DipolePattern() if hasattr(dj.antenna, "DipolePattern") else None
-    scene = SCENE.replace(ap_phase_offsets=jnp.linspace(-1.0, 1.0, SCENE.num_aps))
-    if pattern is not None:
-        scene = scene.replace(antenna=pattern)
+    scene = SCENE.replace(
+        ap_phase_offsets=jnp.linspace(-1.0, 1.0, SCENE.num_aps), antenna=dj.DipolePattern()
+    )
     ref = dj.room_model(scene, ceiling="plasterboard", walls="concrete", order=order)
     faces = box_faces(
         scene.room_size, floor=GROUND, ceiling="plasterboard", walls="concrete", frequency_hz=FREQ
