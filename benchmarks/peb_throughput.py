@@ -37,11 +37,13 @@ def _peb_from(h, j_theta):
 
 
 def peb_channel_fim(x, scene):
-    return _peb_from(dj.phase_jacobian(x, scene), dj.efim_schur(dj.channel_fim(x, scene)))
+    return _peb_from(
+        dj.bounds.phase_jacobian(x, scene), dj.bounds.efim_schur(dj.bounds.channel_fim(x, scene))
+    )
 
 
 def peb_analytic(x, scene):
-    return _peb_from(dj.jacobian_analytic(x, scene), dj.efim(x, scene))
+    return _peb_from(dj.bounds.jacobian_analytic(x, scene), dj.bounds.efim(x, scene))
 
 
 def main(argv=None):

@@ -24,7 +24,7 @@ import dmimo_jax as dj  # noqa: E402
 
 
 def direct_eq7b(x, scene):
-    pp = dj.path_parameters(x, scene)
+    pp = dj.physics.path_parameters(x, scene)
     s = pp.alpha1 * jnp.sin(pp.theta1) + pp.alpha2 * jnp.sin(pp.theta2)
     c = pp.alpha1 * jnp.cos(pp.theta1) + pp.alpha2 * jnp.cos(pp.theta2)
     return jnp.arctan2(s, c)
@@ -42,9 +42,11 @@ def main(argv=None):
         s64 = dj.paper_scene(power)
         s32 = s64.astype(jnp.float32)
         xs = dj.sample_positions(jax.random.key(args.seed), args.n, s64)
-        ref = jax.jit(jax.vmap(dj.effective_phase, (0, None)))(xs, s64)
-        sigma = np.sqrt(np.asarray(jax.jit(jax.vmap(dj.phase_noise_var, (0, None)))(xs, s64)))
-        for name, fn in (("stable", dj.effective_phase), ("direct", direct_eq7b)):
+        ref = jax.jit(jax.vmap(dj.physics.effective_phase, (0, None)))(xs, s64)
+        sigma = np.sqrt(
+            np.asarray(jax.jit(jax.vmap(dj.physics.phase_noise_var, (0, None)))(xs, s64))
+        )
+        for name, fn in (("stable", dj.physics.effective_phase), ("direct", direct_eq7b)):
             th32 = jax.jit(jax.vmap(fn, (0, None)))(xs.astype(jnp.float32), s32)
             assert th32.dtype == jnp.float32
             err = np.abs(np.asarray(dj.wrap(th32.astype(jnp.float64) - ref)))

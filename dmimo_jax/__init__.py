@@ -3,11 +3,14 @@
 Physics, bounds and estimation expect float64: enable it in your entry point with
 ``jax.config.update("jax_enable_x64", True)``; importing dmimo_jax never changes it.
 
-Each layer's main entry points are here (``dj.egs``, ``dj.refine``, ``dj.coarse_to_fine``,
-``dj.peb``, ...), and its module too (``dj.gp``, ``dj.estimators``). ``dj.learning`` and
-``dj.pipeline`` (Flax, orbax) are imported on first access, and so are the nouns a user
-composes from them: ``dj.calibrate``, ``dj.Calibration``, ``dj.run_offline``, ``dj.Locator``,
-``dj.Tracker``, ``dj.Receivers``, ``dj.synthetic_deployment``.
+The top level holds the nouns a user composes: the scene and its propagation models
+(``dj.Scene``, ``dj.paper_scene``, ``dj.ImageSourceModel``, ``dj.MeshModel``, ...), measurement
+(``dj.simulate_phases``), the bound (``dj.peb``), the searches (``dj.egs``, ``dj.refine``,
+``dj.coarse_to_fine``), and, imported on first access with their heavier dependencies (Flax,
+orbax), ``dj.calibrate``, ``dj.Calibration``, ``dj.run_offline``, ``dj.Locator``,
+``dj.Tracker``, ``dj.Receivers``, ``dj.synthetic_deployment``. Everything else lives in its
+module (``dj.bounds.efim_schur``, ``dj.physics.phase_noise_var``); each public name is listed
+in exactly one ``__all__``.
 """
 
 import importlib
@@ -29,39 +32,26 @@ from dmimo_jax import (
 )
 from dmimo_jax.antenna import CosinePattern, DipolePattern, IsotropicPattern
 from dmimo_jax.bounds import (
-    channel_fim,
-    efim,
-    efim_from_variance,
-    efim_schur,
-    jacobian_analytic,
     peb,
     peb_map,
-    phase_jacobian,
     position_fim,
 )
 from dmimo_jax.estimators import (
     coarse_to_fine,
     egs,
     make_grid,
-    phasor_table,
     refine,
     refine_batch,
     refine_multistart,
-    search_grid,
     window_search,
 )
-from dmimo_jax.likelihood import ls_cost, ml_cost
 from dmimo_jax.materials import ITU_MATERIALS, relative_permittivity
 from dmimo_jax.measure import (
-    phases_from_signal,
     random_cpos,
-    received_signal,
     simulate_phases,
     simulate_phases_batch,
-    simulate_phases_exact,
-    simulate_phases_exact_batch,
 )
-from dmimo_jax.phase import angle_diff, circular_mean, wrap
+from dmimo_jax.phase import angle_diff, wrap
 from dmimo_jax.physics import (
     Face,
     ImageSourceModel,
@@ -73,25 +63,14 @@ from dmimo_jax.physics import (
     box_faces,
     box_room,
     cuboid_faces,
-    effective_amplitude,
-    effective_phase,
-    effective_phasor,
-    path_parameters,
-    phase_noise_var,
-    phase_perturbation,
-    reflection_coefficient,
     room_model,
-    unwrapped_phase,
 )
 from dmimo_jax.scene import (
     Scene,
-    dbm_to_watt,
     paper_scene,
     perturb_deployment,
     sample_ap_positions,
     sample_positions,
-    thermal_noise_power,
-    watt_to_dbm,
 )
 
 __version__ = "0.1.0"
@@ -167,61 +146,35 @@ __all__ = [
     "as_phase_model",
     "bounds",
     "calibration",
-    "channel_fim",
     "coarse_to_fine",
     "complexity",
     "egs",
     "estimators",
     "gp",
     "learning",
-    "ls_cost",
     "make_grid",
-    "ml_cost",
     "metrics",
-    "phasor_table",
     "pipeline",
     "refine",
     "refine_batch",
     "refine_multistart",
-    "search_grid",
     "window_search",
-    "circular_mean",
-    "dbm_to_watt",
-    "effective_amplitude",
-    "effective_phase",
-    "effective_phasor",
-    "efim",
-    "efim_from_variance",
-    "efim_schur",
-    "jacobian_analytic",
     "materials",
     "measure",
     "paper_scene",
-    "path_parameters",
     "perturb_deployment",
     "peb",
     "peb_map",
     "phase",
-    "phase_jacobian",
-    "phase_noise_var",
-    "phase_perturbation",
-    "phases_from_signal",
     "physics",
     "position_fim",
     "random_cpos",
-    "received_signal",
-    "reflection_coefficient",
     "relative_permittivity",
     "sample_ap_positions",
     "sample_positions",
     "scene",
     "simulate_phases",
     "simulate_phases_batch",
-    "simulate_phases_exact",
-    "simulate_phases_exact_batch",
-    "thermal_noise_power",
     "tracking",
-    "unwrapped_phase",
-    "watt_to_dbm",
     "wrap",
 ]

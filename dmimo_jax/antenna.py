@@ -39,9 +39,6 @@ from dmimo_jax.pytree import pytree_dataclass
 
 __all__ = [
     "AntennaPattern",
-    "CosinePattern",
-    "DipolePattern",
-    "IsotropicPattern",
     "check_pattern",
     "is_isotropic",
 ]

@@ -57,10 +57,7 @@ __all__ = [
     "complex_peb",
     "phase_jacobian",
     "jacobian_analytic",
-    "position_fim",
     "linearize",
-    "peb",
-    "peb_map",
     "peb_from_fim",
 ]
 

@@ -38,8 +38,6 @@ import numpy as np
 
 __all__ = [
     "ItuMaterial",
-    "ITU_MATERIALS",
-    "relative_permittivity",
     "is_perfect_conductor",
     "material_names",
 ]

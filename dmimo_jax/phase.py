@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
 
-__all__ = ["wrap", "angle_diff", "circular_mean", "safe_arg", "safe_abs"]
+__all__ = ["circular_mean", "safe_arg", "safe_abs"]
 
 
 def wrap(angle: ArrayLike) -> Array:

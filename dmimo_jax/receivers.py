@@ -51,7 +51,6 @@ from dmimo_jax.pytree import pytree_dataclass
 
 __all__ = [
     "ReceiverModel",
-    "Receivers",
     "channel",
     "check_receivers",
     "expected_snapshot",

@@ -28,7 +28,6 @@ from dmimo_jax.materials import Convention, is_perfect_conductor, relative_permi
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
 __all__ = [
-    "Scene",
     "SPEED_OF_LIGHT",
     "pack_greedily",
     "BOLTZMANN_PAPER",
@@ -36,10 +35,6 @@ __all__ = [
     "watt_to_dbm",
     "db_to_linear",
     "thermal_noise_power",
-    "perturb_deployment",
-    "sample_ap_positions",
-    "sample_positions",
-    "paper_scene",
     "paper_scene_data",
 ]
 

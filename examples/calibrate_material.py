@@ -45,6 +45,7 @@ from _helpers import pyplot, save_figure  # noqa: E402
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import calibration, gp, pipeline  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 
 MATERIALS = ("wood", "plasterboard", "concrete", "glass", "metal")
 TEST_POINT = (6.5, 5.0, 2.0)
@@ -54,11 +55,11 @@ def labeled(scene, num, seed):
     k_x, k_cpo, k_n = jax.random.split(jax.random.key(seed), 3)
     x = dj.sample_positions(k_x, num, scene)
     r = dj.simulate_phases_batch(k_n, scene, x, dj.random_cpos(k_cpo, num))
-    return x, r, jax.vmap(dj.phase_noise_var, (0, None))(x, scene)
+    return x, r, jax.vmap(dj.physics.phase_noise_var, (0, None))(x, scene)
 
 
 def gamma_normal(eps, pec):
-    return -1.0 + 0j if pec else complex(dj.reflection_coefficient(1.0, eps))
+    return -1.0 + 0j if pec else complex(dj.physics.reflection_coefficient(1.0, eps))
 
 
 def calibration_table(args) -> list[dict]:
@@ -286,7 +287,7 @@ def main(argv=None):
         args.coverage_repeats = 8
     json_path, png_path = args.out.with_suffix(".json"), args.out.with_suffix(".png")
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    result = json.loads(json_path.read_text()) if json_path.exists() else {}
+    result = read_rows(json_path) if json_path.exists() else {}
     parts = (
         ("table", calibration_table),
         ("sweep", sweep),

@@ -54,9 +54,9 @@ def main(argv: list[str] | None = None) -> dict:
         args.power_dbm, args.material, convention=args.convention, polarization=args.polarization
     )
     x = jnp.asarray(args.ue)
-    theta = dj.effective_phase(x, scene)
-    sigma = jnp.sqrt(dj.phase_noise_var(x, scene))
-    perturbation = dj.phase_perturbation(x, scene)
+    theta = dj.physics.effective_phase(x, scene)
+    sigma = jnp.sqrt(dj.physics.phase_noise_var(x, scene))
+    perturbation = dj.physics.phase_perturbation(x, scene)
     peb_x = float(dj.peb(x, scene))
 
     print(f"dmimo_jax {dj.__version__} on {jax.devices()[0].platform}")

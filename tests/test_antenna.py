@@ -91,7 +91,7 @@ def test_two_ray_rays_match_independent_reference(name):
     model = dj.TwoRayModel(scene)
     xs = _positions(24)
     mean = np.asarray(jax.vmap(model.mean)(xs))
-    amp = np.asarray(jax.vmap(dj.effective_amplitude, (0, None))(xs, scene))
+    amp = np.asarray(jax.vmap(dj.physics.effective_amplitude, (0, None))(xs, scene))
     ground = [(np.zeros(3), np.array([0.0, 0.0, 1.0]), complex(scene.eps_r))]
     ref = np.stack([_np_channel(x, scene, ground) for x in xs])
     np.testing.assert_array_less(np.abs(_wrap(mean + np.angle(ref))), 1e-9)
@@ -205,7 +205,7 @@ def test_patterns_are_differentiable_in_their_parameters(leaf):
 def test_analytic_jacobian_refuses_a_pattern():
     scene = SCENE.replace(antenna=dj.CosinePattern())
     with pytest.raises(ValueError, match="isotropic"):
-        dj.jacobian_analytic(jnp.array([5.0, 5.0, 1.0]), scene)
+        dj.bounds.jacobian_analytic(jnp.array([5.0, 5.0, 1.0]), scene)
 
 
 @pytest.mark.parametrize(

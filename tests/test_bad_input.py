@@ -37,7 +37,7 @@ def _scene(num_aps, **changes):
 @pytest.mark.parametrize(
     "call",
     [
-        lambda x: dj.effective_amplitude(x, SCENE),
+        lambda x: dj.physics.effective_amplitude(x, SCENE),
         lambda x: dj.peb(x, SCENE),
         lambda x: dj.refine(x, R, SCENE),
         lambda x: dj.simulate_phases(jax.random.key(0), SCENE, x, 0.0),
@@ -86,7 +86,7 @@ def test_single_snapshot_cpo_is_checked(cpo, match):
     with pytest.raises(ValueError, match=match):
         dj.simulate_phases(jax.random.key(0), MODEL, X, cpo)
     with pytest.raises(ValueError, match=match):
-        dj.received_signal(jax.random.key(0), SCENE, X, cpo)
+        dj.measure.received_signal(jax.random.key(0), SCENE, X, cpo)
 
 
 # ----------------------------------------------------------------------------- 4. datasets
@@ -266,14 +266,16 @@ def test_coarse_to_fine_checks_its_settings():
 def test_fresnel_refuses_unphysical_permittivity():
     for eps in (0.0, 0.5 + 0j, 4.0 + 1.0j, np.nan):
         with pytest.raises(ValueError, match="eps_r"):
-            dj.reflection_coefficient(0.5, eps)
+            dj.physics.reflection_coefficient(0.5, eps)
 
 
 def test_fresnel_without_an_interface_is_zero_with_finite_gradient():
     for pol in ("TE", "TM"):
         for c in (0.0, 1e-9, 0.3, 1.0):
-            assert abs(complex(dj.reflection_coefficient(c, 1.0 + 0j, pol))) < 1e-12
-        g = jax.grad(lambda c, p=pol: jnp.abs(dj.reflection_coefficient(c, 1.0 + 0j, p)) ** 2)(0.0)
+            assert abs(complex(dj.physics.reflection_coefficient(c, 1.0 + 0j, pol))) < 1e-12
+        g = jax.grad(
+            lambda c, p=pol: jnp.abs(dj.physics.reflection_coefficient(c, 1.0 + 0j, p)) ** 2
+        )(0.0)
         assert np.isfinite(float(g))
 
 
@@ -282,12 +284,12 @@ def test_fresnel_without_an_interface_is_zero_with_finite_gradient():
 
 def test_efim_from_variance_refuses_non_positive_variance():
     with pytest.raises(ValueError, match="variance"):
-        dj.efim_from_variance(jnp.zeros(17))
+        dj.bounds.efim_from_variance(jnp.zeros(17))
 
 
 def test_noise_and_sampler_arguments_are_checked():
     with pytest.raises(ValueError, match="noise_figure_db"):
-        dj.thermal_noise_power(180e3, noise_figure_db=np.nan)
+        dj.scene.thermal_noise_power(180e3, noise_figure_db=np.nan)
     with pytest.raises(ValueError, match="height"):
         dj.sample_ap_positions(jax.random.key(0), 4, height=np.nan)
 
@@ -301,9 +303,11 @@ def test_egs_accepts_a_jax_scalar_spacing():
 
 
 def test_efim_and_exact_simulation_accept_a_two_ray_model():
-    np.testing.assert_allclose(dj.efim(X, MODEL), dj.efim(X, SCENE))
-    a = dj.simulate_phases_exact(jax.random.key(0), MODEL, X, 0.1)
-    np.testing.assert_array_equal(a, dj.simulate_phases_exact(jax.random.key(0), SCENE, X, 0.1))
+    np.testing.assert_allclose(dj.bounds.efim(X, MODEL), dj.bounds.efim(X, SCENE))
+    a = dj.measure.simulate_phases_exact(jax.random.key(0), MODEL, X, 0.1)
+    np.testing.assert_array_equal(
+        a, dj.measure.simulate_phases_exact(jax.random.key(0), SCENE, X, 0.1)
+    )
 
 
 def test_empty_batches_return_empty_results():
@@ -327,7 +331,7 @@ def test_empty_batches_return_empty_results():
         (lambda: SCENE.replace(room_size=jnp.array([-10.0, 10.0, 4.0])), "room_size"),
         (lambda: dj.sample_positions(jax.random.key(0), -1, SCENE), "num"),
         (lambda: dj.random_cpos(jax.random.key(0), -1), "num"),
-        (lambda: dj.ls_cost(X, jnp.zeros(16), SCENE), r"r must have shape \(17,\)"),
+        (lambda: dj.likelihood.ls_cost(X, jnp.zeros(16), SCENE), r"r must have shape \(17,\)"),
         (lambda: dj.refine(X, R, SCENE, num_steps=2.5), "num_steps"),
     ],
 )
@@ -440,7 +444,7 @@ def test_fresnel_gradient_at_no_interface(polarization, cos_gamma):
     c = jnp.asarray(cos_gamma)
 
     def gamma(e):
-        return jnp.real(dj.reflection_coefficient(c, e + 0j, polarization))
+        return jnp.real(dj.physics.reflection_coefficient(c, e + 0j, polarization))
 
     h = 1e-6
     g1, g2 = (float(gamma(1.0 + k * h)) - float(gamma(1.0)) for k in (1, 2))
@@ -484,7 +488,7 @@ def test_tabulated_gp_covers_the_room_or_refuses():
     scene = SCENE.replace(ue_high=jnp.array([9.5, 9.5, 2.0]))
     x = dj.sample_positions(jax.random.key(0), 6, scene)
     r = dj.simulate_phases_batch(jax.random.key(1), scene, x, jnp.zeros(6))
-    var = jax.vmap(dj.phase_noise_var, (0, None))(x, scene)
+    var = jax.vmap(dj.physics.phase_noise_var, (0, None))(x, scene)
     # what is tested is the table's coverage, not the fit: three L-BFGS steps do
     exact = gp.GPPhaseModel.from_fit(gp.fit(x, r, var, scene, num_steps=3), x, r, var, scene)
     with xla_optimized():  # building the table is the long computation here

@@ -17,8 +17,8 @@ def _positions(n, seed=0):
 
 def test_channel_fim_blocks_eqs_11_12():
     m = SCENE.num_aps
-    fim = np.asarray(dj.channel_fim(X0, SCENE))
-    a = np.asarray(dj.effective_amplitude(X0, SCENE))
+    fim = np.asarray(dj.bounds.channel_fim(X0, SCENE))
+    a = np.asarray(dj.physics.effective_amplitude(X0, SCENE))
     s = 2 * float(SCENE.tx_power) / float(SCENE.noise_power)
     assert_allclose(fim, fim.T)
     assert fim[0, 0] == pytest.approx(s * np.sum(a**2), rel=1e-12)
@@ -37,12 +37,12 @@ def test_channel_fim_blocks_eqs_11_12():
 def test_efim_schur_equals_closed_form(pol):
     scene = SCENE.replace(polarization=pol)
     for x in _positions(10, seed=1):
-        schur = dj.efim_schur(dj.channel_fim(x, scene))
-        closed = dj.efim(x, scene)
+        schur = dj.bounds.efim_schur(dj.bounds.channel_fim(x, scene))
+        closed = dj.bounds.efim(x, scene)
         scale = float(jnp.abs(closed).max())
         np.testing.assert_allclose(np.asarray(schur), np.asarray(closed), atol=1e-12 * scale)
         np.testing.assert_allclose(
-            np.asarray(dj.efim_from_variance(dj.phase_noise_var(x, scene))),
+            np.asarray(dj.bounds.efim_from_variance(dj.physics.phase_noise_var(x, scene))),
             np.asarray(closed),
             atol=1e-12 * scale,
         )
@@ -52,7 +52,7 @@ def test_efim_schur_equals_closed_form(pol):
 
 def test_efim_schur_rejects_bad_shape():
     with pytest.raises(ValueError, match="odd size"):
-        dj.efim_schur(jnp.eye(4))
+        dj.bounds.efim_schur(jnp.eye(4))
 
 
 @pytest.mark.parametrize(
@@ -75,8 +75,8 @@ def test_analytic_jacobian_matches_autodiff(material, pol, convention):
             jnp.column_stack([scene.ap_positions[:, :2], jnp.full(17, 1.7)]),
         ]
     )
-    auto = jax.vmap(dj.phase_jacobian, (0, None))(xs, scene)
-    analytic = jax.vmap(dj.jacobian_analytic, (0, None))(xs, scene)
+    auto = jax.vmap(dj.bounds.phase_jacobian, (0, None))(xs, scene)
+    analytic = jax.vmap(dj.bounds.jacobian_analytic, (0, None))(xs, scene)
     assert np.all(np.isfinite(np.asarray(analytic)))
     scale = np.abs(np.asarray(auto)).max(axis=(1, 2), keepdims=True)
     rel = np.abs(np.asarray(analytic - auto)) / scale
@@ -86,17 +86,17 @@ def test_analytic_jacobian_matches_autodiff(material, pol, convention):
 def test_appendix_printed_sign_is_flipped():
     """Eq. (A1) as printed returns -dtheta/dx; LoS-only makes the sign unambiguous."""
     vac = SCENE.replace(eps_r=1.0 + 0j)
-    printed = dj.jacobian_analytic(X0, vac, paper_sign=True)
-    correct = dj.jacobian_analytic(X0, vac)
+    printed = dj.bounds.jacobian_analytic(X0, vac, paper_sign=True)
+    correct = dj.bounds.jacobian_analytic(X0, vac)
     delta = np.asarray(X0)[None, :] - np.asarray(SCENE.ap_positions)
     d1 = np.linalg.norm(delta, axis=1, keepdims=True)
     expected = 2 * np.pi / float(SCENE.wavelength) * delta / d1  # d(2 pi d1 / lam)/dx
     assert_allclose(correct, expected)
     assert_allclose(printed, -expected)
     # and the sign does not change the position FIM
-    j = dj.efim(X0, SCENE)
-    h = dj.jacobian_analytic(X0, SCENE)
-    hp = dj.jacobian_analytic(X0, SCENE, paper_sign=True)
+    j = dj.bounds.efim(X0, SCENE)
+    h = dj.bounds.jacobian_analytic(X0, SCENE)
+    hp = dj.bounds.jacobian_analytic(X0, SCENE, paper_sign=True)
     assert_allclose(h.T @ j @ h, hp.T @ j @ hp)
 
 
@@ -108,10 +108,14 @@ def test_peb_against_finite_differences():
         for k in range(3):
             e = jnp.zeros(3).at[k].set(h_step)
             cols.append(
-                (dj.unwrapped_phase(x + e, SCENE) - dj.unwrapped_phase(x - e, SCENE)) / (2 * h_step)
+                (
+                    dj.physics.unwrapped_phase(x + e, SCENE)
+                    - dj.physics.unwrapped_phase(x - e, SCENE)
+                )
+                / (2 * h_step)
             )
         h_fd = jnp.stack(cols, axis=1)
-        j_fd = h_fd.T @ dj.efim(x, SCENE) @ h_fd
+        j_fd = h_fd.T @ dj.bounds.efim(x, SCENE) @ h_fd
         peb_fd = float(jnp.sqrt(jnp.trace(jnp.linalg.inv(j_fd))))
         assert float(dj.peb(x, SCENE)) == pytest.approx(peb_fd, rel=1e-5)
 
@@ -130,8 +134,8 @@ def test_peb_matches_monte_carlo_of_linearized_estimator():
     """Cramer-Rao check: the efficient linearized WLS estimator with the CPO as a nuisance
     has error covariance J(x)^{-1}; its Monte-Carlo RMSE matches the PEB."""
     x = X0
-    h = dj.phase_jacobian(x, SCENE)
-    var = dj.phase_noise_var(x, SCENE)
+    h = dj.bounds.phase_jacobian(x, SCENE)
+    var = dj.physics.phase_noise_var(x, SCENE)
     a = jnp.concatenate([h, jnp.ones((17, 1))], axis=1)  # unknowns: dx (3) and dphi (1)
     w = 1.0 / var
     gain = jnp.linalg.solve(a.T @ (w[:, None] * a), a.T * w[None, :])

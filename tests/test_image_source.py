@@ -300,7 +300,7 @@ def test_room_peb_is_finite_and_matches_finite_differences():
         ],
         axis=1,
     )
-    j_theta = dj.efim_from_variance(ROOM.variance(X0))
+    j_theta = dj.bounds.efim_from_variance(ROOM.variance(X0))
     peb_fd = dj.bounds.peb_from_fim(jnp.asarray(jac_fd).T @ j_theta @ jnp.asarray(jac_fd))
     peb = dj.peb(X0, ROOM)
     assert np.isfinite(float(peb)) and 1e-6 < float(peb) < 1e-3

@@ -32,8 +32,8 @@ def test_wrap_correction_eq16_cases():
 
 
 def test_cpo_estimate_exact_when_straddling_pi():
-    theta = dj.unwrapped_phase(X0, SCENE)
-    var = dj.phase_noise_var(X0, SCENE)
+    theta = dj.physics.unwrapped_phase(X0, SCENE)
+    var = dj.physics.phase_noise_var(X0, SCENE)
     noise = 0.05 * jax.random.normal(jax.random.key(0), (17,))
     for phi in (np.pi - 0.02, -np.pi + 0.01, np.pi):
         r = dj.wrap(theta + phi + noise)
@@ -44,8 +44,8 @@ def test_cpo_estimate_exact_when_straddling_pi():
 
 
 def test_cpo_estimate_invariant_to_constant_shift():
-    theta = dj.unwrapped_phase(X0, SCENE)
-    var = dj.phase_noise_var(X0, SCENE)
+    theta = dj.physics.unwrapped_phase(X0, SCENE)
+    var = dj.physics.phase_noise_var(X0, SCENE)
     r = dj.simulate_phases(jax.random.key(1), SCENE, X0, 0.3)
     base = dj.likelihood.cpo_estimate(r, theta, var)
     for c in np.linspace(-3 * np.pi, 3 * np.pi, 97):

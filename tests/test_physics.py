@@ -22,8 +22,8 @@ def _positions(n, seed=0, scene=SCENE):
 @pytest.mark.parametrize("eps", [5.24 - 0.0096j, 5.24 - 0.872j, 2.0 - 0.05j, 30.0 - 3.0j])
 def test_gamma_normal_incidence(eps):
     s = np.sqrt(eps)
-    te = complex(dj.reflection_coefficient(1.0, eps, "TE"))
-    tm = complex(dj.reflection_coefficient(1.0, eps, "TM"))
+    te = complex(dj.physics.reflection_coefficient(1.0, eps, "TE"))
+    tm = complex(dj.physics.reflection_coefficient(1.0, eps, "TM"))
     assert te == pytest.approx((1 - s) / (1 + s), rel=1e-12)
     # TM at normal incidence is (eps - sqrt eps)/(eps + sqrt eps) = -Gamma_TE
     assert tm == pytest.approx(-(1 - s) / (1 + s), rel=1e-12)
@@ -32,26 +32,30 @@ def test_gamma_normal_incidence(eps):
 @pytest.mark.parametrize("pol", ["TE", "TM"])
 def test_gamma_grazing_tends_to_minus_one(pol):
     c = jnp.array([1e-3, 1e-5, 1e-7])
-    g = np.asarray(dj.reflection_coefficient(c, 5.24 - 0.0096j, pol))
+    g = np.asarray(dj.physics.reflection_coefficient(c, 5.24 - 0.0096j, pol))
     err = np.abs(g + 1)
     assert np.all(np.diff(err) < 0) and err[-1] < 1e-5
-    assert complex(dj.reflection_coefficient(0.0, 5.24 - 0.0096j, pol)) == pytest.approx(-1.0)
+    assert complex(dj.physics.reflection_coefficient(0.0, 5.24 - 0.0096j, pol)) == pytest.approx(
+        -1.0
+    )
 
 
 def test_gamma_metal_and_passivity():
     c = jnp.linspace(0.0, 1.0, 101)
-    g = dj.reflection_coefficient(c, 5.0, "TE", perfect_conductor=True)
+    g = dj.physics.reflection_coefficient(c, 5.0, "TE", perfect_conductor=True)
     np.testing.assert_array_equal(np.asarray(g), -1.0)
     for pol in ("TE", "TM"):
-        g = np.asarray(dj.reflection_coefficient(c, 5.24 - 0.872j, pol))
+        g = np.asarray(dj.physics.reflection_coefficient(c, 5.24 - 0.872j, pol))
         assert np.all(np.abs(g) <= 1.0)
     # vacuum below vacuum reflects nothing
-    np.testing.assert_allclose(np.asarray(dj.reflection_coefficient(c, 1.0 + 0j)), 0.0, atol=1e-15)
+    np.testing.assert_allclose(
+        np.asarray(dj.physics.reflection_coefficient(c, 1.0 + 0j)), 0.0, atol=1e-15
+    )
 
 
 def test_gamma_bad_polarization():
     with pytest.raises(ValueError, match="polarization"):
-        dj.reflection_coefficient(0.5, 5.0, "X")
+        dj.physics.reflection_coefficient(0.5, 5.0, "X")
 
 
 # --- geometry and the effective phasor, eqs. (4), (7) --------------------------------
@@ -77,13 +81,13 @@ def test_phasor_identity_eq7(pol, material):
     """Eq. (7a)/(7b) closed forms equal the complex sum of the two paths of eq. (4)."""
     scene = dj.paper_scene(material=material, polarization=pol, convention="itu")
     for x in _positions(20, seed=1, scene=scene):
-        pp = dj.path_parameters(x, scene)
+        pp = dj.physics.path_parameters(x, scene)
         a1, t1, a2, t2 = (np.asarray(v) for v in pp[:4])
         h_sum = a1 * np.exp(-1j * t1) + a2 * np.exp(-1j * t2)
         alpha_7a = np.sqrt(a1**2 + a2**2 + 2 * a1 * a2 * np.cos(t1 - t2))
         theta_7b = np.arctan2(a1 * np.sin(t1) + a2 * np.sin(t2), a1 * np.cos(t1) + a2 * np.cos(t2))
-        alpha = np.asarray(dj.effective_amplitude(x, scene))
-        theta = np.asarray(dj.effective_phase(x, scene))
+        alpha = np.asarray(dj.physics.effective_amplitude(x, scene))
+        theta = np.asarray(dj.physics.effective_phase(x, scene))
         assert_allclose(alpha, np.abs(h_sum), rtol=1e-12)
         assert_allclose(alpha, alpha_7a, rtol=1e-12)
         # compare on the circle; phases ~170 rad lose ~1e-13 in the direct form
@@ -91,13 +95,13 @@ def test_phasor_identity_eq7(pol, material):
         np.testing.assert_allclose(
             np.angle(np.exp(1j * (theta + np.angle(h_sum)))), 0.0, atol=1e-11
         )
-        assert_allclose(np.asarray(dj.effective_phasor(x, scene)), h_sum, rtol=1e-11)
+        assert_allclose(np.asarray(dj.physics.effective_phasor(x, scene)), h_sum, rtol=1e-11)
 
 
 def test_amplitude_between_path_difference_and_sum():
     for x in _positions(100, seed=2):
-        pp = dj.path_parameters(x, SCENE)
-        alpha = np.asarray(dj.effective_amplitude(x, SCENE))
+        pp = dj.physics.path_parameters(x, SCENE)
+        alpha = np.asarray(dj.physics.effective_amplitude(x, SCENE))
         a1, a2 = np.asarray(pp.alpha1), np.asarray(pp.alpha2)
         assert np.all(alpha <= a1 + a2 + 1e-18)
         assert np.all(alpha >= np.abs(a1 - a2) - 1e-18)
@@ -108,27 +112,29 @@ def test_los_only_phase_and_sign():
     scene = SCENE.replace(eps_r=1.0 + 0j)
     x = X0
     d1 = np.linalg.norm(np.asarray(SCENE.ap_positions) - np.asarray(x), axis=1)
-    assert_allclose(dj.unwrapped_phase(x, scene), 2 * np.pi * d1 / float(SCENE.wavelength))
-    assert_allclose(dj.effective_amplitude(x, scene), float(SCENE.wavelength) / (4 * np.pi * d1))
+    assert_allclose(dj.physics.unwrapped_phase(x, scene), 2 * np.pi * d1 / float(SCENE.wavelength))
+    assert_allclose(
+        dj.physics.effective_amplitude(x, scene), float(SCENE.wavelength) / (4 * np.pi * d1)
+    )
     # moving away from AP 0 (straight down) increases its phase at 2 pi / lambda per metre
-    g = jax.grad(lambda z: dj.unwrapped_phase(jnp.array([5.0, 5.0, z]), scene)[0])(2.0)
+    g = jax.grad(lambda z: dj.physics.unwrapped_phase(jnp.array([5.0, 5.0, z]), scene)[0])(2.0)
     assert float(g) == pytest.approx(-2 * np.pi / float(SCENE.wavelength), rel=1e-12)
 
 
 def test_effective_phase_is_wrapped_unwrapped():
     for x in _positions(20, seed=3):
-        th = np.asarray(dj.effective_phase(x, SCENE))
+        th = np.asarray(dj.physics.effective_phase(x, SCENE))
         assert np.all(th >= -np.pi) and np.all(th < np.pi)
-        assert_allclose(th, np.asarray(dj.wrap(dj.unwrapped_phase(x, SCENE))))
-        pert = np.asarray(dj.phase_perturbation(x, SCENE))
+        assert_allclose(th, np.asarray(dj.wrap(dj.physics.unwrapped_phase(x, SCENE))))
+        pert = np.asarray(dj.physics.phase_perturbation(x, SCENE))
         assert np.all(np.abs(pert) < np.pi / 2)
 
 
 def test_noise_variance_eq9_and_power_scaling():
-    var = dj.phase_noise_var(X0, SCENE)
-    alpha = dj.effective_amplitude(X0, SCENE)
+    var = dj.physics.phase_noise_var(X0, SCENE)
+    alpha = dj.physics.effective_amplitude(X0, SCENE)
     assert_allclose(var, SCENE.noise_power / (2 * SCENE.tx_power * alpha**2))
-    var_hi = dj.phase_noise_var(X0, dj.paper_scene(power_dbm=10.0))
+    var_hi = dj.physics.phase_noise_var(X0, dj.paper_scene(power_dbm=10.0))
     assert_allclose(var / var_hi, np.full(17, 100.0))
     # the paper's regime: sigma ~ 5e-4 rad at -10 dBm
     assert 1e-4 < float(jnp.sqrt(var).mean()) < 1e-3
@@ -136,7 +142,12 @@ def test_noise_variance_eq9_and_power_scaling():
 
 def test_vmap_jit_equivalence():
     xs = _positions(64, seed=4)
-    for fn in (dj.effective_phase, dj.effective_amplitude, dj.phase_noise_var, dj.unwrapped_phase):
+    for fn in (
+        dj.physics.effective_phase,
+        dj.physics.effective_amplitude,
+        dj.physics.phase_noise_var,
+        dj.physics.unwrapped_phase,
+    ):
         batched = jax.jit(jax.vmap(fn, in_axes=(0, None)))(xs, SCENE)
         loop = np.stack([np.asarray(fn(x, SCENE)) for x in xs])
         # XLA may reorder float ops under jit: allow a few ulp of a ~170 rad phase
@@ -150,24 +161,28 @@ def test_gradients_finite_straight_below_ap(pol):
     scene = SCENE.replace(polarization=pol)
     ap = np.asarray(scene.ap_positions)
     xs = jnp.asarray([[a[0], a[1], z] for a in ap for z in (0.5, 2.0, 3.5)])
-    for fn in (dj.unwrapped_phase, dj.effective_amplitude, dj.phase_noise_var):
+    for fn in (
+        dj.physics.unwrapped_phase,
+        dj.physics.effective_amplitude,
+        dj.physics.phase_noise_var,
+    ):
         fwd = jax.jit(jax.vmap(jax.jacfwd(fn), (0, None)))(xs, scene)
         rev = jax.jit(jax.vmap(jax.jacrev(fn), (0, None)))(xs, scene)
         assert np.all(np.isfinite(np.asarray(fwd))), fn.__name__
         assert_allclose(fwd, rev, rtol=1e-9, atol=1e-12)
     x = jnp.array([5.0, 5.0, 2.0])  # directly below AP 0
     check_grads(
-        jax.jit(lambda x: dj.unwrapped_phase(x, scene)), (x,), order=1, modes=["fwd", "rev"]
+        jax.jit(lambda x: dj.physics.unwrapped_phase(x, scene)), (x,), order=1, modes=["fwd", "rev"]
     )
-    g = jax.grad(lambda e: jnp.sum(dj.unwrapped_phase(x, scene.replace(eps_r=e))))(5.0 + 0j)
+    g = jax.grad(lambda e: jnp.sum(dj.physics.unwrapped_phase(x, scene.replace(eps_r=e))))(5.0 + 0j)
     assert np.isfinite(complex(g))
 
 
 def test_model_is_pytree_and_matches_functions():
     model = dj.TwoRayModel(SCENE)
     mean = jax.jit(lambda m, x: m.mean(x))(model, X0)
-    assert_allclose(mean, dj.unwrapped_phase(X0, SCENE))
-    assert_allclose(model.variance(X0), dj.phase_noise_var(X0, SCENE))
+    assert_allclose(mean, dj.physics.unwrapped_phase(X0, SCENE))
+    assert_allclose(model.variance(X0), dj.physics.phase_noise_var(X0, SCENE))
     assert isinstance(model, dj.PhaseModel)
     assert dj.as_phase_model(SCENE).num_aps == 17
     with pytest.raises(ValueError, match="PhaseModel"):
@@ -178,12 +193,12 @@ def test_float32_effective_phase_error_is_visible_but_below_noise():
     """float32 loses ~1e-5 rad on ~170 rad phases: measured, and kept below the noise std."""
     xs = _positions(1280, seed=5)
     s32 = SCENE.astype(jnp.float32)
-    phases = jax.jit(jax.vmap(dj.effective_phase, (0, None)))
+    phases = jax.jit(jax.vmap(dj.physics.effective_phase, (0, None)))
     th64 = phases(xs, SCENE)
     th32 = phases(xs.astype(jnp.float32), s32)
     assert th32.dtype == jnp.float32
     err = np.abs(np.asarray(dj.wrap(th32.astype(jnp.float64) - th64)))
-    sigma = np.sqrt(np.asarray(jax.vmap(dj.phase_noise_var, (0, None))(xs, SCENE)))
+    sigma = np.sqrt(np.asarray(jax.vmap(dj.physics.phase_noise_var, (0, None))(xs, SCENE)))
     assert 1e-7 < err.max() < 1e-3  # visible, not catastrophic
     assert np.median(err / sigma) < 0.2
 
@@ -199,7 +214,12 @@ def test_float32_effective_phase_error_is_visible_but_below_noise():
     ],
 )
 def test_position_validation(x, match):
-    for fn in (dj.effective_phase, dj.effective_amplitude, dj.phase_noise_var, dj.peb):
+    for fn in (
+        dj.physics.effective_phase,
+        dj.physics.effective_amplitude,
+        dj.physics.phase_noise_var,
+        dj.peb,
+    ):
         with pytest.raises(ValueError, match=match):
             fn(x, SCENE)
 

@@ -295,6 +295,35 @@ def test_every_public_name_is_documented_and_the_top_level_has_the_nouns_users_c
         assert noun in dj.__all__ and getattr(dj, noun) is not None
 
 
+def test_each_public_name_has_one_home():
+    """A name is public where an ``__all__`` lists it: the package's top level and the modules
+    with an API page. Each object is listed once; a subpackage's modules are its
+    implementation (no ``__all__``), and the top level holds the nouns, not the internals."""
+    import collections
+    import importlib
+    import pathlib
+    import pkgutil
+    import types
+
+    pages = {p.stem for p in (pathlib.Path(__file__).parents[1] / "docs" / "api").glob("*.md")}
+    documented = {"dmimo_jax"} | {f"dmimo_jax.{p}" for p in pages if p != "index"}
+    homes = collections.defaultdict(list)
+    for info in [None, *pkgutil.walk_packages(dj.__path__, "dmimo_jax.")]:
+        name = "dmimo_jax" if info is None else info.name
+        module = importlib.import_module(name)
+        if not hasattr(module, "__all__"):
+            continue
+        assert name in documented, f"{name} has an __all__ but no API page"
+        for public in module.__all__:
+            obj = getattr(module, public)
+            if not isinstance(obj, types.ModuleType):
+                homes[(public, id(obj))].append(name)
+    twice = {k[0]: v for k, v in homes.items() if len(v) > 1}
+    assert not twice, twice
+    for internal in ("efim_schur", "jacobian_analytic", "simulate_phases_exact_batch"):
+        assert internal not in dj.__all__ and not hasattr(dj, internal)
+
+
 def test_the_readme_script_is_the_example_that_runs():
     root = pathlib.Path(__file__).parents[1]
     readme = (root / "README.md").read_text()

@@ -123,24 +123,6 @@ from dmimo_jax.receivers import (
     profiled_residuals,
 )
 
-__all__ = [
-    "CALIBRATION_STARTS",
-    "CONVERGENCE_TOLERANCE",
-    "GROUPS",
-    "MIN_EXPONENT_START",
-    "UNLABELED_STEPS",
-    "Calibration",
-    "Unlabeled",
-    "calibrate",
-    "chi2_band",
-    "error_scale",
-    "fit_status",
-    "log_likelihood",
-    "offsets_closed_form",
-    "receivers_closed_form",
-    "with_permittivities",
-]
-
 CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
 """ITU-R P.2040 materials used as starting points (Table I of the paper, metal excepted)."""
 

@@ -46,7 +46,6 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax.calibration.deployment import (
-    CALIBRATION_STARTS,
     calibrate,
     log_likelihood,
     with_permittivities,
@@ -54,17 +53,6 @@ from dmimo_jax.calibration.deployment import (
 from dmimo_jax.physics import ImageSourceModel, TwoRayModel
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
-
-__all__ = [
-    "CALIBRATION_STARTS",
-    "MaterialFit",
-    "MaterialPosterior",
-    "fit_material",
-    "fit_surfaces",
-    "log_likelihood",
-    "material_posterior",
-    "with_permittivities",
-]
 
 
 @pytree_dataclass
@@ -167,7 +155,7 @@ def fit_material(
         >>> scene = dj.paper_scene(-20.0, convention="itu")
         >>> x = dj.sample_positions(jax.random.key(0), 10, scene)
         >>> r = dj.simulate_phases_batch(jax.random.key(1), scene, x, jnp.zeros(10))
-        >>> var = jax.vmap(dj.phase_noise_var, (0, None))(x, scene)
+        >>> var = jax.vmap(dj.physics.phase_noise_var, (0, None))(x, scene)
         >>> fit = fit_material(x, r, var, scene)
         >>> fit.polarization, bool(abs(fit.eps_r / scene.eps_r - 1) < 0.05)
         ('TE', True)

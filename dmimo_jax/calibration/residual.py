@@ -39,14 +39,6 @@ from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import jit_or_eager, pytree_dataclass
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "RESIDUAL_LENGTH_SCALE",
-    "RESIDUAL_NOISE",
-    "ResidualFieldModel",
-    "fit_residual_field",
-    "residual_phasors",
-]
-
 #: Matern-3/2 length scale (m) and noise variance (of a unit phasor's real or imaginary part)
 #: of :func:`fit_residual_field`, chosen on Techtile's EXP003/EXP005 at L = 50 (docs/real_data.md).
 RESIDUAL_LENGTH_SCALE = 0.25

@@ -44,8 +44,6 @@ from dmimo_jax.calibration.residual import (
 from dmimo_jax.estimators import Grid, coherent_search
 from dmimo_jax.physics import PhaseModel, as_phase_model
 
-__all__ = ["SelfTraining", "confirmed_by_neighbours", "self_train_field"]
-
 
 class SelfTraining(NamedTuple):
     """The result of :func:`self_train_field`.

@@ -18,7 +18,6 @@ from dmimo_jax.datasets.meshes import (
     read_ply,
 )
 from dmimo_jax.datasets.techtile import (
-    SPEED_OF_LIGHT,
     TECHTILE_FREQUENCY_HZ,
     TechtileExperiment,
     list_experiments,
@@ -33,8 +32,12 @@ from dmimo_jax.datasets.worlds import (
     SyntheticDeployment,
     face_scene,
     sample_world_positions,
-    synthetic_deployment,
 )
+
+# isort: split
+# At the top of the package (their home is `dmimo_jax`, e.g. `dj.synthetic_deployment`): kept here so the
+# older paths keep working; they are not in this module's __all__.
+from dmimo_jax.datasets.worlds import synthetic_deployment  # noqa: F401
 
 __all__ = [
     "faces_from_mesh",
@@ -48,8 +51,6 @@ __all__ = [
     "ROOM_MATERIALS",
     "ROOM_WALLS",
     "SyntheticDeployment",
-    "synthetic_deployment",
-    "SPEED_OF_LIGHT",
     "TECHTILE_FREQUENCY_HZ",
     "TechtileExperiment",
     "list_experiments",

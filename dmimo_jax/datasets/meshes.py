@@ -34,8 +34,6 @@ from dmimo_jax.materials import ITU_MATERIALS
 from dmimo_jax.physics import Face
 from dmimo_jax.physics.faces import check_polygon
 
-__all__ = ["faces_from_mesh", "load_mitsuba", "load_obj", "read_obj", "read_ply"]
-
 _PLY_TYPES = MappingProxyType({
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
     "short": "i2", "int16": "i2", "ushort": "u2", "uint16": "u2",

@@ -28,19 +28,8 @@ import numpy as np
 
 from dmimo_jax.materials import relative_permittivity
 from dmimo_jax.physics import ImageSourceModel, box_room
-from dmimo_jax.scene import Scene
+from dmimo_jax.scene import SPEED_OF_LIGHT, Scene
 
-__all__ = [
-    "SPEED_OF_LIGHT",
-    "TECHTILE_FREQUENCY_HZ",
-    "TechtileExperiment",
-    "list_experiments",
-    "load_techtile",
-    "techtile_room_model",
-    "techtile_scene",
-]
-
-SPEED_OF_LIGHT = 299_792_458.0
 TECHTILE_FREQUENCY_HZ = 920e6
 _ANTENNAS = "techtile_antenna_locations.yml"
 _ROOM = "techtile_room.yml"

@@ -26,16 +26,6 @@ from dmimo_jax.physics import (
 )
 from dmimo_jax.scene import Scene, paper_scene, perturb_deployment, sample_positions
 
-__all__ = [
-    "FACE_MATERIALS",
-    "ROOM_MATERIALS",
-    "ROOM_WALLS",
-    "SyntheticDeployment",
-    "face_scene",
-    "sample_world_positions",
-    "synthetic_deployment",
-]
-
 
 class SyntheticDeployment(NamedTuple):
     """Output of :func:`synthetic_deployment`."""

@@ -46,23 +46,6 @@ from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "CandidateResult",
-    "CellGrid",
-    "CellTable",
-    "candidate_search",
-    "candidate_search_unchecked",
-    "cell_grid",
-    "CellGroups",
-    "cell_groups",
-    "check_cell_table",
-    "bucket_size",
-    "starts_by_cell",
-    "starts_by_snapshot",
-    "subgrid_shift",
-    "cell_table",
-]
-
 
 @pytree_dataclass
 class CellGrid:

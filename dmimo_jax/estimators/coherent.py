@@ -37,18 +37,6 @@ from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.receivers import ReceiverModel, profiled_residuals
 
-__all__ = [
-    "CoherentResult",
-    "CoherentTable",
-    "coherent_peaks",
-    "coherent_refine",
-    "coherent_search",
-    "coherent_table",
-    "complex_search",
-    "expected_phasor",
-    "knn_locate",
-]
-
 
 class CoherentResult(NamedTuple):
     """Positions (N, 3) and their normalized coherence score (N,) in [0, 1] (from

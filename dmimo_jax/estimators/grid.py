@@ -38,22 +38,6 @@ from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "Grid",
-    "as_spacing",
-    "make_grid",
-    "search_grid",
-    "grid_points",
-    "PhasorTable",
-    "phasor_table",
-    "GRID_AXIS",
-    "device_mesh",
-    "num_chunks_for",
-    "sharded_top_k",
-    "top_k",
-    "scan_top_k",
-]
-
 GRID_AXIS = "grid"  # mesh axis the grid chunks are sharded over
 
 

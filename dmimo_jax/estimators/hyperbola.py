@@ -27,15 +27,6 @@ from jax.typing import ArrayLike
 from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.phase import wrap
 
-__all__ = [
-    "ambiguities",
-    "default_starts",
-    "estimate",
-    "hyperboloid_residuals",
-    "intersect",
-    "max_ambiguity",
-]
-
 
 def _split(v: Array, reference: int) -> tuple[Array, Array]:
     others = [m for m in range(v.shape[-1]) if m != reference]

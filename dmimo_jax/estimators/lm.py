@@ -24,8 +24,6 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
-__all__ = ["LMResult", "levenberg_marquardt"]
-
 
 class LMResult(NamedTuple):
     """Output of :func:`levenberg_marquardt`."""

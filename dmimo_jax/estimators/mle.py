@@ -38,18 +38,6 @@ from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "RefineResult",
-    "refine",
-    "refine_batch",
-    "MultiStartResult",
-    "refine_multistart",
-    "refine_batch_unchecked",
-    "refine_multistart_unchecked",
-    "check_lm_settings",
-    "check_num_steps",
-]
-
 
 class RefineResult(NamedTuple):
     """Output of :func:`refine` (shapes for one snapshot; batched adds a leading axis)."""

@@ -19,8 +19,6 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-__all__ = ["phasor_rows", "coherence_weights", "squared_coherence", "cube_offsets"]
-
 
 def phasor_rows(theta: ArrayLike) -> Array:
     r"""Float32 rows :math:`[\cos\theta_1..\cos\theta_M, \sin\theta_1..\sin\theta_M]` (..., 2M)

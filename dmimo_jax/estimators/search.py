@@ -55,17 +55,6 @@ from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "EgsResult",
-    "egs",
-    "egs_scan",
-    "egs_table_search",
-    "screen",
-    "CoarseToFineResult",
-    "coarse_to_fine",
-    "coarse_to_fine_unchecked",
-]
-
 
 class EgsResult(NamedTuple):
     """Output of :func:`egs` (leading batch axis B)."""

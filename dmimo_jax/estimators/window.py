@@ -29,8 +29,6 @@ from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel
 
-__all__ = ["window_covers_table", "window_search"]
-
 
 def _window_offsets(radius: float, spacing: float) -> np.ndarray:
     n = int(np.ceil(radius / spacing))

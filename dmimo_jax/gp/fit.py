@@ -27,8 +27,6 @@ from dmimo_jax.gp.kernel import (
 from dmimo_jax.phase import wrap
 from dmimo_jax.scene import Scene
 
-__all__ = ["GPFit", "fit", "initial_cpos", "initial_params", "profile_cpos"]
-
 
 def initial_cpos(x: ArrayLike, r: ArrayLike, scene: Scene) -> Array:
     r"""CPO start values: the circular mean over APs of the LoS residuals :math:`r - 2\pi d^{(1)}/\lambda`, (L,)."""

@@ -35,23 +35,6 @@ from dmimo_jax.phase import wrap
 from dmimo_jax.physics import geometry, noise_var_from_amplitude, path_gains, safe_norm
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "GPParams",
-    "MAX_COVARIANCE_BYTES",
-    "check_covariance_size",
-    "check_params",
-    "build_kernel",
-    "check_training_data",
-    "features",
-    "flat_features",
-    "kernel_factors",
-    "log_marginal_likelihood",
-    "los_noise_var",
-    "los_phase",
-    "residuals",
-    "training_process",
-]
-
 
 class GPParams(NamedTuple):
     r"""Hyperparameters :math:`\psi = [\sigma_f^2, \ell_1^2, \ell_2^2, \ell_3^2]` in log space."""

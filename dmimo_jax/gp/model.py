@@ -29,8 +29,6 @@ from dmimo_jax.gp.kernel import (
 from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.scene import Scene
 
-__all__ = ["GPMeanModel", "GPPhaseModel", "TabulatedGPModel", "interpolate"]
-
 
 @pytree_dataclass
 class GPPhaseModel:

@@ -21,8 +21,6 @@ from dmimo_jax.phase import angle_diff, circular_mean
 from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.scene import Scene
 
-__all__ = ["GPMixtureModel", "GPPosterior", "fit_nuts"]
-
 
 class GPPosterior(NamedTuple):
     """Output of :func:`fit_nuts`: posterior draws (leading axis = draws)."""

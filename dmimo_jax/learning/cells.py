@@ -31,8 +31,6 @@ from dmimo_jax.estimators.candidates import CellGrid
 from dmimo_jax.learning.mlp import MLP, MLPConfig, check_reference
 from dmimo_jax.learning.nets import differential_inputs, network_input
 
-__all__ = ["CellClassifier", "CellConfig"]
-
 
 @dataclasses.dataclass(frozen=True)
 class CellConfig(MLPConfig):

@@ -29,16 +29,6 @@ from dmimo_jax.measure import simulate_phases
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "SyntheticBatch",
-    "load_dataset",
-    "model_fingerprint",
-    "read_meta",
-    "synthesize",
-    "write_dataset",
-    "write_json_atomic",
-]
-
 
 class SyntheticBatch(NamedTuple):
     """A batch of the synthetic set (Sec. III-C): positions, phases, CPOs (and more)."""

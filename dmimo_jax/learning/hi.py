@@ -23,8 +23,6 @@ from dmimo_jax.learning.mlp import MLP, MLPConfig, check_reference
 from dmimo_jax.learning.nets import differential_inputs, jit_method, network_input
 from dmimo_jax.scene import Scene
 
-__all__ = ["AmbiguityClassifier", "HIEstimator"]
-
 
 class AmbiguityClassifier(nnx.Module):
     r"""The HI benchmark's ambiguity estimator: one softmax over Q = 2 n_max + 1 integers per

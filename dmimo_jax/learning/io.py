@@ -18,8 +18,6 @@ from dmimo_jax.learning.hi import AmbiguityClassifier
 from dmimo_jax.learning.mlp import MLPRegressor
 from dmimo_jax.learning.popt import POPT
 
-__all__ = ["NETWORKS", "build_model", "load_model", "model_spec", "save_model"]
-
 #: kind -> network class (read-only): the networks a model file can hold
 NETWORKS = MappingProxyType(
     {cls.kind: cls for cls in (POPT, MLPRegressor, AmbiguityClassifier, CellClassifier)}

@@ -28,8 +28,6 @@ from dmimo_jax.learning.nets import (
     network_input,
 )
 
-__all__ = ["MLPConfig", "MLP", "MLPRegressor", "check_reference"]
-
 
 @dataclasses.dataclass(frozen=True)
 class MLPConfig:

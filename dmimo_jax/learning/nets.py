@@ -27,18 +27,6 @@ from flax import nnx
 
 from dmimo_jax._checks import check_phases
 
-__all__ = [
-    "Stat",
-    "Standardizer",
-    "network_input",
-    "differential_inputs",
-    "functional",
-    "inference_fn",
-    "jit_method",
-    "phase_tokens",
-    "PositionRegressor",
-]
-
 
 class Stat(nnx.Variable):
     """A fixed (not trained) array stored with the model: target mean and scale."""

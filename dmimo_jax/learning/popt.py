@@ -28,8 +28,6 @@ from dmimo_jax.learning.nets import (
     phase_tokens,
 )
 
-__all__ = ["POPTConfig", "POPT", "EncoderBlock"]
-
 
 @dataclasses.dataclass(frozen=True)
 class POPTConfig:

@@ -10,16 +10,6 @@ from dmimo_jax.learning.cells import CellConfig
 from dmimo_jax.learning.popt import POPTConfig
 from dmimo_jax.learning.train import TrainConfig
 
-__all__ = [
-    "CELLS_CPU",
-    "CELLS_GPU",
-    "CELLS_QUICK",
-    "PRESETS",
-    "CellsPreset",
-    "Preset",
-    "get_preset",
-]
-
 
 @dataclasses.dataclass(frozen=True)
 class CellsPreset:

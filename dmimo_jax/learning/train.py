@@ -42,8 +42,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
-__all__ = ["RESIDENT_BYTES", "TrainConfig", "TrainResult", "train"]
-
 #: the largest float32 training set (bytes of ``x`` and ``r``) that ``resident=None`` keeps
 #: in device memory
 RESIDENT_BYTES = 2**31

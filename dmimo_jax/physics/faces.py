@@ -67,17 +67,6 @@ from dmimo_jax.physics.two_ray import safe_norm
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "EDGE_TOLERANCE",
-    "Face",
-    "MeshModel",
-    "MeshPaths",
-    "box_faces",
-    "cuboid_faces",
-    "mesh_paths",
-    "occluders",
-]
-
 EDGE_TOLERANCE = 1e-9
 """Metres: how far outside a face's edge a specular point may lie and still count as on the
 face, and how far inside a leg must cross a face to be blocked by it."""

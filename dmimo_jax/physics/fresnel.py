@@ -14,8 +14,6 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_permittivity
 
-__all__ = ["reflection_coefficient", "surface_reflections", "zeta_term"]
-
 
 def reflection_coefficient(
     cos_gamma: ArrayLike,

@@ -78,18 +78,6 @@ from dmimo_jax.physics.two_ray import safe_norm
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "MOUNT_TOLERANCE",
-    "ImagePaths",
-    "ImageSourceModel",
-    "Reflector",
-    "box_room",
-    "image_paths",
-    "mirror",
-    "resolve_material",
-    "room_model",
-]
-
 MOUNT_TOLERANCE = 1e-6
 """Metres: an AP closer than this to a plane is mounted on it and gets no bounce from it."""
 

@@ -23,8 +23,6 @@ from dmimo_jax.phase import safe_abs, safe_arg
 from dmimo_jax.physics.two_ray import TwoRayModel, noise_var_from_amplitude
 from dmimo_jax.scene import Scene
 
-__all__ = ["PhaseModel", "PhasorSumModel", "as_phase_model", "check_in_domain"]
-
 
 @runtime_checkable
 class PhaseModel(Protocol):

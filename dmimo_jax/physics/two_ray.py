@@ -43,25 +43,6 @@ from dmimo_jax.physics.fresnel import reflection_coefficient
 from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.scene import Scene
 
-__all__ = [
-    "Geometry",
-    "PathParameters",
-    "geometry",
-    "departure_directions",
-    "path_gains",
-    "path_parameters",
-    "relative_reflection",
-    "effective_phasor",
-    "effective_amplitude",
-    "effective_phase",
-    "unwrapped_phase",
-    "phase_perturbation",
-    "phase_noise_var",
-    "TwoRayModel",
-    "noise_var_from_amplitude",
-    "safe_norm",
-]
-
 
 class Geometry(NamedTuple):
     """Per-AP geometry of one UE position, each (M,)."""

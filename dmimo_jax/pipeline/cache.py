@@ -22,8 +22,6 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["CACHE_ENV", "cache_key", "default_cache_dir"]
-
 CACHE_ENV = "DMIMO_JAX_CACHE"
 """The environment variable that moves the default cache."""
 

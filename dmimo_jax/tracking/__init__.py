@@ -13,7 +13,7 @@ snapshots along a path, a tracking filter on the carrier phases and its posterio
 """
 
 from dmimo_jax.tracking.bound import pcrb, pcrb_position_rmse
-from dmimo_jax.tracking.filter import Tracker, TrackOutput, TrackState, medoid_start, run_tracker
+from dmimo_jax.tracking.filter import TrackOutput, TrackState, medoid_start, run_tracker
 from dmimo_jax.tracking.motion import (
     ConstantVelocity,
     RandomWalk,
@@ -23,13 +23,17 @@ from dmimo_jax.tracking.motion import (
 )
 from dmimo_jax.tracking.paths import PathResult, most_likely_path
 
+# isort: split
+# At the top of the package (their home is `dmimo_jax`, e.g. `dj.Tracker`): kept here so the
+# older paths keep working; they are not in this module's __all__.
+from dmimo_jax.tracking.filter import Tracker  # noqa: F401
+
 __all__ = [
     "ConstantVelocity",
     "RandomWalk",
     "Trajectory",
     "simulate_trajectory",
     "simulate_track_phases",
-    "Tracker",
     "TrackState",
     "TrackOutput",
     "run_tracker",

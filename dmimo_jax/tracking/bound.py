@@ -37,8 +37,6 @@ from dmimo_jax.scene import Scene
 from dmimo_jax.tracking.kalman import information_update, predict_covariance
 from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion
 
-__all__ = ["pcrb", "pcrb_position_rmse"]
-
 
 def pcrb(
     model: PhaseModel | Scene,

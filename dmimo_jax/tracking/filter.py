@@ -89,8 +89,6 @@ from dmimo_jax.scene import Scene
 from dmimo_jax.tracking.kalman import position_update
 from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion
 
-__all__ = ["Tracker", "TrackState", "TrackOutput", "run_tracker", "medoid_start"]
-
 
 class TrackState(NamedTuple):
     """State of one UE's track (a leading axis for many UEs). K = the tracker's window."""
@@ -696,7 +694,7 @@ def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
 
 def global_center(tracker: Tracker, state: TrackState) -> Array:
     """(3,) the medoid of the window's single-snapshot table searches over the whole table
-    (:func:`~dmimo_jax.estimators.egs_table_search`, no prior): a few snapshots in the main
+    (:func:`~dmimo_jax.estimators.search.egs_table_search`, no prior): a few snapshots in the main
     lobe out of the window put it there, wherever the track was."""
     est = egs_table_search(state.recent_r, tracker.model, tracker.table, 16).x  # (K, 3)
     return _medoid(est, state.recent_valid)

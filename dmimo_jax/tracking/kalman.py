@@ -21,8 +21,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import Array
 
-__all__ = ["information_update", "predict_covariance", "position_update"]
-
 
 def predict_covariance(cov: Array, transition: Array, noise: Array) -> Array:
     r""":math:`\mathbf P^- = \mathbf F\mathbf P\mathbf F^\top + \mathbf Q` (S, S)."""

@@ -43,17 +43,6 @@ from dmimo_jax.pytree import pytree_dataclass
 from dmimo_jax.scene import Scene
 from dmimo_jax.tracking.kalman import predict_covariance
 
-__all__ = [
-    "ConstantVelocity",
-    "RandomWalk",
-    "MotionModel",
-    "Trajectory",
-    "fold",
-    "check_dt",
-    "simulate_trajectory",
-    "simulate_track_phases",
-]
-
 
 def _region(region: Scene | tuple[ArrayLike, ArrayLike] | None) -> tuple[Array, Array]:
     if region is None:

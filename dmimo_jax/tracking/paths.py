@@ -34,8 +34,6 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_scalar
 
-__all__ = ["PathResult", "most_likely_path"]
-
 
 class PathResult(NamedTuple):
     """The chosen candidate per snapshot: positions (N, 3), indices (N,) into K, and the

@@ -43,12 +43,12 @@ def main(argv=None):
 
     cloud = dj.sample_positions(jax.random.key(11), 400, scene)
     f_cloud = jax.vmap(gp.features, in_axes=(0, None))(cloud, scene).reshape(-1, 2)
-    g_cloud = jax.vmap(dj.phase_perturbation, in_axes=(0, None))(cloud, scene).reshape(-1)
+    g_cloud = jax.vmap(dj.physics.phase_perturbation, in_axes=(0, None))(cloud, scene).reshape(-1)
     f_train = jax.vmap(gp.features, in_axes=(0, None))(x_train, scene).reshape(-1, 2)
 
     xs = slice_positions(scene, args.ap, np.radians(args.gamma_deg), 300)
     f_slice = jax.vmap(gp.features, in_axes=(0, None))(xs, scene)[:, args.ap]
-    g_true = jax.vmap(dj.phase_perturbation, in_axes=(0, None))(xs, scene)[:, args.ap]
+    g_true = jax.vmap(dj.physics.phase_perturbation, in_axes=(0, None))(xs, scene)[:, args.ap]
     g_mean, g_var = jax.vmap(model.perturbation)(xs)
     g_mean, g_std = g_mean[:, args.ap], jnp.sqrt(g_var[:, args.ap])
     # the GP learns g up to a constant (absorbed by the training CPOs): align it for (b)

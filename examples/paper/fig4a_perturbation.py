@@ -45,7 +45,7 @@ def main(argv=None) -> list[dict]:
         fit = fit_and_score(scene, L, 200, seed=3)
         xs = slice_positions(scene, 0, np.radians(20.0), 300)
         d = jax.vmap(gp.features, in_axes=(0, None))(xs, scene)[:, 0, 0]
-        g_true = jax.vmap(dj.phase_perturbation, in_axes=(0, None))(xs, scene)[:, 0]
+        g_true = jax.vmap(dj.physics.phase_perturbation, in_axes=(0, None))(xs, scene)[:, 0]
         g_mean, g_var = jax.vmap(fit["model"].perturbation)(xs)
         g_mean, g_std = g_mean[:, 0], jnp.sqrt(g_var[:, 0])
         offset = float(jnp.mean(g_mean - g_true))
