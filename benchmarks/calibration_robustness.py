@@ -49,10 +49,11 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import numpy as np  # noqa: E402
-from _common import device_name, print_table  # noqa: E402
+from _common import device_name, print_table, write_json  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 from dmimo_jax.calibration import calibrate  # noqa: E402
 from dmimo_jax.datasets import sample_world_positions, synthetic_deployment  # noqa: E402
 
@@ -230,13 +231,11 @@ def main(argv=None) -> list[dict]:
                 ("max_um", "max um", ".1f"),
             ],
         )
-        if args.json is not None:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"fine_stage": fine}, indent=1))
+        write_json(args.json, {"fine_stage": fine})
         return fine
     done: dict[str, list[dict]] = {}
     if args.json is not None and args.json.exists():
-        done = json.loads(args.json.read_text()).get("worlds", {})
+        done = read_rows(args.json).get("worlds", {})
     rows = []
     for cfg in configs(args.num_worlds, args.num_grid, args.quick, args.faces):
         key = key_of(cfg)
@@ -251,9 +250,7 @@ def main(argv=None) -> list[dict]:
         rows.append(summary(cfg, [w for w in records if w["seed"] in set(seeds)]))
     for row in rows:
         row["device"] = device_name()
-    if args.json is not None:
-        args.json.write_text(json.dumps({"rows": rows, "worlds": done}, indent=1))
-        print(f"wrote {args.json}")
+    write_json(args.json, {"rows": rows, "worlds": done})
     print_table(
         rows,
         [

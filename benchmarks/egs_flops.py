@@ -27,7 +27,6 @@ process peak after the row (rows run from light to heavy, so it bounds the row).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import time
 from functools import partial
@@ -50,6 +49,7 @@ from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 from dmimo_jax.complexity import egs_flops_paper, egs_flops_xla  # noqa: E402
 
 TEST_POINT = np.array([6.5, 5.0, 2.0])
@@ -98,7 +98,7 @@ def main(argv=None):
 
     rows: list[dict] = []
     if args.resume and args.json is not None and args.json.exists():
-        rows = json.loads(args.json.read_text())
+        rows = read_rows(args.json)
     done = {(row["method"], round(row["spacing_m"], 9)) for row in rows}
 
     def record(row):

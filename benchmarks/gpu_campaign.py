@@ -41,6 +41,7 @@ from _common import device_name, labeled_snapshots  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -51,7 +52,7 @@ class OutOfTime(Exception):
 
 def _status(out: pathlib.Path) -> dict:
     f = out / "status.json"
-    return json.loads(f.read_text()) if f.exists() else {}
+    return read_rows(f) if f.exists() else {}
 
 
 def _done(out: pathlib.Path, name: str, **info) -> None:

@@ -8,7 +8,7 @@ batch equals the single-snapshot calls with ``jax.random.split(key, N)``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,12 +32,11 @@ from dmimo_jax.physics import (
     unwrapped_phase,
 )
 from dmimo_jax.pytree import jit_or_eager
-from dmimo_jax.scene import Scene
+from dmimo_jax.scene import Scene, sample_positions
 
 __all__ = [
-    "random_cpos",
-    "simulate_phases",
-    "simulate_phases_batch",
+    "LabeledSnapshots",
+    "labeled_snapshots",
     "received_signal",
     "phases_from_signal",
     "simulate_phases_exact",
@@ -117,6 +116,53 @@ def simulate_phases_batch(
 ) -> Array:
     """Snapshots for (N, 3) positions and (N,) CPOs, shape (N, M); see :func:`simulate_phases`."""
     return _batch(_simulate, key, as_phase_model(model), xs, cpos)
+
+
+class LabeledSnapshots(NamedTuple):
+    """A simulated labeled set: positions ``x`` (N, 3), phases ``r`` (N, M) (rad, wrapped), the
+    true noise variances ``variance`` (N, M) (rad^2) and the CPOs ``cpo`` (N,) (rad)."""
+
+    x: Array
+    r: Array
+    variance: Array
+    cpo: Array
+
+
+def labeled_snapshots(
+    key: Array,
+    model: PhaseModel | Scene,
+    num: int,
+    *,
+    x: ArrayLike | None = None,
+    cpo: ArrayLike | None = None,
+) -> LabeledSnapshots:
+    """``num`` snapshots of ``model`` with their labels: the L labeled snapshots of the offline
+    stage, or a test set (the one simulator of the examples and benchmarks).
+
+    ``key`` is split into three, for the positions (uniform in the scene's UE box,
+    :func:`~dmimo_jax.scene.sample_positions`), the CPOs (uniform, :func:`random_cpos`) and the
+    noise (:func:`simulate_phases_batch`, eq. (8)); a given ``x`` ((3,) or (num, 3)) or ``cpo``
+    (scalar or (num,)) replaces its draw and leaves the other draws unchanged.
+    """
+    check_int("num", num, minimum=1)
+    model = as_phase_model(model)
+    k_x, k_cpo, k_noise = jax.random.split(key, 3)
+    if x is None:
+        xs = sample_positions(k_x, num, model.scene)
+    else:
+        x = jnp.asarray(x)
+        if x.shape not in ((3,), (num, 3)):
+            raise ValueError(f"x: expected shape (3,) or ({num}, 3), got {x.shape}")
+        xs = jnp.broadcast_to(x, (num, 3))
+    if cpo is None:
+        cpos = random_cpos(k_cpo, num)
+    else:
+        cpo = jnp.asarray(cpo)
+        if cpo.shape not in ((), (num,)):
+            raise ValueError(f"cpo: expected a scalar or shape ({num},), got {cpo.shape}")
+        cpos = jnp.broadcast_to(cpo, (num,))
+    r = simulate_phases_batch(k_noise, model, xs, cpos)
+    return LabeledSnapshots(xs, r, jax.vmap(model.variance)(xs), cpos)
 
 
 def received_signal(key: Array, scene: Scene, x: ArrayLike, cpo: ArrayLike) -> Array:

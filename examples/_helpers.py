@@ -19,6 +19,7 @@ from tqdm import tqdm
 import dmimo_jax as dj
 from dmimo_jax import estimators as est
 from dmimo_jax import gp, pipeline
+from dmimo_jax.benchmarking import read_rows, time_call, timed_passes, write_json  # noqa: F401
 from dmimo_jax.estimators import egs, phasor_table, refine_batch, search_grid
 from dmimo_jax.metrics import ecdf, modeling_score
 
@@ -60,25 +61,13 @@ def repeat_style(drawn: list, name: str, values) -> tuple[str, dict]:
     return f"{name} (= {same})", dict(ls=(0, (4, 3)), lw=2.5)
 
 
-def write_json(path: pathlib.Path | None, rows) -> None:
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rows, indent=1))
-    print(f"wrote {path}")
-
-
 # ----------------------------------------------------------------------------- GP modeling
 
 
 def measurements(key, scene, num):
-    """``num`` snapshots of the true two-ray channel: positions, phases, their variances."""
-    k_x, k_cpo, k_noise = jax.random.split(key, 3)
-    truth = dj.TwoRayModel(scene)
-    x = dj.sample_positions(k_x, num, scene)
-    cpo = dj.random_cpos(k_cpo, num)
-    r = dj.simulate_phases_batch(k_noise, truth, x, cpo)
-    return x, r, jax.vmap(truth.variance)(x), cpo
+    """``num`` snapshots of the true two-ray channel: positions, phases, their variances, CPOs
+    (:func:`dmimo_jax.measure.labeled_snapshots`)."""
+    return tuple(dj.measure.labeled_snapshots(key, scene, num))
 
 
 def fit_and_score(scene, num_train: int, num_test: int, seed: int) -> dict:
@@ -119,44 +108,22 @@ def slice_positions(scene, ap_index: int, gamma: float, num: int):
 
 
 def labeled_snapshots(scene, num, seed):
-    """``num`` measured snapshots of the true channel: positions, phases, noise variances."""
-    k_x, k_cpo, k_noise = jax.random.split(jax.random.key(seed), 3)
-    truth = dj.TwoRayModel(scene)
-    x = dj.sample_positions(k_x, num, scene)
-    r = dj.simulate_phases_batch(k_noise, truth, x, dj.random_cpos(k_cpo, num))
-    return x, r, jax.vmap(truth.variance)(x)
+    """``num`` measured snapshots of the true channel: positions, phases, noise variances
+    (:func:`dmimo_jax.measure.labeled_snapshots`, key ``seed``)."""
+    return tuple(dj.measure.labeled_snapshots(jax.random.key(seed), scene, num))[:3]
 
 
 def test_snapshots(scene, num, seed, x=None, cpo=None):
-    """Random (or given) test positions and CPOs, and their noisy phases."""
-    k_x, k_cpo, k_noise = jax.random.split(jax.random.key(10_000 + seed), 3)
-    x = (
-        dj.sample_positions(k_x, num, scene)
-        if x is None
-        else jnp.broadcast_to(jnp.asarray(x), (num, 3))
-    )
-    cpo = dj.random_cpos(k_cpo, num) if cpo is None else jnp.full((num,), cpo)
-    return x, dj.simulate_phases_batch(k_noise, dj.TwoRayModel(scene), x, cpo)
+    """Random (or given) test positions and CPOs, and their noisy phases
+    (:func:`dmimo_jax.measure.labeled_snapshots`, key ``10_000 + seed``)."""
+    test = dj.measure.labeled_snapshots(jax.random.key(10_000 + seed), scene, num, x=x, cpo=cpo)
+    return test.x, test.r
 
 
 def _timed(fn):
-    jax.block_until_ready(fn())  # compile
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    return out, time.perf_counter() - t0
-
-
-def timed_passes(run, repeats):
-    """``run()`` (compiled beforehand) ``repeats`` times, each blocked on: (the median pass's
-    result, its seconds; the upper of the two middle passes for an even count). Timing every
-    row of a table this way in one run compares passes that saw the machine alike."""
-    passes = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(run())
-        passes.append((time.perf_counter() - t0, out))
-    seconds, out = sorted(passes, key=lambda p: p[0])[len(passes) // 2]
-    return out, seconds
+    """Compile ``fn``, then one timed pass (:func:`dmimo_jax.benchmarking.timed_passes`)."""
+    jax.block_until_ready(fn())
+    return timed_passes(fn, 1)
 
 
 class MLE:
@@ -320,7 +287,7 @@ def mle_mismatch_sweep(betas, powers_dbm, realizations, spacing_div, json_path, 
     if realizations < 2:
         raise ValueError(f"--realizations must be >= 2, got {realizations}")
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    rows = json.loads(json_path.read_text()) if resume and json_path.exists() else []
+    rows = read_rows(json_path) if resume and json_path.exists() else []
     done = {(row["beta"], row["power_dbm"]) for row in rows}
     base = dj.paper_scene()
     grid = est.search_grid(base, float(base.wavelength) / spacing_div)

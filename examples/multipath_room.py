@@ -49,6 +49,7 @@ from _helpers import pyplot, save_figure  # noqa: E402
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import calibration, gp, pipeline  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 
 WALLS = ("none", "plasterboard", "concrete", "metal")
 
@@ -257,7 +258,7 @@ def main(argv=None) -> list[dict]:
     json_path, png_path = args.out.with_suffix(".json"), args.out.with_suffix(".png")
     done = {}
     if args.resume and json_path.exists():
-        done = {res["walls"]: res for res in json.loads(json_path.read_text())}
+        done = {res["walls"]: res for res in read_rows(json_path)}
     results = []
     for walls in args.walls:
         same = done.get(walls)

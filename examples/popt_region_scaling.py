@@ -36,6 +36,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _helpers import pyplot, save_figure, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 from dmimo_jax.learning import synthesize  # noqa: E402
 from dmimo_jax.learning.popt import POPT  # noqa: E402
 from dmimo_jax.learning.presets import PRESETS  # noqa: E402
@@ -65,7 +66,7 @@ def main(argv=None) -> list[dict]:
         config = TrainConfig(**{**config.__dict__, "epochs": args.epochs})
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
-    rows = json.loads(store.read_text()) if store.exists() else []
+    rows = read_rows(store) if store.exists() else []
     done = {(r["half_width_m"], r["num_samples"], r["epochs"]) for r in rows}
 
     scene = dj.paper_scene()

@@ -57,7 +57,6 @@ residuals per antenna, error map of ``best``; needs matplotlib).
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import time
@@ -74,6 +73,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from _helpers import pyplot, save_figure, write_json  # noqa: E402
 
 from dmimo_jax import bounds, gp  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 from dmimo_jax.calibration import (  # noqa: E402
     calibrate,
     fit_residual_field,
@@ -393,7 +393,7 @@ def main(argv=None) -> dict:
     result = {"rows": [], "noise_floor": [], "settings": vars(args) | {"methods": methods}}
     result["settings"] = {k: str(v) for k, v in result["settings"].items()}
     if args.resume and json_path.exists():
-        old = json.loads(json_path.read_text())
+        old = read_rows(json_path)
         result["rows"], result["noise_floor"] = old["rows"], old["noise_floor"]
     done = {(r["experiment"], r["num_labeled"]) for r in result["noise_floor"]}
     detail = {}

@@ -18,7 +18,6 @@ first second; "lock" is an error below lambda/4, over the steps with a snapshot.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 import time
@@ -36,6 +35,7 @@ from _helpers import pyplot, save_figure, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import tracking  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 from dmimo_jax.estimators import egs, phasor_table, refine_batch, search_grid  # noqa: E402
 
 DT = 0.01  # 100 Hz snapshots
@@ -273,7 +273,7 @@ def main(argv=None) -> list[dict]:
     json_path = args.json or args.out / "tracking.json"
     done = {}
     if args.resume and json_path.exists():
-        done = {r["power_dbm"]: r for r in json.loads(json_path.read_text())}
+        done = {r["power_dbm"]: r for r in read_rows(json_path)}
     single = SingleSnapshot(dj.paper_scene())
     rows, curves = [], {}
     for p in tqdm(args.powers_dbm, desc="powers"):

@@ -4,7 +4,6 @@ The real measurements are not the project's to ship: every file here is generate
 format of ``../shared/data/techtile`` (NetCDF3 via scipy, YAML geometry).
 """
 
-import json
 import runpy
 import sys
 from functools import partial
@@ -16,6 +15,7 @@ import pytest
 import yaml
 from scipy.io import netcdf_file
 
+from dmimo_jax.benchmarking import read_rows
 from dmimo_jax.calibration import (
     confirmed_by_neighbours,
     fit_residual_field,
@@ -458,7 +458,7 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["examples/real_techtile.py", *argv])
     monkeypatch.syspath_prepend("examples")
     runpy.run_path("examples/real_techtile.py", run_name="__main__")
-    result = json.loads(out.read_text())
+    result = read_rows(out)
     keys = {
         "experiment",
         "method",

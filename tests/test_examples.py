@@ -1,11 +1,12 @@
 """Smoke runs of the example and benchmark scripts with tiny settings (they must not rot)."""
 
-import json
 import runpy
 import sys
 
 import numpy as np
 import pytest
+
+from dmimo_jax.benchmarking import read_rows
 
 
 def _run(path, argv, monkeypatch):
@@ -19,7 +20,7 @@ def test_mle_mismatch_example(tmp_path, monkeypatch):
     out = tmp_path / "mm"
     argv = ["--betas", "1.0", "1.1", "--powers-dbm", "-10", "--realizations", "8"]
     _run("examples/mle_mismatch.py", [*argv, "--spacing-div", "4", "--out", str(out)], monkeypatch)
-    rows = json.loads(out.with_suffix(".json").read_text())
+    rows = read_rows(out.with_suffix(".json"))
     assert {(r["beta"], r["power_dbm"]) for r in rows} == {(1.0, -10.0), (1.1, -10.0)}
     by_beta = {r["beta"]: r for r in rows}
     # matched: RMSE at the PEB scale; 10% mismatch: a bias far above it
@@ -32,7 +33,7 @@ def test_egs_flops_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "egs.json"
     argv = ["--quick", "--batch", "16", "--realizations", "8", "--repeats", "1", "--json", str(out)]
     _run("benchmarks/egs_flops.py", argv, monkeypatch)
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     keys = {"method", "spacing_m", "n_points", "flops_paper", "flops_xla", "batch", "device"}
     keys |= {"ms_per_snapshot_single", "ms_per_snapshot_batched", "peak_rss_mb", "fine_rmse_m"}
     assert all(keys <= set(r) for r in rows)
@@ -67,12 +68,12 @@ def test_gp_examples_quick(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend("examples")
     out = tmp_path / "ex"
     _run("examples/paper/fig2_gp_example.py", ["--num-train", "5", "--out", str(out)], monkeypatch)
-    summary = json.loads(out.with_suffix(".json").read_text())
+    summary = read_rows(out.with_suffix(".json"))
     assert summary["slice_rmse_deg"] < 5.0 and len(summary["slice"]["g_true"]) == 300
     table = tmp_path / "table.json"
     argv = ["--quick", "--num-train", "8", "--num-test", "20", "--json", str(table)]
     _run("examples/paper/table1_materials.py", argv, monkeypatch)
-    rows = json.loads(table.read_text())
+    rows = read_rows(table)
     assert {r["material"] for r in rows} == {"wood", "plasterboard", "concrete", "glass", "metal"}
     keys = {"material", "convention", "model", "L", "power_dbm", "rmse_deg", "nlpd"}
     assert all(keys <= set(r) for r in rows)
@@ -88,7 +89,7 @@ def test_quickstart_tiny(tmp_path, monkeypatch):
     argv += ["--spacing-div", "4"]  # the MLE's table: lambda/8 is 3.9 M points, 7 s here
     argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "o"), "--json", str(out)]
     _run("examples/quickstart.py", argv, monkeypatch)
-    rows = {r["method"].split()[0]: r for r in json.loads(out.read_text())}
+    rows = {r["method"].split()[0]: r for r in read_rows(out)}
     keys = {
         "coarse_rmse_m",
         "fine_rmse_m",
@@ -109,7 +110,7 @@ def test_quickstart_tiny(tmp_path, monkeypatch):
     assert 0.0 <= learned["fallback_fraction"] <= 1.0
     (spec,) = (tmp_path / "cache").glob("*/cells-*/model/spec.json")
     # the smoke run's own settings reach the offline stage (not the preset's 600k samples)
-    assert json.loads((spec.parent.parent / "config.json").read_text())["num_samples"] == 2000
+    assert read_rows(spec.parent.parent / "config.json")["num_samples"] == 2000
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
@@ -118,7 +119,7 @@ def test_cell_screen_benchmark_quick(tmp_path, monkeypatch):
     _run(
         "benchmarks/cell_screen.py", ["--quick", "--repeats", "1", "--json", str(out)], monkeypatch
     )
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert [r["rule"] for r in rows] == ["by cell", "gather"]  # 64 x 16 grouped, 32 x 16 not
     assert rows[0]["same_starts"] and rows[0]["ms_by_cell"] > 0 and rows[1]["ms_gather"] > 0
 
@@ -131,7 +132,7 @@ def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
         ["--repeats", "5", "--batch", "8", "--rounds", "2", "--json", str(out)],
         monkeypatch,
     )
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     keys = {
         "method",
         "framework",
@@ -155,7 +156,7 @@ def test_unlabeled_calibration_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "unl.json"
     argv = ["--quick", "--num-test", "32", "--json", str(out)]
     _run("benchmarks/unlabeled_calibration.py", argv, monkeypatch)
-    rows = {(r["calibration"], r["num_unlabeled"]): r for r in json.loads(out.read_text())}
+    rows = {(r["calibration"], r["num_unlabeled"]): r for r in read_rows(out)}
     labeled, both = rows[("labeled", 0)], rows[("labeled + unlabeled", 64)]
     assert 60 <= both["unlabeled_used"] <= 64
     assert both["exponent_stderr"] < 0.8 * labeled["exponent_stderr"]
@@ -167,7 +168,7 @@ def test_gp_table_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "table.json"
     argv = ["--num-train", "4", "--repeats", "1", "--json", str(out)]
     _run("benchmarks/gp_table.py", argv, monkeypatch)
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert [r["method"] for r in rows] == [
         "mean (factorized)",
         "mean + variance",
@@ -181,7 +182,7 @@ def test_train_throughput_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "tt.json"
     argv = ["--steps", "2", "--epochs", "2", "--only", "POPT cpu-preset", "MLP", "--json", str(out)]
     _run("benchmarks/train_throughput.py", argv, monkeypatch)
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert [r["method"] for r in rows] == ["POPT cpu-preset", "MLP"]
     for r in rows:
         assert r["samples_per_second"] > 0 and r["batch"] == 100
@@ -197,12 +198,12 @@ def test_popt_region_scaling_tiny_and_resumable(tmp_path, monkeypatch):
     argv = ["--half-widths", "0.25", "--num-samples", "300", "--epochs", "1", "--num-test", "32"]
     argv += ["--out", str(tmp_path)]
     _run("examples/popt_region_scaling.py", argv, monkeypatch)
-    (first,) = json.loads((tmp_path / "results.json").read_text())
+    (first,) = read_rows(tmp_path / "results.json")
     assert first["half_width_m"] == 0.25 and 0 <= first["within_10cm"] <= 1
     # the "predict the centre" baseline of a uniform cube: sqrt(3 x h^2 / 3) = h
     assert first["centre_rmse_m"] == pytest.approx(0.25, rel=0.2)
     _run("examples/popt_region_scaling.py", argv, monkeypatch)  # finished h: not retrained
-    assert json.loads((tmp_path / "results.json").read_text()) == [first]
+    assert read_rows(tmp_path / "results.json") == [first]
     with pytest.raises(ValueError, match="half-widths"):
         _run("examples/popt_region_scaling.py", ["--half-widths", "2"], monkeypatch)
 
@@ -212,7 +213,7 @@ def test_multipath_room_example_tiny(tmp_path, monkeypatch):
     out = tmp_path / "room"
     argv = ["--walls", "concrete", "--num-test", "24", "--num-train", "20", "--out", str(out)]
     _run("examples/multipath_room.py", argv, monkeypatch)
-    (res,) = json.loads(out.with_suffix(".json").read_text())
+    (res,) = read_rows(out.with_suffix(".json"))
     rows = {r["method"][:3]: r for r in res["rows"]}
     assert set(rows) == {"(a)", "(b)", "(c)", "(d)", "(e)", "(e'"}
     # the true room model and the calibrated one reach the PEB scale; two rays do not
@@ -230,7 +231,7 @@ def test_calibrate_material_example_tiny(tmp_path, monkeypatch):
     _run(
         "examples/calibrate_material.py", [*argv, "--betas", "1.05", "--out", str(out)], monkeypatch
     )
-    res = json.loads(out.with_suffix(".json").read_text())
+    res = read_rows(out.with_suffix(".json"))
     assert len(res["table"]) == 10  # 5 materials x 2 polarizations
     assert all(r["right_polarization"] for r in res["table"] if r["material"] != "metal")
     assert all(r["relative_error"] < 0.01 for r in res["table"])
@@ -244,7 +245,7 @@ def test_ap_placement_example_tiny(tmp_path, monkeypatch):
     out = tmp_path / "ap"
     argv = ["--cases", "walls_mean", "--num-random", "4", "--steps", "30", "--num-starts", "1"]
     _run("examples/ap_placement.py", [*argv, "--num-eval", "200", "--out", str(out)], monkeypatch)
-    (res,) = json.loads(out.with_suffix(".json").read_text())
+    (res,) = read_rows(out.with_suffix(".json"))
     assert res["optimized"]["mean_m"] < res["paper"]["mean_m"]
     assert res["optimized_min_separation_m"] >= 1.0 * (1 - 1e-3)
     assert out.with_suffix(".png").exists()
@@ -257,7 +258,7 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
     argv += ["--no-baselines"]
     argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "d"), "--json", str(out)]
     _run("examples/deployment.py", argv, monkeypatch)
-    result = json.loads(out.read_text())
+    result = read_rows(out)
     rows = {r["method"].split(" + ")[0]: r for r in result["rows"]}
     keys = {"fine_rmse_m", "fine_over_peb", "fine_over_rms_peb", "p99_m", "max_m"}
     assert all(keys | {"ms_per_snapshot"} <= set(r) for r in rows.values())
@@ -286,7 +287,7 @@ def test_deployment_example_with_unlabeled_snapshots(tmp_path, monkeypatch):
     argv += ["--preset", "quick", "--spacing-div", "4", "--no-baselines", "--unlabeled", "12"]
     argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "d"), "--json", str(out)]
     _run("examples/deployment.py", argv, monkeypatch)
-    result = json.loads(out.read_text())
+    result = read_rows(out)
     assert result["num_unlabeled"] == 12
     table = result["calibration"]["two rays + 12 unlabeled"]
     assert 6 <= table["unlabeled_used"] <= 12  # lambda/4 MLE starts: a wrong lobe is left out
@@ -304,7 +305,7 @@ def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
     out = tmp_path / "trk"
     argv = ["--quick", "--powers-dbm", "-10", "--out", str(out)]  # locked: the filter's path
     _run("examples/tracking.py", argv, monkeypatch)
-    rows = json.loads((out / "tracking.json").read_text())
+    rows = read_rows(out / "tracking.json")
     keys = {"power_dbm", "rmse_m", "pcrb_m", "mean_peb_m", "single_rmse_m"}
     keys |= {"single_outside_lobe_fraction", "lock_fraction", "lock_fraction_outage"}
     keys |= {"ms_per_update_per_ue"}
@@ -323,7 +324,7 @@ def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
 def test_reacquisition_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "reacq.json"
     _run("benchmarks/reacquisition.py", ["--quick", "--json", str(out)], monkeypatch)
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert [r["setting"] for r in rows] == [
         "whole",
         "screen 2/256",
@@ -342,7 +343,7 @@ def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "tt.json"
     argv = ["--quick", "--num-ues", "4", "--online-snapshots", "8", "--json", str(out)]
     _run("benchmarks/tracking_throughput.py", argv, monkeypatch)
-    rows = json.loads(out.read_text())
+    rows = read_rows(out)
     assert {r["method"] for r in rows} == {
         "tracker",
         "tracker_always",

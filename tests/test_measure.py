@@ -32,13 +32,13 @@ def test_snapshot_shape_range_and_determinism():
 def test_noise_free_limit_is_wrapped_phase_plus_cpo():
     loud = dj.paper_scene(power_dbm=200.0)  # sigma ~ 1e-15 rad
     r = dj.simulate_phases(jax.random.key(0), loud, X0, 3.0)
-    expected = dj.wrap(dj.unwrapped_phase(X0, loud) + 3.0)
+    expected = dj.wrap(dj.physics.unwrapped_phase(X0, loud) + 3.0)
     np.testing.assert_allclose(np.asarray(dj.angle_diff(r, expected)), 0.0, atol=1e-12)
 
 
 def _normalized_residuals(r, cpo):
-    theta = dj.unwrapped_phase(X0, SCENE)
-    sigma = jnp.sqrt(dj.phase_noise_var(X0, SCENE))
+    theta = dj.physics.unwrapped_phase(X0, SCENE)
+    sigma = jnp.sqrt(dj.physics.phase_noise_var(X0, SCENE))
     return np.asarray(dj.wrap(r - theta[None, :] - cpo[:, None]) / sigma[None, :])
 
 
@@ -48,7 +48,7 @@ def test_gaussian_phase_and_complex_signal_agree_in_distribution():
     xs = jnp.broadcast_to(X0, (n, 3))
     cpo = dj.random_cpos(jax.random.key(3), n)
     r_gauss = dj.simulate_phases_batch(jax.random.key(4), SCENE, xs, cpo)
-    r_exact = dj.simulate_phases_exact_batch(jax.random.key(5), SCENE, xs, cpo)
+    r_exact = dj.measure.simulate_phases_exact_batch(jax.random.key(5), SCENE, xs, cpo)
     z_g = _normalized_residuals(r_gauss, cpo)
     z_e = _normalized_residuals(r_exact, cpo)
     for z in (z_g, z_e):
@@ -65,14 +65,14 @@ def test_exact_route_detects_wrong_noise_scale():
     n = 20_000
     xs = jnp.broadcast_to(X0, (n, 3))
     cpo = dj.random_cpos(jax.random.key(3), n)
-    r_exact = dj.simulate_phases_exact_batch(jax.random.key(5), SCENE, xs, cpo)
+    r_exact = dj.measure.simulate_phases_exact_batch(jax.random.key(5), SCENE, xs, cpo)
     z = _normalized_residuals(r_exact, cpo) * 1.1
     assert stats.kstest(z.ravel(), "norm").pvalue < 1e-6
 
 
 def test_received_signal_power():
-    y = dj.received_signal(jax.random.key(0), dj.paper_scene(power_dbm=200.0), X0, 0.7)
-    alpha = dj.effective_amplitude(X0, SCENE)
+    y = dj.measure.received_signal(jax.random.key(0), dj.paper_scene(power_dbm=200.0), X0, 0.7)
+    alpha = dj.physics.effective_amplitude(X0, SCENE)
     assert_allclose(np.abs(np.asarray(y)), np.sqrt(1e17) * np.asarray(alpha), rtol=1e-9)
 
 
@@ -129,3 +129,28 @@ def test_an_ap_with_no_signal_measures_a_uniform_phase_never_nan():
     down = dj.TwoRayModel(sc.replace(antenna=dj.CosinePattern(1.0)))
     same = dj.simulate_phases_batch(jax.random.key(1), down, x[:5], jnp.zeros(5))
     np.testing.assert_array_equal(r[:5, 1:], np.asarray(same)[:, 1:])
+
+
+def test_labeled_snapshots_are_the_three_draws_of_one_key():
+    scene = dj.paper_scene()
+    truth = dj.TwoRayModel(scene)
+    k_x, k_cpo, k_noise = jax.random.split(jax.random.key(7), 3)
+    x = dj.sample_positions(k_x, 6, scene)
+    cpo = dj.random_cpos(k_cpo, 6)
+    r = dj.simulate_phases_batch(k_noise, truth, x, cpo)
+    got = dj.measure.labeled_snapshots(jax.random.key(7), scene, 6)
+    np.testing.assert_array_equal(got.x, x)
+    np.testing.assert_array_equal(got.cpo, cpo)
+    np.testing.assert_array_equal(got.r, r)
+    np.testing.assert_allclose(got.variance, jax.vmap(truth.variance)(x), rtol=1e-14)
+    # a given position and CPO replace their draws; the noise draw is the same key's
+    fixed = dj.measure.labeled_snapshots(jax.random.key(7), truth, 6, x=x[0], cpo=0.5)
+    np.testing.assert_array_equal(fixed.x, jnp.broadcast_to(x[0], (6, 3)))
+    expected = dj.simulate_phases_batch(k_noise, truth, fixed.x, jnp.full(6, 0.5))
+    np.testing.assert_array_equal(fixed.r, expected)
+    with pytest.raises(ValueError, match="num"):
+        dj.measure.labeled_snapshots(jax.random.key(0), scene, 0)
+    with pytest.raises(ValueError, match="x: expected shape"):
+        dj.measure.labeled_snapshots(jax.random.key(0), scene, 4, x=jnp.zeros((3, 3)))
+    with pytest.raises(ValueError, match="cpo"):
+        dj.measure.labeled_snapshots(jax.random.key(0), scene, 4, cpo=jnp.zeros(3))

@@ -24,6 +24,7 @@ from _helpers import fit_and_score, pyplot, save_figure  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 
 
 def plot(rows, path):
@@ -68,7 +69,7 @@ def main(argv=None):
         raise ValueError(f"--num-train values must be >= 2, got {num_trains}")
     json_path = args.out.with_suffix(".json")
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    rows = json.loads(json_path.read_text()) if args.resume and json_path.exists() else []
+    rows = read_rows(json_path) if args.resume and json_path.exists() else []
     done = {(r["L"], r["power_dbm"]) for r in rows}
     jobs = [(n, p) for n in num_trains for p in powers if (n, p) not in done]
     for num_train, power in tqdm(jobs, desc="gp_modeling", unit="fit"):

@@ -43,6 +43,7 @@ from _helpers import (  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 
 POWERS = [-60.0, -50.0, -40.0, -30.0, -20.0, -10.0]
 
@@ -74,7 +75,7 @@ def main(argv=None) -> list[dict]:
     )
 
     store = args.out / "learned.json"
-    rows = json.loads(store.read_text()) if store.exists() else []
+    rows = read_rows(store) if store.exists() else []
     done = {(r["method"], r["power_dbm"], r["n"]) for r in rows}
     x_true = jnp.asarray(TEST_POINT)
     for power in args.powers_dbm:

@@ -43,6 +43,7 @@ from _helpers import (  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 
 
 def main(argv=None) -> list[dict]:
@@ -66,7 +67,7 @@ def main(argv=None) -> list[dict]:
     Ls = args.Ls or ([50] if args.quick else [5, 10, 50])
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
-    done = {r["method"]: r for r in json.loads(store.read_text())} if store.exists() else {}
+    done = {r["method"]: r for r in read_rows(store)} if store.exists() else {}
     t_start = time.perf_counter()
 
     scene = dj.paper_scene(args.power_dbm, args.material)

@@ -20,6 +20,7 @@ import runpy
 import sys
 
 import dmimo_jax as dj
+from dmimo_jax.benchmarking import read_rows  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,7 @@ def _bench(script: str, argv: list[str], out: pathlib.Path) -> list[dict]:
             runpy.run_path(str(ROOT / "benchmarks" / script), run_name="__main__")
         finally:
             sys.argv = saved
-    return json.loads(out.read_text())
+    return read_rows(out)
 
 
 def main(argv=None) -> list[dict]:
@@ -52,7 +53,7 @@ def main(argv=None) -> list[dict]:
     )
     fine = {}
     if args.fig5.exists():
-        fine = {r["method"]: r["fine_rmse_m"] for r in json.loads(args.fig5.read_text())}
+        fine = {r["method"]: r["fine_rmse_m"] for r in read_rows(args.fig5)}
 
     rows = []
     wavelength = float(dj.paper_scene().wavelength)  # the benchmarks' scene

@@ -1,0 +1,111 @@
+"""Timing JAX work and recording measurements, for the example and benchmark scripts and for
+a user's own studies.
+
+JAX dispatches asynchronously, so every timer here blocks on the result
+(:func:`jax.block_until_ready`) and keeps the first call (tracing and compilation) apart from
+the timed calls. A measurement is written as a JSON record with its provenance (the command,
+the UTC date and the machine) around the rows; the documentation's Results page is generated
+from these records.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+__all__ = ["machine", "read_rows", "summarize", "time_call", "timed_passes", "write_json"]
+
+
+def time_call(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
+    """``fn()`` once (compile and run: the first-call seconds), then ``repeats`` timed calls,
+    each blocked on its result: (first-call seconds, the list of timed seconds)."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
+        raise ValueError(f"repeats: expected an integer >= 0, got {repeats!r}")
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return first, times
+
+
+def timed_passes(run: Callable[[], Any], repeats: int) -> tuple[Any, float]:
+    """``run()`` (compiled beforehand) ``repeats`` times, each blocked on: (the median pass's
+    result, its seconds; the upper of the two middle passes for an even count). Timing every
+    row of a table this way in one run compares passes that saw the machine alike."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
+    passes = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(run())
+        passes.append((time.perf_counter() - t0, out))
+    seconds, out = sorted(passes, key=lambda p: p[0])[len(passes) // 2]
+    return out, seconds
+
+
+def summarize(times: Sequence[float]) -> dict[str, float]:
+    """Median, standard deviation and minimum of a list of seconds."""
+    if len(times) == 0:
+        raise ValueError("times: expected at least one duration")
+    return {
+        "median_s": statistics.median(times),
+        "std_s": statistics.stdev(times) if len(times) > 1 else 0.0,
+        "min_s": min(times),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """What ran the measurement: JAX's first device, the CPU count, the platform and the
+    versions of Python and JAX."""
+    d = jax.devices()[0]
+    return {
+        "device": f"{d.platform}:{getattr(d, 'device_kind', '')}".rstrip(":"),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(terse=True),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+    }
+
+
+def write_json(path: str | pathlib.Path | None, rows: Any, *, command: str | None = None) -> None:
+    """Write a measurement record to ``path`` (nothing when ``path`` is None): the provenance
+    ``command`` (default: this process's command line), ``date`` (UTC) and ``machine``
+    (:func:`machine`), with the rows under ``"rows"`` (a list) or, for a dict of results,
+    its own keys beside them (so a script that resumes from its record reads its keys back)."""
+    if path is None:
+        return
+    path = pathlib.Path(path)
+    provenance = {
+        "command": command or "python " + " ".join(sys.argv),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
+    record = provenance | (dict(rows) if isinstance(rows, dict) else {"rows": rows})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, default=float))
+    print(f"wrote {path}")
+
+
+def read_rows(path: str | pathlib.Path) -> Any:
+    """The rows of a record written by :func:`write_json` (its ``"rows"``, or the dict of
+    results without the provenance keys); a file without provenance is returned as it is."""
+    record = json.loads(pathlib.Path(path).read_text())
+    if isinstance(record, dict) and {"command", "date", "machine"} <= set(record):
+        if set(record) == {"command", "date", "machine", "rows"}:
+            return record["rows"]
+        return {k: v for k, v in record.items() if k not in ("command", "date", "machine")}
+    return record
