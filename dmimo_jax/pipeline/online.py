@@ -10,6 +10,7 @@ once.
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import jax
@@ -225,15 +226,7 @@ def screen_candidates(
         ValueError: a fallback is needed and no ``fallback_table`` was given, or bad input.
     """
     r = as_snapshot_batch("r", r, screen.num_aps)
-    cells, p = jnp.asarray(cells), np.asarray(probs, np.float64)
-    if cells.ndim != 2 or cells.shape != p.shape or cells.shape[0] != r.shape[0]:
-        raise ValueError(
-            f"cells and probs must both have shape ({r.shape[0]}, K), got {cells.shape} "
-            f"and {p.shape}"
-        )
-    if cells.size and not (0 <= int(cells.min()) and int(cells.max()) < table.cells.num_cells):
-        raise ValueError(f"cells must index the {table.cells.num_cells} cells of the table")
-    check_probabilities("probs", p)
+    cells, p = check_candidates(r, cells, probs, table)
     settings = check_screen_settings(
         screen,
         table,
@@ -245,6 +238,23 @@ def screen_candidates(
         screen_steps=screen_steps,
     )
     return _screen_candidates(r, cells, p, screen, table, fallback_table, settings)
+
+
+def check_candidates(
+    r: Array, cells: ArrayLike, probs: ArrayLike, table: CellTable
+) -> tuple[Array, np.ndarray]:
+    """A classifier's ``(cells, probs)`` for the (B, M) snapshots ``r``: both (B, K), the cells
+    indices of ``table``'s cells, the probabilities in [0, 1]. Returns them as arrays."""
+    cells, p = jnp.asarray(cells), np.asarray(probs, np.float64)
+    if cells.ndim != 2 or cells.shape != p.shape or cells.shape[0] != r.shape[0]:
+        raise ValueError(
+            f"cells and probs must both have shape ({r.shape[0]}, K), got {cells.shape} "
+            f"and {p.shape}"
+        )
+    if cells.size and not (0 <= int(cells.min()) and int(cells.max()) < table.cells.num_cells):
+        raise ValueError(f"cells must index the {table.cells.num_cells} cells of the table")
+    check_probabilities("probs", p)
+    return cells, p
 
 
 def check_probabilities(name: str, p: np.ndarray) -> None:
@@ -468,6 +478,119 @@ class LocatorResult(NamedTuple):
     recovered: Array  # (B,) bool: the first answer failed the cost gate and was re-screened
 
 
+class WindowScreen(NamedTuple):
+    """Output of a regression network's safeguard in :class:`Locator` (leading batch axis B)."""
+
+    x: Array  # (B, 3) refined best point of the window search
+    fallback: Array  # (B,) bool: the window spans the whole table (the whole region searched)
+
+
+@dataclasses.dataclass(frozen=True)
+class CellStage:
+    """The coarse stage of a cell classifier in :class:`Locator`: the top cells and their
+    probabilities, then the two-tier candidate screen (:func:`screen_candidates`)."""
+
+    defaults = MappingProxyType({"num_starts": 4, "screen_steps": 2, "fine_steps": 3})
+
+    def check(self, loc: Locator) -> None:
+        """The classifier's cells are the cells its table tabulates; the screen's settings."""
+        check_int("num_cells", loc.num_cells, minimum=1)
+        grid, tabled = loc.estimator.cells, getattr(loc.offline.cells, "cells", None)
+        if tabled is None or (
+            grid.shape != tabled.shape
+            or grid.cell_size != tabled.cell_size
+            or not np.allclose(np.asarray(grid.low), np.asarray(tabled.low))
+        ):
+            raise ValueError(
+                "offline.cells (the cell table) does not belong to the classifier's cells "
+                f"(classifier: {grid.shape} cells of {grid.cell_size} m from "
+                f"{np.asarray(grid.low).tolist()}; table: "
+                + (
+                    "none"
+                    if tabled is None
+                    else f"{tabled.shape} cells of {tabled.cell_size} m from "
+                    f"{np.asarray(tabled.low).tolist()}"
+                )
+                + "): use the Offline of one run_offline call"
+            )
+        own = grid.num_cells
+        if loc.num_cells > own:
+            raise ValueError(f"num_cells={loc.num_cells} exceeds the classifier's {own} cells")
+        settings = check_screen_settings(
+            loc.offline.screen,
+            loc.offline.cells,
+            loc.num_cells,
+            first_cells=loc.first_cells,
+            first_mass=loc.first_mass,
+            min_mass=loc.min_mass,
+            num_starts=loc.num_starts,
+            screen_steps=loc.screen_steps,
+        )
+        object.__setattr__(loc, "first_cells", settings.first_cells)
+
+    def coarse(self, loc: Locator, r: Array) -> tuple[Array, Array]:
+        return _cell_probabilities(loc.estimator, r, loc.num_cells)
+
+    def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Any:
+        """A user's ``(cells, probs)``, checked as :func:`screen_candidates` checks them."""
+        cells, p = check_candidates(r, *coarse, loc.offline.cells)
+        if cells.shape[1] != loc.num_cells:
+            raise ValueError(f"cells: expected {loc.num_cells} per snapshot, got {cells.shape[1]}")
+        return cells, p
+
+    def screen(self, loc: Locator, r: Array, coarse: Any) -> CandidateScreen:
+        cells, probs = coarse
+        off = loc.offline
+        return _screen_candidates(
+            r, cells, np.asarray(probs, np.float64), off.screen, off.cells, off.table,
+            loc.screen_settings,
+        )  # fmt: skip
+
+    def position(self, loc: Locator, coarse: Any) -> Array:
+        """The most likely cell's centre (B, 3)."""
+        return loc.offline.cells.cells.centre(coarse[0][:, 0])
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowStage:
+    """The coarse stage of a regression network (POPT, MLP, HI) in :class:`Locator`: its
+    position, then the safeguard window of the offline stage's radius
+    (:func:`~dmimo_jax.estimators.window_search`)."""
+
+    defaults = MappingProxyType({"num_starts": 8, "screen_steps": 15, "fine_steps": 15})
+
+    def check(self, loc: Locator) -> None:
+        """Nothing beyond the shared settings."""
+
+    def coarse(self, loc: Locator, r: Array) -> Array:
+        return coarse_estimate(loc.estimator, r)
+
+    def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Array:
+        """A user's coarse positions: (B, 3), finite."""
+        x = jnp.asarray(coarse, r.dtype)
+        if x.shape != (r.shape[0], 3) or not bool(jnp.all(jnp.isfinite(x))):
+            raise ValueError(f"coarse: expected finite positions of shape ({r.shape[0]}, 3)")
+        return x
+
+    def screen(self, loc: Locator, r: Array, coarse: Any) -> WindowScreen:
+        off = loc.offline
+        radius = off.radii[loc.kind]
+        xs = window_search(
+            r,
+            off.screen,
+            coarse,
+            radius=radius,
+            num_starts=loc.num_starts,
+            num_steps=loc.screen_steps,
+            table=off.table,
+        )
+        whole = window_covers_table(off.screen.scene, radius, off.table)
+        return WindowScreen(xs, jnp.full(r.shape[0], whole))
+
+    def position(self, loc: Locator, coarse: Any) -> Array:
+        return coarse
+
+
 @dataclasses.dataclass(frozen=True)
 class Locator:
     """The online stage of one trained coarse estimator: coarse -> screen -> fine.
@@ -496,6 +619,8 @@ class Locator:
             not the noise), and is re-screened over the whole region. ``None`` turns it off.
             The default 100 sits far above the chi-square (and above the paper GP's worst
             right answer, docs/deployment.md) and far below a wrong answer's cost.
+        stage: the coarse stage of ``kind`` (set at construction): :class:`CellStage` for
+            the classifier, :class:`WindowStage` for a regression network.
     """
 
     offline: Any
@@ -509,6 +634,7 @@ class Locator:
     fine_steps: int | None = None
     fine: str = "screen"
     cost_gate: float | None = 100.0
+    stage: CellStage | WindowStage = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         estimators = getattr(self.offline, "estimators", None)
@@ -525,51 +651,13 @@ class Locator:
             raise ValueError(f"fine must be 'screen' or 'model', got {self.fine!r}")
         if self.cost_gate is not None:
             check_scalar("cost_gate", self.cost_gate, positive=True)
-        cells = self.kind == "cells"
-        defaults = dict(
-            num_starts=4 if cells else 8,
-            screen_steps=2 if cells else 15,
-            fine_steps=3 if cells else 15,
-        )
-        for name, default in defaults.items():
+        stage = CellStage() if self.kind == "cells" else WindowStage()
+        object.__setattr__(self, "stage", stage)
+        for name, default in stage.defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
             check_int(name, getattr(self, name), minimum=1)
-        if cells:
-            check_int("num_cells", self.num_cells, minimum=1)
-            # the classifier's cells and the cells its table tabulates
-            grid, tabled = self.estimator.cells, getattr(self.offline.cells, "cells", None)
-            if tabled is None or (
-                grid.shape != tabled.shape
-                or grid.cell_size != tabled.cell_size
-                or not np.allclose(np.asarray(grid.low), np.asarray(tabled.low))
-            ):
-                raise ValueError(
-                    "offline.cells (the cell table) does not belong to the classifier's cells "
-                    f"(classifier: {grid.shape} cells of {grid.cell_size} m from "
-                    f"{np.asarray(grid.low).tolist()}; table: "
-                    + (
-                        "none"
-                        if tabled is None
-                        else f"{tabled.shape} cells of {tabled.cell_size} m from "
-                        f"{np.asarray(tabled.low).tolist()}"
-                    )
-                    + "): use the Offline of one run_offline call"
-                )
-            own = grid.num_cells
-            if self.num_cells > own:
-                raise ValueError(f"num_cells={self.num_cells} exceeds the classifier's {own} cells")
-            settings = check_screen_settings(
-                self.offline.screen,
-                self.offline.cells,
-                self.num_cells,
-                first_cells=self.first_cells,
-                first_mass=self.first_mass,
-                min_mass=self.min_mass,
-                num_starts=self.num_starts,
-                screen_steps=self.screen_steps,
-            )
-            object.__setattr__(self, "first_cells", settings.first_cells)
+        stage.check(self)
 
     @property
     def estimator(self) -> Any:
@@ -601,58 +689,15 @@ class Locator:
         return self._coarse(self._snapshots(r))
 
     def _coarse(self, r: Array) -> Any:
-        if self.kind == "cells":
-            return _cell_probabilities(self.estimator, r, self.num_cells)
-        return coarse_estimate(self.estimator, r)
+        return self.stage.coarse(self, r)
 
-    def screen(self, r: ArrayLike, coarse: Any) -> CandidateScreen:
+    def screen(self, r: ArrayLike, coarse: Any) -> CandidateScreen | WindowScreen:
         """Stage 2, the safeguard: the candidate screen (cells) or the window (regression)."""
         r = self._snapshots(r)
-        if self.kind == "cells":
-            cells, probs = coarse
-            return screen_candidates(
-                r,
-                cells,
-                probs,
-                self.offline.screen,
-                self.offline.cells,
-                fallback_table=self.offline.table,
-                first_cells=self.first_cells,
-                first_mass=self.first_mass,
-                min_mass=self.min_mass,
-                num_starts=self.num_starts,
-                screen_steps=self.screen_steps,
-            )
-        return self._screen(r, coarse)
+        return self._screen(r, self.stage.check_coarse(self, r, coarse))
 
-    def _screen(self, r: Array, coarse: Any) -> CandidateScreen:
-        off = self.offline
-        if self.kind == "cells":
-            cells, probs = coarse
-            return _screen_candidates(
-                r,
-                cells,
-                np.asarray(probs, np.float64),
-                off.screen,
-                off.cells,
-                off.table,
-                self.screen_settings,
-            )
-        radius = off.radii[self.kind]
-        xs = window_search(
-            r,
-            off.screen,
-            coarse,
-            radius=radius,
-            num_starts=self.num_starts,
-            num_steps=self.screen_steps,
-            table=off.table,
-        )
-        whole = window_covers_table(off.screen.scene, radius, off.table)
-        n = r.shape[0]
-        return CandidateScreen(
-            xs, jnp.zeros(n, bool), jnp.full(n, whole), jnp.full(n, jnp.nan, xs.dtype)
-        )
+    def _screen(self, r: Array, coarse: Any) -> CandidateScreen | WindowScreen:
+        return self.stage.screen(self, r, coarse)
 
     def fine_stage(self, r: ArrayLike, screened: ArrayLike) -> Any:
         """Stage 3: ``fine_steps`` Levenberg-Marquardt steps under :attr:`fine_model`."""
@@ -666,9 +711,7 @@ class Locator:
 
     def coarse_position(self, coarse: Any) -> Array:
         """The coarse stage's position (B, 3): the most likely cell's centre for cells."""
-        if self.kind == "cells":
-            return self.offline.cells.cells.centre(coarse[0][:, 0])
-        return coarse
+        return self.stage.position(self, coarse)
 
     def whole_region(self, r: ArrayLike) -> tuple[Array, Any]:
         """The fallback: the screen's whole-region search (its phasor table over the UE
