@@ -49,6 +49,7 @@ def _room_world():
     return truth, nominal
 
 
+@pytest.mark.slow
 def test_two_ray_every_group_noise_free():
     truth, nominal = _two_ray_world()
     fit = ("ap_positions", "ap_phase_offsets", "surfaces", "antenna", "polarization")
@@ -68,6 +69,7 @@ def test_two_ray_every_group_noise_free():
     np.testing.assert_array_less(np.abs(_wrap(diff + OFFSETS[0])), 1e-6)
 
 
+@pytest.mark.slow
 def test_room_every_group_noise_free_mounted_aps_stay_on_the_ceiling():
     truth, nominal = _room_world()
     fit = ("ap_positions", "ap_phase_offsets", "surfaces")
@@ -83,6 +85,7 @@ def test_room_every_group_noise_free_mounted_aps_stay_on_the_ceiling():
     np.testing.assert_allclose(cal.values["surfaces"], want, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.optimized
 def test_standard_errors_cover_the_truth_at_their_stated_rate():
     """30 noisy data sets: |estimate - truth| <= 1.96 s.e. for about 95% of the parameters."""
@@ -121,6 +124,7 @@ def _positions_world():
     return dj.TwoRayModel(SCENE.replace(ap_positions=ap, ap_phase_offsets=OFFSETS))
 
 
+@pytest.mark.slow
 def test_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out():
     """Unlabeled snapshots from 1 mm off: the world recovered to 1e-6, their positions too;
     one more start half a metre off (another lobe) fails the cost screen."""
@@ -142,6 +146,7 @@ def test_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out():
     assert cal.dof == L * M - L - 3 * M - (M - 1) + N_U * (M - 4)
 
 
+@pytest.mark.slow
 def test_unlabeled_snapshots_inform_less_than_labeled_ones_more_than_none():
     """Standard errors with N unlabeled snapshots lie between the labeled fit's and those of
     a fit told the N positions: profiling a position out must cost information. Measured
@@ -413,6 +418,7 @@ def test_a_material_at_its_bound_gets_a_real_standard_error():
     assert abs(complex(f.eps_r).real - complex(scene.eps_r).real) < 5 * float(f.stderr_real)
 
 
+@pytest.mark.slow
 def test_a_surface_too_far_to_matter_gets_a_finite_large_error_not_nan():
     floor = dj.physics.Reflector([0, 0, 0], [0, 0, 1], complex(SCENE.eps_r), name="floor")
     far = dj.physics.Reflector([1e4, 0, 0], [-1, 0, 0], 3.91 - 0.5j, name="far")

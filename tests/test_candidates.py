@@ -42,6 +42,7 @@ def small_table():
     return est.cell_table(MODEL, cells)
 
 
+@pytest.mark.slow
 def test_candidate_search_finds_the_true_basin_among_wrong_candidates(small_table):
     cells = small_table.cells
     xt = dj.sample_positions(jax.random.key(1), 6, SCENE)

@@ -439,6 +439,7 @@ def test_self_training_finds_the_lobes_the_labels_miss(tmp_path):
         self_train_field(model, grid, x[lab], r[lab], r[un, :5], un)
 
 
+@pytest.mark.slow
 def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     # two experiments of one size: the second reuses the first one's compiled functions
     write_folder(tmp_path / "data", {"EXP901": 36, "EXP902": 36}, residual_std=0.1)

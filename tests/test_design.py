@@ -37,6 +37,7 @@ def test_net_round_trip():
 
 
 @pytest.mark.parametrize(("surfaces", "objective"), [("ceiling", "mean"), ("ceiling+walls", "max")])
+@pytest.mark.slow
 def test_optimized_layout_meets_the_constraints_and_lowers_the_objective(surfaces, objective):
     start = SCENE.replace(
         ap_positions=design.sample_layout(

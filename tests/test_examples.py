@@ -16,6 +16,7 @@ def _run(path, argv, monkeypatch):
     runpy.run_path(path, run_name="__main__")
 
 
+@pytest.mark.slow
 def test_mle_mismatch_example(tmp_path, monkeypatch):
     out = tmp_path / "mm"
     argv = ["--betas", "1.0", "1.1", "--powers-dbm", "-10", "--realizations", "8"]
@@ -81,6 +82,7 @@ def test_gp_examples_quick(tmp_path, monkeypatch):
     assert all(v < 0.1 for v in theory.values())  # the true model sees only the noise
 
 
+@pytest.mark.slow
 @pytest.mark.optimized
 def test_quickstart_tiny(tmp_path, monkeypatch):
     """The README's main job end to end at toy sizes: offline stage, cache, online stage."""
@@ -251,6 +253,7 @@ def test_ap_placement_example_tiny(tmp_path, monkeypatch):
     assert out.with_suffix(".png").exists()
 
 
+@pytest.mark.slow
 def test_deployment_example_tiny(tmp_path, monkeypatch):
     """Calibration of a generated deployment, the learned stage on the calibrated room."""
     out = tmp_path / "dep.json"

@@ -159,6 +159,7 @@ def test_a_box_of_faces_equals_the_box_room_in_tm_with_a_metal_ceiling():
 # --- finite faces and shadows -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_phases_equal_an_independent_computation_with_a_pillar_and_a_metal_cabinet():
     faces = ROOM + PILLAR + CABINET
     mesh = MeshModel(SCENE, faces)

@@ -119,6 +119,7 @@ def test_profiled_cpos_maximize_the_likelihood():
         assert float(gp.log_marginal_likelihood(params, cpo + delta, x, r, nv, SCENE)) < base
 
 
+@pytest.mark.slow
 def test_fitted_gp_on_noise_free_data_beats_a_zero_mean_gp():
     loud = dj.paper_scene(power_dbm=40.0)  # sigma ~ 1.6e-7 rad: practically noise-free
     x, r, nv, _ = _data(4, 20, loud)
@@ -140,6 +141,7 @@ def fitted_l50():
     return gp.GPPhaseModel.from_fit(gp.fit(x, r, nv, SCENE), x, r, nv, SCENE)
 
 
+@pytest.mark.slow
 def test_quality_goals_concrete_at_minus_10_dbm(fitted_l50):
     # L = 50: the GP within 2x the theoretical model's modeling RMSE
     model = fitted_l50

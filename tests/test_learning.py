@@ -116,6 +116,7 @@ def test_tiny_mlp_overfits_a_tiny_dataset():
     assert res.history[-1]["loss"] < 0.05 * res.history[0]["loss"]
 
 
+@pytest.mark.slow
 def test_tiny_popt_overfits_a_tiny_dataset():
     data = _data(40)
     net = _popt(POPTConfig(d_emb=32, n_enc=1, n_head=2, d_ff=64, d_h=32, dropout=0.0))
@@ -151,6 +152,7 @@ def test_checkpoint_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert resumed.history[-1]["loss"] == full.history[-1]["loss"]
 
 
+@pytest.mark.slow
 def test_resident_scan_loop_matches_the_host_loop():
     """The device-resident loop (lax.scan over minibatches, scans of 3 steps leaving a
     remainder of 1) takes the same minibatches and dropout keys as the host loop: the
@@ -267,6 +269,7 @@ def test_ambiguity_classifier_labels_and_shapes():
     assert np.isfinite(float(clf.loss(data.r, data.x, None)))
 
 
+@pytest.mark.slow
 def test_data_parallel_training_matches_one_device(tmp_path):
     """Forced 4 CPU devices: minibatches sharded, parameters replicated; same result."""
     script = textwrap.dedent(

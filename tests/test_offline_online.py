@@ -209,6 +209,7 @@ def test_locator_refuses_bad_settings(trained):
         pipeline.Locator(off, "cells", num_cells=4)(jnp.zeros((2, 16)))
 
 
+@pytest.mark.slow
 def test_the_cost_gate_recovers_wrong_cells(trained):
     """Screen only the most likely cell: where the classifier is wrong the answer's cost is
     far above chi-square, and the whole-region search recovers it."""

@@ -54,6 +54,7 @@ def test_tabulated_gp_mean_matches_the_exact_gp(gp_model, screen):
     assert float(jnp.sqrt(jnp.mean(d**2))) < 5e-5
 
 
+@pytest.mark.slow
 def test_online_pipeline_recovers_noise_free_positions_from_10_cm_off(gp_model, screen):
     x, r = _noise_free(16)
     coarse = lambda _: _off_by(x, 0.10)
@@ -63,6 +64,7 @@ def test_online_pipeline_recovers_noise_free_positions_from_10_cm_off(gp_model, 
     assert err.max() < 1e-3, err  # only the GP's modeling error is left
 
 
+@pytest.mark.slow
 def test_the_window_keeps_refinement_in_the_right_basin(gp_model, screen):
     x, r = _noise_free(16, seed=8)
     x0 = _off_by(x, 0.30)
@@ -75,6 +77,7 @@ def test_the_window_keeps_refinement_in_the_right_basin(gp_model, screen):
     assert np.mean(np.linalg.norm(np.asarray(alone.x - x), axis=1) > 1e-2) > 0.5
 
 
+@pytest.mark.slow
 def test_window_as_wide_as_the_table_is_the_global_search(gp_model, screen):
     x, r = _noise_free(8, seed=21)
     table = phasor_table(screen, search_grid(SCENE, float(SCENE.wavelength) / 4, region="ue"))

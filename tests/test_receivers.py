@@ -91,6 +91,7 @@ def _world(seed=3):
 FIT = ("ap_positions", "receiver_gains", "receiver_constants")
 
 
+@pytest.mark.slow
 def test_gains_constants_and_phase_centres_from_noise_free_snapshots():
     real, truth, recv, x, s = _world()
     h = jax.vmap(lambda xx, ss: rx.expected_snapshot(truth, xx, recv, ss))(x, s)

@@ -150,6 +150,7 @@ def test_tracker_is_consistent_and_reaches_the_pcrb(walked):
     assert np.all(np.asarray(out.locked)[100:])
 
 
+@pytest.mark.slow
 def test_chord_steps_land_where_relinearizing_does(walked):
     """With relinearize=False the second iteration keeps the first linearization (a chord
     step); the iterated EKF re-linearizes: through the acquisition and after, the two
@@ -163,6 +164,7 @@ def test_chord_steps_land_where_relinearizing_does(walked):
     assert gap.max() < 0.05 * np.sqrt(np.mean(err**2)), (gap.max(), np.sqrt(np.mean(err**2)))
 
 
+@pytest.mark.slow
 def test_long_steps_relinearize_and_short_steps_take_chords_per_ue():
     """In a named batch, the UE whose first step is long re-linearizes (the iterated EKF's
     answer) and the one whose step is short takes a chord step (relinearize=False's),
@@ -210,6 +212,7 @@ def test_phases_at_the_update_after_a_short_step_are_the_exact_ones():
     )
 
 
+@pytest.mark.slow
 def test_chunks_of_ues_track_as_one_batch(walked):
     """run_tracker in chunks of UEs (padded: 20 = 8 + 8 + 4 + 4 copies) gives the one-batch
     answer when the re-acquisition capacity is not the limit (all 20 UEs acquire at the
@@ -332,6 +335,7 @@ def test_medoid_start_ignores_a_minority_of_wrong_maxima():
         tracking.medoid_start(jnp.asarray(est).at[0, 0].set(jnp.nan))
 
 
+@pytest.mark.slow
 def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
     """lattice_argmin (the screen on the newest snapshots, then the whole window for the
     lowest bounds, the whole lattice if uncertified) == the brute-force argmin, for a
@@ -541,6 +545,7 @@ def test_tracker_init_refuses_a_start_outside_the_motion_region():
         tracking.simulate_trajectory(jax.random.key(0), WALK, above, jnp.zeros(3), 3, DT)
 
 
+@pytest.mark.slow
 def test_a_track_whose_reacquisitions_keep_firing_is_never_called_locked():
     """15 m/s with the velocity unknown: the track is lost over and over (each loss cleared
     by the same step's re-acquisition, so ``lost`` never reads True at a step's end); it
