@@ -78,11 +78,12 @@ def snapshots(key, model, scene, num):
 
 
 def mle(model, r, spacing_div=8, repeats=1, starts=1):
-    """lambda/8 table search over the UE region (table built first, not timed) + refinement;
-    the median of ``repeats`` timed passes. With ``starts`` > 1 the ``starts`` most coherent
-    table points are each refined and the lowest ML cost wins (``estimators.coarse_to_fine``):
-    in a scene of faces the table's best point can sit across a shadow boundary from the UE,
-    where one refinement cannot follow."""
+    """lambda/8 table search over the UE region (table built first, not timed) + refinement,
+    then the cost gate (``estimators.recheck_costly``); the median of ``repeats`` timed
+    passes. With ``starts`` > 1 the ``starts`` most coherent table points are each refined
+    and the lowest ML cost wins (``estimators.coarse_to_fine``): in a scene of faces the
+    table's best point can sit across a shadow boundary from the UE, where one refinement
+    cannot follow; the gate's dense local window then finds the UE's side."""
     scene = model.scene
     t0 = time.perf_counter()
     spacing = float(scene.wavelength) / spacing_div
@@ -93,12 +94,16 @@ def mle(model, r, spacing_div=8, repeats=1, starts=1):
     def run(r):
         if starts > 1:
             parts = [
-                est.coarse_to_fine(r[i : i + 128], model, table, num_starts=starts).x
+                est.coarse_to_fine(r[i : i + 128], model, table, num_starts=starts)
                 for i in range(0, len(r), 128)
             ]
-            return jnp.concatenate(parts)
-        coarse = [dj.egs(r[i : i + 128], model, table).x for i in range(0, len(r), 128)]
-        return dj.refine_batch(jnp.concatenate(coarse), r, model).x
+            found = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+        else:
+            coarse = [dj.egs(r[i : i + 128], model, table).x for i in range(0, len(r), 128)]
+            found = dj.refine_batch(jnp.concatenate(coarse), r, model)
+        # the cost gate: an answer whose ML cost is not a right answer's is searched again
+        # in a dense window around it (a shadow boundary can sit between it and the UE)
+        return est.recheck_costly(r, model, found)[0].x
 
     jax.block_until_ready(run(r[:128]))  # compile outside the timing
     fine, seconds = timed_passes(lambda: run(r), repeats)

@@ -123,3 +123,24 @@ def test_refine_bad_input(x0, r, match):
 def test_refine_batch_bad_rows():
     with pytest.raises(ValueError, match="rows to match"):
         est.refine_batch(jnp.ones((3, 3)), jnp.zeros((2, 17)), SCENE)
+
+
+def test_recheck_costly_searches_again_only_the_answers_whose_cost_is_wrong():
+    scene = dj.paper_scene()
+    truth = dj.TwoRayModel(scene)
+    test = dj.measure.labeled_snapshots(jax.random.key(3), truth, 4)
+    right = dj.refine_batch(test.x, test.r, truth)
+    # two answers started 30 cm off: refined into wrong lobes 0.3 and 0.9 m from the truth
+    starts = test.x.at[1:3, 0].add(0.3)
+    wrong = dj.refine_batch(starts, test.r, truth)
+    assert float(wrong.cost[1]) > 100 * 13 and float(wrong.cost[2]) > 100 * 13
+    window = dict(radius=1.0, spacing=float(scene.wavelength) / 4)  # wide enough for both
+    out, rechecked = dj.estimators.recheck_costly(test.r, truth, wrong, **window)
+    np.testing.assert_array_equal(rechecked, [False, True, True, False])
+    np.testing.assert_allclose(out.x, right.x, atol=1e-7)  # the truth's lobe found again
+    np.testing.assert_array_equal(out.x[0], wrong.x[0])  # a right answer is left alone
+    assert out.cpo.shape == (4,) and float(out.cost[1]) < 100 * 13
+    with pytest.raises(ValueError, match="gate"):
+        dj.estimators.recheck_costly(test.r, truth, wrong, gate=0.0)
+    with pytest.raises(ValueError, match="result"):
+        dj.estimators.recheck_costly(test.r[:3], truth, wrong)

@@ -6,7 +6,8 @@ window, the one Levenberg-Marquardt solver and the HI geometry (Sec. IV-B).
 * :mod:`~dmimo_jax.estimators.phasors`: phasor rows, the coherence screen, cube offsets;
 * :mod:`~dmimo_jax.estimators.grid`: grids, their sharding over devices, the phasor table;
 * :mod:`~dmimo_jax.estimators.search`: EGS (eq. 18) and ``coarse_to_fine``;
-* :mod:`~dmimo_jax.estimators.window`: the online safeguard ``window_search``;
+* :mod:`~dmimo_jax.estimators.window`: the online safeguard ``window_search``, and
+  ``recheck_costly``, the cost gate's dense local search;
 * :mod:`~dmimo_jax.estimators.hyperbola`: hyperboloid residuals and their intersection;
 * :mod:`~dmimo_jax.estimators.coherent`: the coherent search with expected phasors and
   measured amplitudes, and k-NN fingerprinting (for measured data, beyond the paper).
@@ -45,7 +46,7 @@ from dmimo_jax.estimators.mle import (
     RefineResult,
 )
 from dmimo_jax.estimators.search import CoarseToFineResult, EgsResult
-from dmimo_jax.estimators.window import window_covers_table
+from dmimo_jax.estimators.window import recheck_costly, window_covers_table
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.make_grid`): kept here so the
@@ -83,5 +84,6 @@ __all__ = [
     "levenberg_marquardt",
     "phasor_table",
     "search_grid",
+    "recheck_costly",
     "window_covers_table",
 ]

@@ -31,6 +31,7 @@ from dmimo_jax._checks import (
 from dmimo_jax.estimators import (
     CellTable,
     PhasorTable,
+    recheck_costly,
     refine_batch,
     window_covers_table,
     window_search,
@@ -616,7 +617,9 @@ class Locator:
         cost_gate: the likelihood check of ``__call__``: an answer whose ML cost (eq. 17,
             about chi-square with M - 4 degrees of freedom at the right position) exceeds
             ``cost_gate * (M - 4)`` is in a wrong cell or lobe (its residuals are radians,
-            not the noise), and is re-screened over the whole region. ``None`` turns it off.
+            not the noise), and is re-screened over the whole region; one still above it
+            is searched again in a dense window around it
+            (:func:`~dmimo_jax.estimators.recheck_costly`). ``None`` turns it off.
             The default 100 sits far above the chi-square (and above the paper GP's worst
             right answer, docs/deployment.md) and far below a wrong answer's cost.
         stage: the coarse stage of ``kind`` (set at construction): :class:`CellStage` for
@@ -738,6 +741,9 @@ class Locator:
         rows = np.flatnonzero(recovered)
         if rows.size:
             again, out = bucketed(self._whole_region, rows, r)
+            # still not a right answer's cost (a shadow boundary between it and the UE, in a
+            # scene of faces): the gate's dense window around it (recheck_costly)
+            out, _ = recheck_costly(r[rows], self.fine_model, out, gate=self.cost_gate)
             screened = screened.at[rows].set(again)
             fine = jax.tree.map(lambda a, b: a.at[rows].set(b), fine, out)
         return screened, fine, recovered
