@@ -135,7 +135,11 @@ def test_recheck_costly_searches_again_only_the_answers_whose_cost_is_wrong():
     wrong = dj.refine_batch(starts, test.r, truth)
     assert float(wrong.cost[1]) > 100 * 13 and float(wrong.cost[2]) > 100 * 13
     window = dict(radius=1.0, spacing=float(scene.wavelength) / 4)  # wide enough for both
-    out, rechecked = dj.estimators.recheck_costly(test.r, truth, wrong, **window)
+    # half the answers fail: the model, not the search (default max_fraction 5%): untouched
+    same, failed = dj.estimators.recheck_costly(test.r, truth, wrong, **window)
+    np.testing.assert_array_equal(failed, [False, True, True, False])
+    assert same is wrong
+    out, rechecked = dj.estimators.recheck_costly(test.r, truth, wrong, max_fraction=1.0, **window)
     np.testing.assert_array_equal(rechecked, [False, True, True, False])
     np.testing.assert_allclose(out.x, right.x, atol=1e-7)  # the truth's lobe found again
     np.testing.assert_array_equal(out.x[0], wrong.x[0])  # a right answer is left alone
@@ -144,3 +148,8 @@ def test_recheck_costly_searches_again_only_the_answers_whose_cost_is_wrong():
         dj.estimators.recheck_costly(test.r, truth, wrong, gate=0.0)
     with pytest.raises(ValueError, match="result"):
         dj.estimators.recheck_costly(test.r[:3], truth, wrong)
+    with pytest.raises(ValueError, match="max_fraction"):
+        dj.estimators.recheck_costly(test.r, truth, wrong, max_fraction=1.5)
+    # chunks of one answer: the same answers
+    one, _ = dj.estimators.recheck_costly(test.r, truth, wrong, max_fraction=1.0, chunk=1, **window)
+    np.testing.assert_allclose(one.x, out.x, atol=1e-9)

@@ -164,10 +164,12 @@ def recheck_costly(
     result: Any,
     *,
     gate: float = 100.0,
+    max_fraction: float = 0.05,
     radius: float | None = None,
     spacing: float | None = None,
     num_starts: int = 32,
     num_steps: int = 15,
+    chunk: int = 64,
 ) -> tuple[Any, np.ndarray]:
     r"""The cost gate's local search (beyond the paper): search again, in a dense window
     around it, every answer whose ML cost is not that of a right answer.
@@ -182,6 +184,11 @@ def recheck_costly(
     (:func:`window_search`), the winner refined once more (:func:`refine_batch`), and it
     replaces the answer when its cost is lower.
 
+    The gate is for a search's rare misses. When more than ``max_fraction`` of the answers
+    fail it, the model itself does not explain the snapshots (a nominal or mismatched
+    model), a local search cannot help, and nothing is searched again (the mask still
+    says which answers failed).
+
     Args:
         r: (B, M) wrapped phases.
         model: the PhaseModel ``result`` was refined under.
@@ -189,13 +196,14 @@ def recheck_costly(
             :class:`~dmimo_jax.estimators.RefineResult`, a
             :class:`~dmimo_jax.estimators.CoarseToFineResult`, ...).
         gate: the threshold, in units of M - 4.
+        max_fraction: the largest fraction of failing answers that is searched again.
         radius, spacing, num_starts, num_steps: the window (:func:`window_search`).
+        chunk: answers searched at once (bounds the memory of the window's model calls).
 
     Returns:
-        ``(result, rechecked)``: the result with the improved rows' fields that a
+        ``(result, failed)``: the result with the improved rows' fields that a
         :class:`~dmimo_jax.estimators.RefineResult` also has (``x``, ``cost``, ``cpo``, ...)
-        replaced, the others kept; and the (B,) bool mask of the rows that failed the gate
-        (searched again, improved or not).
+        replaced, the others kept; and the (B,) bool mask of the answers that failed the gate.
     """
     r = as_snapshot_batch("r", r, model.num_aps)
     x = jnp.asarray(result.x, r.dtype).reshape(-1, 3)
@@ -206,29 +214,37 @@ def recheck_costly(
         )
     if not (isinstance(gate, (int, float)) and np.isfinite(gate) and gate > 0):
         raise ValueError(f"gate must be a finite number > 0, got {gate!r}")
+    if not (isinstance(max_fraction, (int, float)) and 0 <= max_fraction <= 1):
+        raise ValueError(f"max_fraction must be a number in [0, 1], got {max_fraction!r}")
+    check_int("chunk", chunk, minimum=1)
     lam = float(model.scene.wavelength)
     radius = lam / 4 if radius is None else radius
     spacing = lam / 16 if spacing is None else spacing
-    rechecked = cost > gate * max(model.num_aps - 4, 1)
-    rows = np.flatnonzero(rechecked)
-    if rows.size == 0:
-        return result, rechecked
-    size = 1 << int(rows.size - 1).bit_length()  # padded to a power of two: few shapes compile
-    padded = np.concatenate([rows, np.full(size - rows.size, rows[-1])])
-    xw = window_search(
-        r[padded],
-        model,
-        x[padded],
-        radius=radius,
-        spacing=spacing,
-        num_starts=num_starts,
-        num_steps=num_steps,
-    )
-    again = refine_batch_unchecked(xw, r[padded], model, 25, 1e-3)
-    better = np.asarray(again.cost[: rows.size]) < cost[rows]
+    failed = cost > gate * max(model.num_aps - 4, 1)
+    rows = np.flatnonzero(failed)
+    if rows.size == 0 or rows.size > max_fraction * r.shape[0]:
+        return result, failed
+    found = []
+    for part in np.array_split(rows, -(-rows.size // chunk)):
+        # padded to a power of two: a few shapes compile, whatever the number of misses
+        size = 1 << int(part.size - 1).bit_length()
+        padded = np.concatenate([part, np.full(size - part.size, part[-1])])
+        xw = window_search(
+            r[padded],
+            model,
+            x[padded],
+            radius=radius,
+            spacing=spacing,
+            num_starts=num_starts,
+            num_steps=num_steps,
+        )
+        again = refine_batch_unchecked(xw, r[padded], model, 25, 1e-3)
+        found.append(jax.tree.map(lambda a, n=part.size: a[:n], again))
+    again = jax.tree.map(lambda *a: jnp.concatenate(a), *found)
+    better = np.asarray(again.cost) < cost[rows]
     take, src = rows[better], np.flatnonzero(better)
     shared = [f for f in result._fields if f in RefineResult._fields]
     out = result._replace(
         **{f: jnp.asarray(getattr(result, f)).at[take].set(getattr(again, f)[src]) for f in shared}
     )
-    return out, rechecked
+    return out, failed

@@ -741,11 +741,11 @@ class Locator:
         rows = np.flatnonzero(recovered)
         if rows.size:
             again, out = bucketed(self._whole_region, rows, r)
-            # still not a right answer's cost (a shadow boundary between it and the UE, in a
-            # scene of faces): the gate's dense window around it (recheck_costly)
-            out, _ = recheck_costly(r[rows], self.fine_model, out, gate=self.cost_gate)
             screened = screened.at[rows].set(again)
             fine = jax.tree.map(lambda a, b: a.at[rows].set(b), fine, out)
+            # still not a right answer's cost (in a scene of faces: a shadow boundary between
+            # it and the UE): the gate's dense window around it, for a batch's rare misses
+            fine, _ = recheck_costly(r, self.fine_model, fine, gate=self.cost_gate)
         return screened, fine, recovered
 
     def __call__(self, r: ArrayLike) -> LocatorResult:
