@@ -197,7 +197,10 @@ def recheck_costly(
             :class:`~dmimo_jax.estimators.CoarseToFineResult`, ...).
         gate: the threshold, in units of M - 4.
         max_fraction: the largest fraction of failing answers that is searched again.
-        radius, spacing, num_starts, num_steps: the window (:func:`window_search`).
+        radius: the window's half-width, m (default lambda/4).
+        spacing: the window's grid spacing, m (default lambda/16).
+        num_starts: window points refined (:func:`window_search`).
+        num_steps: LM steps of each.
         chunk: answers searched at once (bounds the memory of the window's model calls).
 
     Returns:
