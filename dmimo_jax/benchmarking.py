@@ -23,14 +23,25 @@ from typing import Any
 
 import jax
 
-__all__ = ["machine", "read_rows", "summarize", "time_call", "timed_passes", "write_json"]
+from dmimo_jax._checks import check_int
+
+PROVENANCE = ("command", "date", "machine")  # the keys a record adds around its rows
+
+__all__ = [
+    "PROVENANCE",
+    "machine",
+    "read_rows",
+    "summarize",
+    "time_call",
+    "timed_passes",
+    "write_json",
+]
 
 
 def time_call(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
     """``fn()`` once (compile and run: the first-call seconds), then ``repeats`` timed calls,
     each blocked on its result: (first-call seconds, the list of timed seconds)."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 0:
-        raise ValueError(f"repeats: expected an integer >= 0, got {repeats!r}")
+    check_int("repeats", repeats)
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     first = time.perf_counter() - t0
@@ -46,8 +57,7 @@ def timed_passes(run: Callable[[], Any], repeats: int) -> tuple[Any, float]:
     """``run()`` (compiled beforehand) ``repeats`` times, each blocked on: (the median pass's
     result, its seconds; the upper of the two middle passes for an even count). Timing every
     row of a table this way in one run compares passes that saw the machine alike."""
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats: expected an integer >= 1, got {repeats!r}")
+    check_int("repeats", repeats, minimum=1)
     passes = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -104,8 +114,8 @@ def read_rows(path: str | pathlib.Path) -> Any:
     """The rows of a record written by :func:`write_json` (its ``"rows"``, or the dict of
     results without the provenance keys); a file without provenance is returned as it is."""
     record = json.loads(pathlib.Path(path).read_text())
-    if isinstance(record, dict) and {"command", "date", "machine"} <= set(record):
-        if set(record) == {"command", "date", "machine", "rows"}:
+    if isinstance(record, dict) and set(PROVENANCE) <= set(record):
+        if set(record) == {*PROVENANCE, "rows"}:
             return record["rows"]
-        return {k: v for k, v in record.items() if k not in ("command", "date", "machine")}
+        return {k: v for k, v in record.items() if k not in PROVENANCE}
     return record

@@ -12,7 +12,7 @@ def test_a_record_carries_its_provenance_and_gives_its_rows_back(tmp_path):
     benchmarking.write_json(path, rows, command="python benchmarks/x.py --quick")
     record = json.loads(path.read_text())
     assert record["command"] == "python benchmarks/x.py --quick"
-    assert record["date"].endswith("+00:00") and record["machine"]["device"].startswith("cpu")
+    assert record["date"].endswith("+00:00") and record["machine"] == benchmarking.machine()
     assert benchmarking.read_rows(path) == rows
     # a dict of results keeps its keys beside the provenance (a script resumes from them)
     benchmarking.write_json(path, {"rows": rows, "worlds": {"k": [1]}})

@@ -34,6 +34,7 @@ from dmimo_jax._checks import (
     check_scalar,
     check_table_aps,
 )
+from dmimo_jax.estimators.grid import bucket_size
 from dmimo_jax.estimators.mle import check_num_steps, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import (
     coherence_weights,
@@ -254,13 +255,6 @@ def cell_groups(cells: ArrayLike, num_cells: int) -> CellGroups | None:
             for v in (cell, members, item.reshape(cells.shape), lane.reshape(cells.shape))
         )
     )
-
-
-def bucket_size(n: int) -> int:
-    """The padded size of a part of n rows: n rounded up to a multiple of 2^(b - 3), b the
-    bit length of n (at most 4 sizes per octave, under 25% padding)."""
-    q = 1 << max(int(n).bit_length() - 3, 0)
-    return -(-int(n) // q) * q
 
 
 def candidate_search(

@@ -21,8 +21,8 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import as_snapshot_batch, check_int, check_table_aps
-from dmimo_jax.estimators.grid import PhasorTable
+from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, check_table_aps
+from dmimo_jax.estimators.grid import PhasorTable, bucket_size, cost_gate_failed
 from dmimo_jax.estimators.mle import (
     RefineResult,
     check_num_steps,
@@ -215,22 +215,22 @@ def recheck_costly(
         raise ValueError(
             f"result must hold {r.shape[0]} answers to match r, got x {x.shape}, cost {cost.shape}"
         )
-    if not (isinstance(gate, (int, float)) and np.isfinite(gate) and gate > 0):
-        raise ValueError(f"gate must be a finite number > 0, got {gate!r}")
-    if not (isinstance(max_fraction, (int, float)) and 0 <= max_fraction <= 1):
-        raise ValueError(f"max_fraction must be a number in [0, 1], got {max_fraction!r}")
+    check_scalar("gate", gate, positive=True)
+    check_scalar("max_fraction", max_fraction)
+    if not 0 <= max_fraction <= 1:
+        raise ValueError(f"max_fraction must be in [0, 1], got {max_fraction!r}")
     check_int("chunk", chunk, minimum=1)
     lam = float(model.scene.wavelength)
     radius = lam / 4 if radius is None else radius
     spacing = lam / 16 if spacing is None else spacing
-    failed = cost > gate * max(model.num_aps - 4, 1)
+    failed = cost_gate_failed(cost, model.num_aps, gate)
     rows = np.flatnonzero(failed)
     if rows.size == 0 or rows.size > max_fraction * r.shape[0]:
         return result, failed
     found = []
     for part in np.array_split(rows, -(-rows.size // chunk)):
-        # padded to a power of two: a few shapes compile, whatever the number of misses
-        size = 1 << int(part.size - 1).bit_length()
+        # padded (bucket_size): a few shapes compile, whatever the number of misses
+        size = bucket_size(part.size)
         padded = np.concatenate([part, np.full(size - part.size, part[-1])])
         xw = window_search(
             r[padded],

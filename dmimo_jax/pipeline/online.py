@@ -37,11 +37,11 @@ from dmimo_jax.estimators import (
     window_search,
 )
 from dmimo_jax.estimators.candidates import (
-    bucket_size,
     candidate_search_unchecked,
     cell_groups,
     check_cell_table,
 )
+from dmimo_jax.estimators.grid import bucket_size, cost_gate_failed
 from dmimo_jax.estimators.mle import check_num_steps, refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.learning.nets import jit_method
@@ -542,10 +542,9 @@ class CellStage:
     def screen(self, loc: Locator, r: Array, coarse: Any) -> CandidateScreen:
         cells, probs = coarse
         off = loc.offline
-        return _screen_candidates(
-            r, cells, np.asarray(probs, np.float64), off.screen, off.cells, off.table,
-            loc.screen_settings,
-        )  # fmt: skip
+        probs = np.asarray(probs, np.float64)
+        settings = loc.screen_settings
+        return _screen_candidates(r, cells, probs, off.screen, off.cells, off.table, settings)
 
     def position(self, loc: Locator, coarse: Any) -> Array:
         """The most likely cell's centre (B, 3)."""
@@ -622,8 +621,6 @@ class Locator:
             (:func:`~dmimo_jax.estimators.recheck_costly`). ``None`` turns it off.
             The default 100 sits far above the chi-square (and above the paper GP's worst
             right answer, docs/deployment.md) and far below a wrong answer's cost.
-        stage: the coarse stage of ``kind`` (set at construction): :class:`CellStage` for
-            the classifier, :class:`WindowStage` for a regression network.
     """
 
     offline: Any
@@ -637,7 +634,6 @@ class Locator:
     fine_steps: int | None = None
     fine: str = "screen"
     cost_gate: float | None = 100.0
-    stage: CellStage | WindowStage = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         estimators = getattr(self.offline, "estimators", None)
@@ -654,13 +650,18 @@ class Locator:
             raise ValueError(f"fine must be 'screen' or 'model', got {self.fine!r}")
         if self.cost_gate is not None:
             check_scalar("cost_gate", self.cost_gate, positive=True)
-        stage = CellStage() if self.kind == "cells" else WindowStage()
-        object.__setattr__(self, "stage", stage)
+        stage = self.stage
         for name, default in stage.defaults.items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, default)
             check_int(name, getattr(self, name), minimum=1)
         stage.check(self)
+
+    @property
+    def stage(self) -> CellStage | WindowStage:
+        """The coarse stage of ``kind``: :class:`CellStage` for the classifier,
+        :class:`WindowStage` for a regression network."""
+        return CellStage() if self.kind == "cells" else WindowStage()
 
     @property
     def estimator(self) -> Any:
@@ -736,8 +737,7 @@ class Locator:
         recovered = np.zeros(np.shape(fine.cost), bool)
         if self.cost_gate is None:
             return screened, fine, recovered
-        dof = max(self.offline.screen.num_aps - 4, 1)
-        recovered = np.asarray(fine.cost > self.cost_gate * dof)
+        recovered = cost_gate_failed(fine.cost, self.offline.screen.num_aps, self.cost_gate)
         rows = np.flatnonzero(recovered)
         if rows.size:
             again, out = bucketed(self._whole_region, rows, r)

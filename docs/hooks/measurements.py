@@ -11,9 +11,10 @@ import json
 import pathlib
 import re
 
+from dmimo_jax.benchmarking import PROVENANCE  # the keys a record adds around its rows
+
 MARKER = "<!-- measurements -->"
 MAX_ROWS = 24  # longer tables show their first and last rows; the JSON holds them all
-PROVENANCE = ("command", "date", "machine")
 
 
 def _format(value) -> str:
