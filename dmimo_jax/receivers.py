@@ -58,6 +58,7 @@ __all__ = [
     "profiled_residuals",
     "random_receivers",
     "simulate_snapshots",
+    "whiten",
 ]
 
 
@@ -236,3 +237,48 @@ def profiled_residuals(h: ArrayLike, v: ArrayLike, b: ArrayLike) -> tuple[Array,
     y = h - jnp.broadcast_to(jnp.asarray(b), h.shape)
     s = jnp.sum(jnp.conj(v) * y, axis=-1) / jnp.sum(jnp.abs(v) ** 2, axis=-1)
     return y - s[..., None] * v, s
+
+
+def whiten(model: ReceiverModel, h: ArrayLike, noise_var: ArrayLike) -> tuple[ReceiverModel, Array]:
+    r"""The model and snapshots ``h`` (..., M) scaled by :math:`1/\sigma_m` per receiver, for
+    receivers whose noise (or misfit) variances :math:`\sigma_m^2` differ.
+
+    The complex least-squares score of the whitened pair is the weighted one,
+    :math:`|\mathbf v^H\Sigma^{-1}(\mathbf h - \mathbf b)|^2/(\mathbf v^H\Sigma^{-1}
+    \mathbf v)` with :math:`\Sigma = \mathrm{diag}(\sigma_m^2)`, and its profiled residuals
+    are the whitened ones: every search and refinement of the module's model
+    (:func:`~dmimo_jax.estimators.complex_search`, the coherent search of
+    :math:`\mathbf h - \mathbf b`) becomes the maximum-likelihood one under unequal
+    variances. Gains and constants are scaled, the channel's geometry is not: positions mean
+    what they meant. Equal variances change no position.
+
+    Args:
+        model: a :class:`ReceiverModel`.
+        h: (..., M) complex snapshots.
+        noise_var: (M,) positive variances :math:`\sigma_m^2` (any common scale).
+
+    Returns:
+        ``(whitened model, whitened snapshots)``.
+
+    Raises:
+        ValueError: ``model`` not a ReceiverModel, ``h`` not complex (..., M), ``noise_var``
+            not (M,) finite and positive.
+    """
+    if not isinstance(model, ReceiverModel):
+        raise ValueError(f"model must be a ReceiverModel, got {type(model).__name__}")
+    m = model.num_aps
+    h = jnp.asarray(h)
+    if h.ndim < 1 or h.shape[-1] != m or not jnp.iscomplexobj(h):
+        raise ValueError(
+            f"h must be complex snapshots of shape (..., {m}), got {h.dtype} {h.shape}"
+        )
+    var = jnp.asarray(noise_var, model.scene.ap_positions.dtype)
+    if var.shape != (m,):
+        raise ValueError(f"noise_var must have shape ({m},) (one per receiver), got {var.shape}")
+    check_finite("noise_var", var)
+    if is_concrete(var) and np.any(np.asarray(var) <= 0):
+        raise ValueError(f"noise_var must be positive, got min {float(np.min(np.asarray(var)))}")
+    scale = 1.0 / jnp.sqrt(var)
+    rx = model.receivers
+    whitened = ReceiverModel(model.model, Receivers(rx.gains * scale, rx.constants * scale))
+    return whitened, h * jnp.broadcast_to(scale, h.shape)

@@ -92,7 +92,7 @@ from dmimo_jax.estimators import (  # noqa: E402
     make_grid,
 )
 from dmimo_jax.physics import ImageSourceModel  # noqa: E402
-from dmimo_jax.receivers import ReceiverModel  # noqa: E402
+from dmimo_jax.receivers import ReceiverModel, whiten  # noqa: E402
 from dmimo_jax.tracking import most_likely_path  # noqa: E402
 
 DEFAULT_DATA = pathlib.Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "techtile"
@@ -112,6 +112,7 @@ METHODS = (
 LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobes
 COMPLEX_METHODS = ("complex", "best")
 PHASE_CENTRE_PRIOR = 0.10  # m, best's prior on each antenna's phase centre coordinates
+SPOT_RADIUS = 0.02  # m, labeled snapshots this close are copies of one spot (spot_counts)
 NUM_LOBES = 8  # local maxima per snapshot (estimators.coherent_peaks)
 # tracking.most_likely_path, chosen on EXP003/EXP005 at L = 50 (docs/real_data.md): a
 # random walk of 15 cm per square root of a cycle, a 10% jump probability over the search
@@ -151,27 +152,45 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
+def spot_counts(x, radius=SPOT_RADIUS):
+    """(L,) how many labeled snapshots lie within ``radius`` (horizontal) of each, itself
+    included: copies of one spot (a still rover's repeats)."""
+    d = np.linalg.norm(x[:, None, :2] - x[None, :, :2], axis=-1)
+    return np.sum(d < radius, axis=1)
+
+
 def complex_model(los, x, h, *, phase_centres):
-    """Model B (module docstring) calibrated on complex labeled snapshots ``h``: the
-    receivers' gains and constants under ``los`` (unit noise variance: the fit's reduced
-    chi-square is then the noise's variance), then, with ``phase_centres``, the antennas'
-    phase centres too with a ``PHASE_CENTRE_PRIOR`` prior at that noise level."""
+    """Model B (module docstring) calibrated on complex labeled snapshots ``h``, and its
+    receivers' variances: ``(ReceiverModel, (M,) variances)`` (search with
+    ``receivers.whiten``).
+
+    The receivers' gains and constants under ``los`` (unit noise variance: the fit's
+    reduced chi-square is then the noise's variance), with ``phase_centres`` the antennas'
+    phase centres too (a ``PHASE_CENTRE_PRIOR`` prior at that noise level), then once more
+    with each receiver's own variance (its share of the chi-square, ``chi2_by_ap``). What the
+    model misses is a static field far stronger than the noise (on Techtile), so the copies of
+    one spot share their residual: each labeled snapshot's variance is multiplied by its
+    ``spot_counts`` (a spot counts once, however long the rover stood there)."""
     fit = ("receiver_gains", "receiver_constants")
+    if phase_centres:
+        fit = ("ap_positions", *fit)
+    copies = spot_counts(x)[:, None] * np.ones(h.shape)
     with warnings.catch_warnings():  # a real room misses what the LoS model lacks: a misfit
         warnings.simplefilter("ignore", UserWarning)
-        cal = calibrate(los, x, h, np.ones(h.shape), fit=fit)
-        if phase_centres:
-            noise = np.full(h.shape, float(cal.reduced_chi2))
+        cal = calibrate(los, x, h, copies, fit=fit[-2:])
+        var = np.full(h.shape[1], float(cal.reduced_chi2))
+        for _ in range(2):  # a common variance, then each receiver's own
             cal = calibrate(
                 los,
                 x,
                 h,
-                noise,
-                fit=("ap_positions", *fit),
+                var[None, :] * copies,
+                fit=fit,
                 receivers=cal.receivers,
-                position_prior=PHASE_CENTRE_PRIOR,
+                position_prior=PHASE_CENTRE_PRIOR if phase_centres else None,
             )
-    return ReceiverModel(cal.model, cal.receivers)
+            var = var * np.asarray(cal.chi2_by_ap)
+    return ReceiverModel(cal.model, cal.receivers), var
 
 
 def choose_lobe(model, grid, table, r, amplitudes, cycles, area, labeled, truth=None):
@@ -253,10 +272,13 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             key = "complex" if method == "complex" else "best"
             if key not in fitted:
                 t0 = time.perf_counter()
-                model = complex_model(los, xl, data.csi[li], phase_centres=key == "best")
-                table = jax.block_until_ready(coherent_table(model, grid))
-                fitted[key] = (model, table, time.perf_counter() - t0)
-            model, table, fit_s = fitted[key]  # the receivers carry the offsets
+                model, var = complex_model(los, xl, data.csi[li], phase_centres=key == "best")
+                table = jax.block_until_ready(
+                    coherent_table(whiten(model, data.csi[li], var)[0], grid)
+                )
+                fitted[key] = (model, var, table, time.perf_counter() - t0)
+            model, var, table, fit_s = fitted[key]  # the receivers carry the offsets
+            whitened, h_located = whiten(model, data.csi[ti], var)
         elif method == "self_trained" or (method in LOBE_METHODS and "self_trained" not in fitted):
             # the unlabeled snapshots' phases, amplitudes and times only: never their positions
             t0 = time.perf_counter()
@@ -272,12 +294,12 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             xe, t = timed(knn_locate, xl, rl, rt)
             fit_s = 0.0
         elif method in COMPLEX_METHODS:
-            res, t = timed(complex_search, model, grid, data.csi[ti], table=table)
+            res, t = timed(complex_search, whitened, grid, h_located, table=table)
             xe = res.x
         elif method == "best_trajectory":
-            y = data.csi[ti] - np.asarray(model.receivers.constants)[None, :]
+            y = h_located - np.asarray(whitened.receivers.constants)[None, :]
             labeled = (xl, data.cycles[li])
-            args = (model, grid, table, np.angle(y), np.abs(y), data.cycles[ti], area, labeled)
+            args = (whitened, grid, table, np.angle(y), np.abs(y), data.cycles[ti], area, labeled)
             xe, t = timed(choose_lobe, *args)
         elif method in LOBE_METHODS:
             truth = xt if method == "lobe_oracle" else None
