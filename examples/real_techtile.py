@@ -31,12 +31,14 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
 * ``complex``: the complex snapshots (the CSI with its amplitudes) under the receivers'
   model of :mod:`dmimo_jax.receivers` (model B): LoS channel, a complex gain and an additive
   constant per antenna, calibrated from the labeled snapshots
-  (``calibrate(fit=("receiver_gains", "receiver_constants"))``), located by
-  ``estimators.complex_search`` (the constants removed, the complex least-squares score);
+  (``calibrate(fit=("receiver_gains", "receiver_constants"))``) with each antenna's own
+  variance (its share of the chi-square) and each labeled spot counted once
+  (``complex_model``), located by ``estimators.complex_search`` on the snapshots whitened by
+  those variances (``receivers.whiten``: the constants removed, the weighted complex
+  least-squares score);
 * ``best``: ``complex`` with the antennas' 3-D phase centres fitted too (a 10 cm prior
-  around the listed positions, ``position_prior``; the noise variance from ``complex``'s
-  fit): the method chosen on EXP003/EXP005 (docs/real_data.md), the same for every
-  experiment;
+  around the listed positions, ``position_prior``): the method chosen on EXP003/EXP005
+  (docs/real_data.md), the same for every experiment;
 * ``best_trajectory``: ``best``'s model, its 8 most coherent lobes per snapshot (the
   constants removed) chosen along the trajectory as ``trajectory`` does, then refined.
 
