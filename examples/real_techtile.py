@@ -40,7 +40,11 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   around the listed positions, ``position_prior``): the method chosen on EXP003/EXP005
   (docs/real_data.md), the same for every experiment;
 * ``best_trajectory``: ``best``'s model, its 8 most coherent lobes per snapshot (the
-  constants removed) chosen along the trajectory as ``trajectory`` does, then refined.
+  constants removed) chosen along the trajectory as ``trajectory`` does, then refined;
+* ``best_field``: ``best``'s model (whitened) plus the residual field of ``field``
+  (``calibration.fit_residual_field`` with its defaults) learned from the phases of the
+  labeled snapshots with the constants removed, searched as ``field`` is (expected phasors,
+  the amplitudes of the whitened snapshots with the constants removed as weights).
 
 Every search is ``estimators.coherent_search`` with its grid stage tabulated beforehand
 (``estimators.coherent_table``, counted in ``fit_s``). Per experiment, the noise-floor references:
@@ -110,6 +114,7 @@ METHODS = (
     "complex",
     "best",
     "best_trajectory",
+    "best_field",
 )
 LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobes
 COMPLEX_METHODS = ("complex", "best")
@@ -270,7 +275,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             model = jax.block_until_ready(fit_residual_field(los, xl, rl))
             fit_s += time.perf_counter() - t0
             amplitudes = amps[ti]
-        elif method in (*COMPLEX_METHODS, "best_trajectory"):
+        elif method in (*COMPLEX_METHODS, "best_trajectory", "best_field"):
             key = "complex" if method == "complex" else "best"
             if key not in fitted:
                 t0 = time.perf_counter()
@@ -281,6 +286,13 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
                 fitted[key] = (model, var, table, time.perf_counter() - t0)
             model, var, table, fit_s = fitted[key]  # the receivers carry the offsets
             whitened, h_located = whiten(model, data.csi[ti], var)
+            if method == "best_field" and "best_field" not in fitted:
+                t0 = time.perf_counter()
+                b = np.asarray(whitened.receivers.constants)[None, :]
+                h_labeled = whiten(model, data.csi[li], var)[1]
+                field = fit_residual_field(whitened, xl, np.angle(h_labeled - b))
+                field_table = jax.block_until_ready(coherent_table(field, grid))
+                fitted["best_field"] = (field, field_table, fit_s + time.perf_counter() - t0)
         elif method == "self_trained" or (method in LOBE_METHODS and "self_trained" not in fitted):
             # the unlabeled snapshots' phases, amplitudes and times only: never their positions
             t0 = time.perf_counter()
@@ -297,6 +309,12 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             fit_s = 0.0
         elif method in COMPLEX_METHODS:
             res, t = timed(complex_search, whitened, grid, h_located, table=table)
+            xe = res.x
+        elif method == "best_field":
+            model, field_table, fit_s = fitted["best_field"]
+            y = h_located - np.asarray(whitened.receivers.constants)[None, :]
+            search = (model, grid, np.angle(y), np.abs(y))
+            res, t = timed(coherent_search, *search, table=field_table)
             xe = res.x
         elif method == "best_trajectory":
             y = h_located - np.asarray(whitened.receivers.constants)[None, :]

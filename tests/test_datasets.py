@@ -488,11 +488,12 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
             "complex",
             "best",
             "best_trajectory",
+            "best_field",
         )
     }
     for r in rows:
         assert r["num_labeled"] == 12
-        if r["kind"] in ("los_offsets", "field", "self_trained", "complex", "best"):
+        if r["kind"] in ("los_offsets", "field", "self_trained", "complex", "best", "best_field"):
             # 0.1 rad of white phase noise on 8 APs: millimetres, no wrong lobes
             assert r["median_m"] < 0.01 and r["max_m"] < 0.03, r
             assert 0.07 < r["residual_rms_rad"] < 0.15, r
