@@ -37,14 +37,14 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   those variances (``receivers.whiten``: the constants removed, the weighted complex
   least-squares score);
 * ``best``: ``complex`` with the antennas' 3-D phase centres fitted too (a 10 cm prior
-  around the listed positions, ``position_prior``): the method chosen on EXP003/EXP005
-  (docs/real_data.md), the same for every experiment;
+  around the listed positions, ``position_prior``);
 * ``best_trajectory``: ``best``'s model, its 8 most coherent lobes per snapshot (the
   constants removed) chosen along the trajectory as ``trajectory`` does, then refined;
 * ``best_field``: ``best``'s model (whitened) plus the residual field of ``field``
   (``calibration.fit_residual_field`` with its defaults) learned from the phases of the
   labeled snapshots with the constants removed, searched as ``field`` is (expected phasors,
-  the amplitudes of the whitened snapshots with the constants removed as weights).
+  the amplitudes of the whitened snapshots with the constants removed as weights): the
+  method chosen on EXP003/EXP005 (docs/real_data.md), the same for every experiment.
 
 Every search is ``estimators.coherent_search`` with its grid stage tabulated beforehand
 (``estimators.coherent_table``, counted in ``fit_s``). Per experiment, the noise-floor references:
