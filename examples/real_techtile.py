@@ -179,24 +179,26 @@ def complex_model(los, x, h, *, phase_centres):
     one spot share their residual: each labeled snapshot's variance is multiplied by its
     ``spot_counts`` (a spot counts once, however long the rover stood there)."""
     fit = ("receiver_gains", "receiver_constants")
+    prior = None
     if phase_centres:
-        fit = ("ap_positions", *fit)
+        fit, prior = ("ap_positions", *fit), PHASE_CENTRE_PRIOR
     copies = spot_counts(x)[:, None] * np.ones(h.shape)
+
+    def at(var, receivers):
+        return calibrate(
+            los, x, h, var * copies, fit=fit, receivers=receivers, position_prior=prior
+        )
+
     with warnings.catch_warnings():  # a real room misses what the LoS model lacks: a misfit
         warnings.simplefilter("ignore", UserWarning)
-        cal = calibrate(los, x, h, copies, fit=fit[-2:])
-        var = np.full(h.shape[1], float(cal.reduced_chi2))
-        for _ in range(2):  # a common variance, then each receiver's own
-            cal = calibrate(
-                los,
-                x,
-                h,
-                var[None, :] * copies,
-                fit=fit,
-                receivers=cal.receivers,
-                position_prior=PHASE_CENTRE_PRIOR if phase_centres else None,
-            )
-            var = var * np.asarray(cal.chi2_by_ap)
+        var = np.ones(h.shape[1])
+        cal = calibrate(los, x, h, var * copies, fit=fit[-2:])
+        if phase_centres:  # the phase centres at the common variance first
+            var = var * float(cal.reduced_chi2)
+            cal = at(var, cal.receivers)
+        var = var * np.asarray(cal.chi2_by_ap)  # then each receiver's own
+        cal = at(var, cal.receivers)
+        var = var * np.asarray(cal.chi2_by_ap)
     return ReceiverModel(cal.model, cal.receivers), var
 
 
@@ -286,11 +288,12 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
                 fitted[key] = (model, var, table, time.perf_counter() - t0)
             model, var, table, fit_s = fitted[key]  # the receivers carry the offsets
             whitened, h_located = whiten(model, data.csi[ti], var)
+            constants = np.asarray(whitened.receivers.constants)[None, :]
+            y_located = h_located - constants  # the constants removed
             if method == "best_field" and "best_field" not in fitted:
                 t0 = time.perf_counter()
-                b = np.asarray(whitened.receivers.constants)[None, :]
-                h_labeled = whiten(model, data.csi[li], var)[1]
-                field = fit_residual_field(whitened, xl, np.angle(h_labeled - b))
+                y_labeled = whiten(model, data.csi[li], var)[1] - constants
+                field = fit_residual_field(whitened, xl, np.angle(y_labeled))
                 field_table = jax.block_until_ready(coherent_table(field, grid))
                 fitted["best_field"] = (field, field_table, fit_s + time.perf_counter() - t0)
         elif method == "self_trained" or (method in LOBE_METHODS and "self_trained" not in fitted):
@@ -312,13 +315,12 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             xe = res.x
         elif method == "best_field":
             model, field_table, fit_s = fitted["best_field"]
-            y = h_located - np.asarray(whitened.receivers.constants)[None, :]
-            search = (model, grid, np.angle(y), np.abs(y))
+            search = (model, grid, np.angle(y_located), np.abs(y_located))
             res, t = timed(coherent_search, *search, table=field_table)
             xe = res.x
         elif method == "best_trajectory":
-            y = h_located - np.asarray(whitened.receivers.constants)[None, :]
             labeled = (xl, data.cycles[li])
+            y = y_located
             args = (whitened, grid, table, np.angle(y), np.abs(y), data.cycles[ti], area, labeled)
             xe, t = timed(choose_lobe, *args)
         elif method in LOBE_METHODS:
