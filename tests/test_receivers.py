@@ -8,7 +8,7 @@ from scipy import stats
 
 import dmimo_jax as dj
 from dmimo_jax import receivers as rx
-from dmimo_jax.calibration import calibrate, receivers_closed_form
+from dmimo_jax.calibration import Unlabeled, calibrate, receivers_closed_form
 
 SCENE = dj.paper_scene(-10.0, convention="itu")
 MODEL = dj.TwoRayModel(SCENE)
@@ -115,6 +115,48 @@ def test_complex_calibration_with_noise_is_honest():
         cal.stderr["ap_positions"]
     )
     assert 0.7 < np.sqrt(np.mean(z**2)) < 1.3 and np.abs(z).max() < 5
+
+
+@pytest.mark.slow
+def test_complex_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out():
+    """Complex snapshots at unknown positions (starts 1 mm off) calibrate G, b and the phase
+    centres with 15 labels to 1e-6, their positions come back; one more start half a metre
+    off (another lobe) fails the cost screen; each used snapshot adds 2M - 5 dof."""
+    real, truth, recv, x, s = _world()
+    n_l, n_u = 15, 30
+
+    def snapshots(xs, ss):
+        return jax.vmap(lambda xx, sx: rx.expected_snapshot(truth, xx, recv, sx))(xs, ss)
+
+    x_u = np.vstack([np.asarray(x[n_l : n_l + n_u]), np.asarray(x[n_l : n_l + 1])])
+    h_u = snapshots(jnp.asarray(x_u), jnp.append(s[n_l : n_l + n_u], s[0]))
+    x0 = x_u + np.random.default_rng(4).normal(0, 1e-3, x_u.shape)
+    x0[n_u, 0] += 0.5
+    nv = float(SCENE.noise_power)
+    unlabeled = Unlabeled(h_u, np.full(h_u.shape, nv), x0)
+    h = snapshots(x[:n_l], s[:n_l])
+    cal = calibrate(
+        MODEL, x[:n_l], h, jnp.full(h.shape, nv), fit=FIT, unlabeled=unlabeled, warn=False
+    )
+    np.testing.assert_array_equal(cal.unlabeled_used, np.arange(n_u + 1) < n_u)
+    np.testing.assert_allclose(cal.values["ap_positions"], real.ap_positions, atol=1e-6)
+    gains = np.asarray(recv.gains) / complex(recv.gains[0])
+    np.testing.assert_allclose(cal.values["receiver_gains"], gains, atol=1e-6)
+    np.testing.assert_allclose(cal.values["receiver_constants"], recv.constants, atol=1e-9)
+    np.testing.assert_allclose(cal.unlabeled_x[:n_u], x_u[:n_u], atol=1e-6)
+    m = SCENE.num_aps
+    params = 3 * m + 2 * (m - 1) + 2 * m
+    assert cal.dof == 2 * (n_l * m - n_l) - params + n_u * (2 * m - 5)
+    assert float(cal.reduced_chi2) < 1e-6
+    with pytest.raises(ValueError, match="unlabeled.r must be of the labeled snapshots' kind"):
+        calibrate(
+            MODEL,
+            x[:n_l],
+            h,
+            jnp.full(h.shape, nv),
+            fit=FIT,
+            unlabeled=Unlabeled(np.angle(h_u), np.full(h_u.shape, nv), x0),
+        )
 
 
 def test_complex_calibration_refuses_mixed_requests():

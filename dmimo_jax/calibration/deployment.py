@@ -52,7 +52,8 @@ and its residuals enter the calibration's Jacobian projected off its own three d
 (variable projection; the Gauss-Newton Schur complement of the joint problem in
 :math:`\boldsymbol\vartheta` and the N positions, at the memory of the labeled fit). Each
 unlabeled snapshot adds :math:`M - 4` degrees of freedom (a CPO and three coordinates
-spent). Before that stage a snapshot whose cost at its re-located position exceeds its
+spent; complex snapshots, with their receivers' groups: :math:`2M - 5`, a complex snapshot
+factor and three coordinates). Before that stage a snapshot whose cost at its re-located position exceeds its
 chi-square's mean by 5 standard deviations (scaled by the labeled fit's reduced chi-square
 when above 1) is left out (``unlabeled_used``): a wrong lobe would pull the fit. Used
 snapshots enter the standard errors and the log-likelihood; the polarization is chosen on
@@ -161,8 +162,8 @@ class Unlabeled(NamedTuple):
     snapshot is screened out by its cost, module docstring).
     """
 
-    r: ArrayLike  # (N, M) wrapped phases, rad
-    noise_var: ArrayLike  # (N, M) phase-noise variances, rad^2
+    r: ArrayLike  # (N, M) wrapped phases, rad; or complex snapshots, as calibrate's r
+    noise_var: ArrayLike  # (N, M) phase-noise variances, rad^2 (complex: as calibrate's)
     x0: ArrayLike  # (N, 3) start positions, m
 
 
@@ -1109,8 +1110,6 @@ def calibrate(
                 "fit: complex snapshots carry the APs' phase offsets in 'receiver_gains' (the "
                 "gains' phases); fit that instead of 'ap_phase_offsets'"
             )
-        if unlabeled is not None:
-            raise ValueError("unlabeled= takes wrapped phases; not complex snapshots (yet)")
         rx = ideal_receivers(model.num_aps, r.dtype) if receivers is None else receivers
         if not isinstance(rx, Receivers) or rx.num_aps != model.num_aps:
             raise ValueError(
@@ -1135,7 +1134,9 @@ def calibrate(
         raise ValueError("free_axes= restricts 'ap_positions': add it to fit")
     if "antenna" in fit:
         _antenna_group(model)  # refuse a pattern with nothing to fit before any work
-    unl_all = None if unlabeled is None else _unlabeled_arrays(unlabeled, model, dtype)
+    unl_all = None
+    if unlabeled is not None:
+        unl_all = _unlabeled_arrays(unlabeled, model, dtype, complex_data)
     pols = ("TE", "TM") if "polarization" in fit else (model.scene.polarization,)
     lls = {"TE": -np.inf, "TM": -np.inf}
     best = None
@@ -1177,7 +1178,9 @@ def calibrate(
     dof_labeled = dof
     unl, unlabeled_x, used = None, None, None
     if unl_all is not None:
-        used, x_start = _screen_unlabeled(_apply(m, groups, jnp.asarray(u)), unl_all, chi2)
+        used, x_start = _screen_unlabeled(
+            _apply(m, groups, jnp.asarray(u)), unl_all, chi2, complex_data
+        )
         unl_all = (x_start, *unl_all[1:])
         if np.any(used):
             unl = tuple(v[used] for v in unl_all)
@@ -1185,9 +1188,14 @@ def calibrate(
                 m, groups, x, r, noise_var, np.asarray(u)[None], num_steps, unl, max_steps
             )
             n_u = int(used.sum())
-            dof += n_u * (num_m - 4)  # M residuals, a CPO and three coordinates each
+            # M residuals (2M real), a CPO (snapshot factor: 2) and three coordinates each
+            dof += n_u * (per * (num_m - 1) - 3)
             chi2 = cost / dof
-            ll = -0.5 * (cost + _log_normalizer(noise_var, False) + _log_normalizer(unl[2], False))
+            ll = -0.5 * (
+                cost
+                + _log_normalizer(noise_var, complex_data)
+                + _log_normalizer(unl[2], complex_data)
+            )
     u = jnp.asarray(u)
     e = np.asarray(_whitened(_apply(m, groups, u), x, r, noise_var)).reshape(num_l, num_m, -1)
     chi2_by_ap = num_m * np.sum(e**2, axis=(0, 2)) / dof_labeled
@@ -1341,8 +1349,11 @@ def _warn_unidentified(stderr: dict[str, Array]) -> None:
         )
 
 
-def _unlabeled_arrays(unlabeled: Any, model: Any, dtype: Any) -> tuple[Array, Array, Array]:
-    """``unlabeled``'s (x0, r, noise_var) as arrays, checked (``ValueError`` naming each)."""
+def _unlabeled_arrays(
+    unlabeled: Any, model: Any, dtype: Any, complex_data: bool = False
+) -> tuple[Array, Array, Array]:
+    """``unlabeled``'s (x0, r, noise_var) as arrays, checked (``ValueError`` naming each);
+    ``r`` complex snapshots when the labeled ones are (``complex_data``), else phases."""
     if not isinstance(unlabeled, Unlabeled):
         raise ValueError(
             f"unlabeled must be an Unlabeled(r, noise_var, x0), got {type(unlabeled).__name__}"
@@ -1365,21 +1376,30 @@ def _unlabeled_arrays(unlabeled: Any, model: Any, dtype: Any) -> tuple[Array, Ar
         check_finite(f"unlabeled.{name}", v)
     if np.any(np.asarray(unlabeled.noise_var) <= 0):
         raise ValueError("unlabeled.noise_var must be positive (rad^2)")
-    x0, r, noise_var = (jnp.asarray(v, dtype) for v in (x0, unlabeled.r, unlabeled.noise_var))
-    return x0, r, noise_var
+    if np.iscomplexobj(unlabeled.r) != complex_data:
+        raise ValueError(
+            "unlabeled.r must be of the labeled snapshots' kind: "
+            + ("complex snapshots" if complex_data else "wrapped phases (real)")
+            + f", got {np.asarray(unlabeled.r).dtype}"
+        )
+    r_dtype = jnp.result_type(dtype, complex) if complex_data else dtype
+    x0, noise_var = jnp.asarray(x0, dtype), jnp.asarray(unlabeled.noise_var, dtype)
+    return x0, jnp.asarray(unlabeled.r, r_dtype), noise_var
 
 
 _locate_jit = jax.jit(_locate)
 
 
-def _screen_unlabeled(model: Any, unlabeled: tuple, chi2: float) -> tuple[np.ndarray, Array]:
+def _screen_unlabeled(
+    model: Any, unlabeled: tuple, chi2: float, complex_data: bool = False
+) -> tuple[np.ndarray, Array]:
     """The unlabeled snapshots re-located under ``model`` (N, 3), and which of them (N,) bool
     have a cost there within 5 standard deviations of its chi-square (M - 4 degrees of
-    freedom), scaled by the labeled fit's reduced chi-square when above 1: a snapshot in a
-    wrong lobe fails it."""
+    freedom; 2M - 5 for complex snapshots), scaled by the labeled fit's reduced chi-square
+    when above 1: a snapshot in a wrong lobe fails it."""
     x0, r, nv = unlabeled
     xs = _locate_jit(model, x0, r, nv)
-    e = _whitened(model, xs, r, nv).reshape(r.shape)
-    k = r.shape[1] - 4
+    e = _whitened(model, xs, r, nv).reshape(r.shape[0], -1)
+    k = 2 * r.shape[1] - 5 if complex_data else r.shape[1] - 4
     bound = max(1.0, chi2) * (k + 5.0 * np.sqrt(2.0 * k))
     return np.asarray(jnp.sum(e * e, axis=1)) < bound, xs
