@@ -40,11 +40,20 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   around the listed positions, ``position_prior``);
 * ``best_trajectory``: ``best``'s model, its 8 most coherent lobes per snapshot (the
   constants removed) chosen along the trajectory as ``trajectory`` does, then refined;
+* ``best_unlabeled`` (not run by default; ``--methods``): ``best``'s calibration repeated
+  with ``UNLABELED_CALIBRATION`` held-out snapshots as unlabeled ones, their positions
+  profiled out from ``best``'s estimates (``calibrate(unlabeled=)``, each estimated spot
+  counted once as the labeled ones are), then located as ``best`` is: self-calibration of
+  the complex model, measured and not kept (docs/real_data.md);
 * ``best_field``: ``best``'s model (whitened) plus the residual field of ``field``
   (``calibration.fit_residual_field`` with its defaults) learned from the phases of the
   labeled snapshots with the constants removed, searched as ``field`` is (expected phasors,
   the amplitudes of the whitened snapshots with the constants removed as weights): the
   method chosen on EXP003/EXP005 (docs/real_data.md), the same for every experiment.
+
+Each row also scores the located snapshots whose label is measured, not a motion-capture
+frame held from the snapshot before (``median_unheld_m``, ``p90_unheld_m``; the loader's
+``held_labels``; ``num_held_located`` of them left out): EXP002's west strip holds 33.
 
 Every search is ``estimators.coherent_search`` with its grid stage tabulated beforehand
 (``estimators.coherent_table``, counted in ``fit_s``). Per experiment, the noise-floor references:
@@ -57,7 +66,7 @@ revisit repeatability (snapshots < 2 cm apart taken at different times; measured
     python examples/real_techtile.py --unlabeled-half      # self-train and score apart
 
 Writes ``OUT.json`` (rows; resumable with ``--resume``) and ``OUT.png`` (error CDFs, held-out
-residuals per antenna, error map of ``best``; needs matplotlib).
+residuals per antenna, error map of ``best_field``; needs matplotlib).
 """
 
 from __future__ import annotations
@@ -81,6 +90,7 @@ from _helpers import pyplot, save_figure, write_json  # noqa: E402
 from dmimo_jax import bounds, gp  # noqa: E402
 from dmimo_jax.benchmarking import read_rows  # noqa: E402
 from dmimo_jax.calibration import (  # noqa: E402
+    Unlabeled,
     calibrate,
     fit_residual_field,
     offsets_closed_form,
@@ -116,6 +126,9 @@ METHODS = (
     "best_trajectory",
     "best_field",
 )
+MAPPED = "best_field"  # the plot's error map: the method chosen (or best without it)
+OPTIONAL_METHODS = ("best_unlabeled",)  # measured on request (--methods), not by default
+UNLABELED_CALIBRATION = 200  # best_unlabeled's unlabeled snapshots (drawn from the held-out)
 LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobes
 COMPLEX_METHODS = ("complex", "best")
 PHASE_CENTRE_PRIOR = 0.10  # m, best's prior on each antenna's phase centre coordinates
@@ -166,7 +179,7 @@ def spot_counts(x, radius=SPOT_RADIUS):
     return np.sum(d < radius, axis=1)
 
 
-def complex_model(los, x, h, *, phase_centres):
+def complex_model(los, x, h, *, phase_centres, unlabeled=None):
     """Model B (module docstring) calibrated on complex labeled snapshots ``h``, and its
     receivers' variances: ``(ReceiverModel, (M,) variances)`` (search with
     ``receivers.whiten``).
@@ -177,16 +190,27 @@ def complex_model(los, x, h, *, phase_centres):
     with each receiver's own variance (its share of the chi-square, ``chi2_by_ap``). What the
     model misses is a static field far stronger than the noise (on Techtile), so the copies of
     one spot share their residual: each labeled snapshot's variance is multiplied by its
-    ``spot_counts`` (a spot counts once, however long the rover stood there)."""
+    ``spot_counts`` (a spot counts once, however long the rover stood there).
+
+    ``unlabeled=(h_u, x0)``: complex snapshots at unknown positions (estimates ``x0``) the
+    last fit learns from as well (``calibrate(unlabeled=)``, positions profiled out), each
+    estimated spot counted once."""
     fit = ("receiver_gains", "receiver_constants")
     prior = None
     if phase_centres:
         fit, prior = ("ap_positions", *fit), PHASE_CENTRE_PRIOR
     copies = spot_counts(x)[:, None] * np.ones(h.shape)
 
-    def at(var, receivers):
+    def at(var, receivers, unl=None):
         return calibrate(
-            los, x, h, var * copies, fit=fit, receivers=receivers, position_prior=prior
+            los,
+            x,
+            h,
+            var * copies,
+            fit=fit,
+            receivers=receivers,
+            position_prior=prior,
+            unlabeled=unl,
         )
 
     with warnings.catch_warnings():  # a real room misses what the LoS model lacks: a misfit
@@ -199,6 +223,10 @@ def complex_model(los, x, h, *, phase_centres):
         var = var * np.asarray(cal.chi2_by_ap)  # then each receiver's own
         cal = at(var, cal.receivers)
         var = var * np.asarray(cal.chi2_by_ap)
+        if unlabeled is not None:
+            h_u, x0 = unlabeled
+            copies_u = spot_counts(x0)[:, None] * np.ones(h_u.shape)
+            cal = at(var, cal.receivers, Unlabeled(h_u, var * copies_u, x0))
     return ReceiverModel(cal.model, cal.receivers), var
 
 
@@ -240,6 +268,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
     if half:
         pool, ti = ti[0::2], ti[1::2]
     xl, rl, xt, rt = data.positions[li], data.phases[li], data.positions[ti], data.phases[ti]
+    held = data.held_labels[ti]  # motion-capture frames held, not measured (the loader's)
     grid = search_grid(xl, search_3d=search_3d)
     area = float(np.prod(np.asarray(grid.shape[:2]) * grid.spacing))  # the path's jump area
     scene = techtile_scene(data, phase_noise_std=STILL_STD)
@@ -277,7 +306,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             model = jax.block_until_ready(fit_residual_field(los, xl, rl))
             fit_s += time.perf_counter() - t0
             amplitudes = amps[ti]
-        elif method in (*COMPLEX_METHODS, "best_trajectory", "best_field"):
+        elif method in (*COMPLEX_METHODS, "best_trajectory", "best_field", "best_unlabeled"):
             key = "complex" if method == "complex" else "best"
             if key not in fitted:
                 t0 = time.perf_counter()
@@ -290,6 +319,23 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             whitened, h_located = whiten(model, data.csi[ti], var)
             constants = np.asarray(whitened.receivers.constants)[None, :]
             y_located = h_located - constants  # the constants removed
+            if method == "best_unlabeled" and "best_unlabeled" not in fitted:
+                t0 = time.perf_counter()
+                x0 = np.asarray(complex_search(whitened, grid, h_located, table=table).x)
+                pick = np.random.default_rng(seed).permutation(len(ti))[:UNLABELED_CALIBRATION]
+                model, var = complex_model(
+                    los,
+                    xl,
+                    data.csi[li],
+                    phase_centres=True,
+                    unlabeled=(data.csi[ti][pick], x0[pick]),
+                )
+                whitened_u, _ = whiten(model, data.csi[li], var)
+                table_u = jax.block_until_ready(coherent_table(whitened_u, grid))
+                fitted["best_unlabeled"] = (model, var, table_u, fit_s + time.perf_counter() - t0)
+            if method == "best_unlabeled":
+                model, var, table, fit_s = fitted["best_unlabeled"]
+                whitened, h_located = whiten(model, data.csi[ti], var)
             if method == "best_field" and "best_field" not in fitted:
                 t0 = time.perf_counter()
                 y_labeled = whiten(model, data.csi[li], var)[1] - constants
@@ -310,7 +356,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
         if method == "knn":
             xe, t = timed(knn_locate, xl, rl, rt)
             fit_s = 0.0
-        elif method in COMPLEX_METHODS:
+        elif method in (*COMPLEX_METHODS, "best_unlabeled"):
             res, t = timed(complex_search, whitened, grid, h_located, table=table)
             xe = res.x
         elif method == "best_field":
@@ -338,6 +384,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
             xe = res.x
         err = np.linalg.norm((np.asarray(xe) - xt)[:, :2], axis=1)
         errors[method] = err
+        fresh = err[~held]  # scored against measured labels only (not held frames)
         residual = None
         if model is not None:
             residual = np.angle(np.asarray(residual_phasors(model, xt, rt)))
@@ -356,6 +403,9 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
                 "p90_m": float(np.percentile(err, 90)),
                 "p99_m": float(np.percentile(err, 99)),
                 "max_m": float(err.max()),
+                "num_held_located": int(held.sum()),
+                "median_unheld_m": float(np.median(fresh)),
+                "p90_unheld_m": float(np.percentile(fresh, 90)),
                 # RMS of the CPO-free held-out residual at the true positions, rad
                 "residual_rms_rad": (
                     None if residual is None else float(np.sqrt(np.mean(residual**2)))
@@ -394,9 +444,12 @@ def plot(plt, detail, path):
             ax.bar(np.arange(len(rms)) + 0.2 * k, rms, width=0.2, label=m)
         ax.set(xlabel="antenna", ylabel="held-out residual RMS (rad)")
         ax = axes[2, c]
-        sc = ax.scatter(d["x"][:, 0], d["x"][:, 1], c=np.log10(d["errors"]["best"] * 100), s=12)
-        fig.colorbar(sc, ax=ax, label="log10 error of best (cm)")
-        ax.set(xlabel="x (m)", ylabel="y (m)", aspect="equal", title="best: error over the patch")
+        shown = MAPPED if MAPPED in d["errors"] else "best"
+        sc = ax.scatter(d["x"][:, 0], d["x"][:, 1], c=np.log10(d["errors"][shown] * 100), s=12)
+        fig.colorbar(sc, ax=ax, label=f"log10 error of {shown} (cm)")
+        ax.set(
+            xlabel="x (m)", ylabel="y (m)", aspect="equal", title=f"{shown}: error over the patch"
+        )
     save_figure(fig, path)
     plt.close(fig)
 
@@ -420,9 +473,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--json", type=pathlib.Path, default=None, help="default OUT.json")
     args = ap.parse_args(argv)
     methods = tuple(m for m in args.methods.split(",") if m)
-    unknown = set(methods) - set(METHODS)
+    unknown = set(methods) - set(METHODS) - set(OPTIONAL_METHODS)
     if unknown:
-        ap.error(f"--methods must be among {METHODS}, got {sorted(unknown)}")
+        ap.error(f"--methods must be among {METHODS + OPTIONAL_METHODS}, got {sorted(unknown)}")
     experiments = list_experiments(args.data)
     if args.experiments:
         wanted = args.experiments.split(",")
@@ -459,14 +512,15 @@ def main(argv=None) -> dict:
         write_json(json_path, result)  # after every job: an interrupted run resumes here
     print(
         f"\n{'experiment':10s} {'L':>4s} {'method':12s} {'median':>8s} {'p90':>8s} "
-        f"{'p99':>8s} {'resid':>7s} {'ms/snap':>8s} {'fit s':>6s}"
+        f"{'p99':>8s} {'resid':>7s} {'ms/snap':>8s} {'fit s':>6s} {'p90 unheld':>10s}"
     )
     for r in result["rows"]:
         res = "-" if r["residual_rms_rad"] is None else f"{r['residual_rms_rad']:.3f}"
         print(
             f"{r['experiment']:10s} {r['num_labeled']:4d} {r['method']:12s} "
             f"{100 * r['median_m']:6.2f}cm {100 * r['p90_m']:6.2f}cm {100 * r['p99_m']:6.1f}cm "
-            f"{res:>7s} {r['ms_per_snapshot']:8.2f} {r['fit_s']:6.2f}"
+            f"{res:>7s} {r['ms_per_snapshot']:8.2f} {r['fit_s']:6.2f} "
+            f"{100 * r.get('p90_unheld_m', np.nan):8.2f}cm"
         )
     for f in result["noise_floor"]:
         print(
@@ -477,7 +531,7 @@ def main(argv=None) -> dict:
         )
     write_json(json_path, result)
     plt = pyplot()
-    if plt is not None and detail and "best" in methods:
+    if plt is not None and detail and ({"best", MAPPED} & set(methods)):
         plot(plt, detail, args.out.with_suffix(".png"))
     return result
 

@@ -4,6 +4,7 @@ The real measurements are not the project's to ship: every file here is generate
 format of ``../shared/data/techtile`` (NetCDF3 via scipy, YAML geometry).
 """
 
+import dataclasses
 import runpy
 import sys
 from functools import partial
@@ -78,6 +79,7 @@ def write_folder(
     tiles=TILES,
     geometry_tiles=None,
     nan_rows=(),
+    held_rows=(),
     offsets_seed=0,
     residual_std=0.0,
 ):
@@ -99,6 +101,8 @@ def write_folder(
     truth = {}
     for k, (exp, num) in enumerate(experiments.items()):
         x = _positions(num, k)
+        for i in held_rows:  # a motion-capture frame held: the previous row's position
+            x[i] = x[i - 1]
         rng = np.random.default_rng(100 + k)
         d = np.linalg.norm(x[:, None] - ap[None], axis=-1)
         phase = 2 * np.pi * d / LAM + offsets + rng.uniform(-np.pi, np.pi, (num, 1))
@@ -156,6 +160,22 @@ def test_loader_conventions_and_nan_rows(tmp_path):
     assert np.std(np.angle(np.asarray(zf) * np.conj(np.asarray(zf[:, :1])))) > 0.5
     np.testing.assert_allclose(d.amplitudes, np.abs(t["csi"][keep]))
     np.testing.assert_allclose(d.csi, t["csi"][keep], rtol=1e-12)  # the complex CSI as written
+
+
+def test_held_labels_are_the_exact_repeats_of_the_previous_position(tmp_path):
+    """A position equal bit for bit to the previous kept one is a held frame; one a tenth of
+    a millimetre off (a still rover's jitter) is not; a dropped row between does not hide a
+    repeat."""
+    write_folder(tmp_path, {"EXP901": 20}, held_rows=(5, 12, 13), nan_rows=(9,))
+    d = load_techtile(tmp_path, "EXP901")
+    kept = np.setdiff1d(np.arange(20), [9])
+    np.testing.assert_array_equal(np.flatnonzero(d.held_labels), np.searchsorted(kept, [5, 12, 13]))
+    assert d.held_labels.shape == (19,) and d.held_labels.dtype == bool
+    x = d.positions.copy()
+    x[5, 1] += 1e-4  # a still rover's jitter: measured, not held
+    np.testing.assert_array_equal(
+        np.flatnonzero(dataclasses.replace(d, positions=x).held_labels), [11, 12]
+    )
 
 
 def test_loader_errors(tmp_path):
@@ -442,7 +462,8 @@ def test_self_training_finds_the_lobes_the_labels_miss(tmp_path):
 @pytest.mark.slow
 def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     # two experiments of one size: the second reuses the first one's compiled functions
-    write_folder(tmp_path / "data", {"EXP901": 36, "EXP902": 36}, residual_std=0.1)
+    held = (20, 30)  # two motion-capture frames held in each experiment
+    write_folder(tmp_path / "data", {"EXP901": 36, "EXP902": 36}, residual_std=0.1, held_rows=held)
     out = tmp_path / "rt.json"
     argv = [
         "--data",
@@ -491,8 +512,11 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
             "best_field",
         )
     }
+    located = np.random.default_rng(1).permutation(36)[12:]  # the example's draw (seed 1)
     for r in rows:
         assert r["num_labeled"] == 12
+        assert r["num_held_located"] == np.isin(located, held).sum()
+        assert r["p90_unheld_m"] <= r["max_m"]
         if r["kind"] in ("los_offsets", "field", "self_trained", "complex", "best", "best_field"):
             # 0.1 rad of white phase noise on 8 APs: millimetres, no wrong lobes
             assert r["median_m"] < 0.01 and r["max_m"] < 0.03, r
@@ -501,6 +525,22 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     assert set(floor) == {"EXP901", "EXP902"}
     assert all(f["mean_peb_still_m"] > 0 for f in floor.values())
     assert (tmp_path / "rt.png").exists()
+
+
+@pytest.mark.slow
+def test_real_techtile_self_calibration_row_on_generated_folder(tmp_path, monkeypatch):
+    """The optional best_unlabeled row: best's calibration with held-out complex snapshots as
+    unlabeled ones, at millimetres on generated data."""
+    write_folder(tmp_path / "data", {"EXP901": 36}, residual_std=0.1)
+    out = tmp_path / "rt.json"
+    argv = ["--data", str(tmp_path / "data"), "--num-labeled", "12", "--json", str(out)]
+    argv += ["--methods", "best,best_unlabeled", "--out", str(tmp_path / "rt")]
+    monkeypatch.setattr(sys, "argv", ["examples/real_techtile.py", *argv])
+    monkeypatch.syspath_prepend("examples")
+    runpy.run_path("examples/real_techtile.py", run_name="__main__")
+    rows = {r["kind"]: r for r in read_rows(out)["rows"]}
+    assert set(rows) == {"best", "best_unlabeled"}
+    assert rows["best_unlabeled"]["median_m"] < 0.01 and rows["best_unlabeled"]["max_m"] < 0.03
 
 
 def _rewrite(src, dst, typecodes=None, **changes):

@@ -81,6 +81,16 @@ class TechtileExperiment:
         return self.amplitudes * np.exp(1j * self.phases)
 
     @property
+    def held_labels(self) -> np.ndarray:
+        """(N,) bool: the snapshot's position is bit-for-bit the previous snapshot's, a
+        motion-capture frame held rather than measured (a live tracker's coordinates differ
+        in their last digits from frame to frame, even with the rover still). The CSI of such
+        a snapshot need not be where its label says: score and train with care
+        (docs/real_data.md measures it on EXP002)."""
+        held = np.all(np.diff(self.positions, axis=0) == 0, axis=1)
+        return np.concatenate([[False], held])
+
+    @property
     def num_snapshots(self) -> int:
         return self.positions.shape[0]
 
