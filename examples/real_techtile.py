@@ -164,6 +164,18 @@ def revisit_std(data):
     return float(np.sqrt(-np.log(np.mean(coh)))), len(i)
 
 
+def held_coherence(data):
+    """Raw complex coherence |h_i^H h_j| / (|h_i| |h_j|) of consecutive snapshots (i - 1, i):
+    (those whose label i holds i - 1's bit for bit, ``held_labels``; those measured < 2 mm
+    apart, the still rover's repeats). A held label whose CSI changed is not where the rover
+    was."""
+    h = data.csi / np.linalg.norm(data.csi, axis=1, keepdims=True)
+    c = np.abs(np.sum(np.conj(h[1:]) * h[:-1], axis=1))
+    step = np.linalg.norm(np.diff(data.positions, axis=0), axis=1)
+    held = data.held_labels[1:]
+    return c[held], c[~held & (step < 0.002)]
+
+
 def timed(fn, *args, **kwargs):
     """(result, seconds) of a second, compiled call (the first compiles)."""
     jax.block_until_ready(fn(*args, **kwargs))
@@ -416,7 +428,13 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
         )
     peb = np.asarray(jax.vmap(lambda x: bounds.peb(x, los))(xt))
     std, pairs = revisit_std(data)
+    c_held, c_still = held_coherence(data)
     floor = {
+        "num_held_labels": int(data.held_labels.sum()),
+        "held_coherence_min": float(c_held.min()) if len(c_held) else None,
+        "held_coherence_median": float(np.median(c_held)) if len(c_held) else None,
+        "held_coherence_max": float(c_held.max()) if len(c_held) else None,
+        "still_coherence_p1": float(np.percentile(c_still, 1)) if len(c_still) else None,
         "experiment": data.experiment,
         "num_labeled": int(num_labeled),
         "mean_peb_still_m": float(np.mean(peb)),
@@ -523,6 +541,14 @@ def main(argv=None) -> dict:
             f"{100 * r.get('p90_unheld_m', np.nan):8.2f}cm"
         )
     for f in result["noise_floor"]:
+        if f.get("num_held_labels"):
+            still = f["still_coherence_p1"]
+            print(
+                f"{f['experiment']}: {f['num_held_labels']} held labels, CSI coherence with the "
+                f"snapshot before {f['held_coherence_min']:.2f}-{f['held_coherence_max']:.2f} "
+                f"(median {f['held_coherence_median']:.2f}); measured repeats < 2 mm apart: p1 "
+                + ("-" if still is None else f"{still:.4f}")
+            )
         print(
             f"{f['experiment']} L={f['num_labeled']}: mean PEB {1e3 * f['mean_peb_still_m']:.2f} mm "
             f"at {f['still_std_rad']} rad (still rover); revisit repeatability "
