@@ -199,7 +199,9 @@ def complex_model(los, x, h, *, phase_centres, unlabeled=None):
     The receivers' gains and constants under ``los`` (unit noise variance: the fit's
     reduced chi-square is then the noise's variance), with ``phase_centres`` the antennas'
     phase centres too (a ``PHASE_CENTRE_PRIOR`` prior at that noise level), then once more
-    with each receiver's own variance (its share of the chi-square, ``chi2_by_ap``). What the
+    with each receiver's own variance (its share of the chi-square, ``chi2_by_ap``), started
+    from the first fit's receivers and phase centres (``position_start``; the prior stays
+    on the listed positions). What the
     model misses is a static field far stronger than the noise (on Techtile), so the copies of
     one spot share their residual: each labeled snapshot's variance is multiplied by its
     ``spot_counts`` (a spot counts once, however long the rover stood there).
@@ -213,15 +215,17 @@ def complex_model(los, x, h, *, phase_centres, unlabeled=None):
         fit, prior = ("ap_positions", *fit), PHASE_CENTRE_PRIOR
     copies = spot_counts(x)[:, None] * np.ones(h.shape)
 
-    def at(var, receivers, unl=None):
+    def at(var, cal, unl=None):  # from the last fit's receivers and phase centres
+        start = cal.values.get("ap_positions")
         return calibrate(
             los,
             x,
             h,
             var * copies,
             fit=fit,
-            receivers=receivers,
+            receivers=cal.receivers,
             position_prior=prior,
+            position_start=start,
             unlabeled=unl,
         )
 
@@ -231,14 +235,14 @@ def complex_model(los, x, h, *, phase_centres, unlabeled=None):
         cal = calibrate(los, x, h, var * copies, fit=fit[-2:])
         if phase_centres:  # the phase centres at the common variance first
             var = var * float(cal.reduced_chi2)
-            cal = at(var, cal.receivers)
+            cal = at(var, cal)
         var = var * np.asarray(cal.chi2_by_ap)  # then each receiver's own
-        cal = at(var, cal.receivers)
+        cal = at(var, cal)
         var = var * np.asarray(cal.chi2_by_ap)
         if unlabeled is not None:
             h_u, x0 = unlabeled
             copies_u = spot_counts(x0)[:, None] * np.ones(h_u.shape)
-            cal = at(var, cal.receivers, Unlabeled(h_u, var * copies_u, x0))
+            cal = at(var, cal, Unlabeled(h_u, var * copies_u, x0))
     return ReceiverModel(cal.model, cal.receivers), var
 
 

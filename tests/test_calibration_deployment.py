@@ -246,6 +246,29 @@ _ROOM = dj.room_model(SCENE, ceiling=3.0, walls=3.0, floor=3.0)
         (_ROOM, {"fit": "ap_positions", "free_axes": np.ones((M, 2), bool)}, "free_axes must"),
         (_ROOM, {"fit": "ap_phase_offsets", "free_axes": np.ones((M, 3), bool)}, "add it to fit"),
         (_ROOM, {"fit": "ap_phase_offsets", "num_steps": 0}, "num_steps"),
+        (
+            _ROOM,
+            {
+                "fit": "ap_positions",
+                "position_start": np.asarray(_ROOM.scene.ap_positions) + [0.0, 0.0, 0.01],
+            },
+            "position_start moves an AP along a coordinate the fit keeps fixed",
+        ),
+        (
+            dj.TwoRayModel(SCENE),
+            {"fit": "ap_phase_offsets", "position_start": np.asarray(SCENE.ap_positions)},
+            "position_start= starts 'ap_positions': add it to fit",
+        ),
+        (
+            dj.TwoRayModel(SCENE),
+            {"fit": "ap_positions", "position_start": np.ones((M - 1, 3))},
+            r"position_start must have shape \(17, 3\)",
+        ),
+        (
+            dj.TwoRayModel(SCENE),
+            {"fit": "ap_positions", "position_start": np.full((M, 3), np.nan)},
+            "position_start",
+        ),
     ],
 )
 def test_bad_calibration_requests_are_refused(model, kwargs, match):

@@ -159,6 +159,54 @@ def test_complex_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out():
         )
 
 
+def test_per_ap_jacobian_equals_jacfwd():
+    """The calibration's Jacobian by column compression (7 tangents for 17 APs' gains,
+    constants and phase centres, a prior, unequal variances) is jax.jacfwd's; a group that
+    moves every AP (phase offsets) or phase data gets no structure."""
+    from dmimo_jax.calibration import deployment as dep
+
+    real, truth, recv, x, s = _world()
+    h = rx.simulate_snapshots(jax.random.key(6), truth, x[:20], recv, s[:20])
+    model = rx.ReceiverModel(MODEL, recv)
+    groups = (
+        *dep._receiver_groups(model, ("receiver_gains", "receiver_constants")),
+        dep._positions_group(model, None, 0.05, np.asarray(real.ap_positions)),
+    )
+    u0 = jnp.concatenate([g.u0 for g in groups])
+    u = u0 + 1e-3 * jax.random.normal(jax.random.key(9), u0.shape)
+    nv = float(SCENE.noise_power) * jnp.broadcast_to(jnp.linspace(0.5, 2.0, 17), h.shape)
+    structure = dep.per_ap_structure(model, groups)
+    assert structure[0].shape == (7, u.shape[0])
+    expect = jax.jacfwd(lambda v: dep._residuals(v, model, groups, x[:20], h, nv))(u)
+    got = dep.per_ap_jacobian(u, model, groups, x[:20], h, nv, structure)
+    np.testing.assert_allclose(got, expect, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(expect))))
+    offsets = dep._offsets_group(MODEL, x[:20], jnp.angle(h))
+    assert dep.per_ap_structure(model, (*groups, offsets)) is None
+    assert dep.per_ap_structure(MODEL, groups[-1:]) is None
+
+
+@pytest.mark.slow
+def test_position_start_reaches_the_same_map_estimate():
+    """Started from the true phase centres (1 cm from the listed ones) instead of the listed
+    ones, the MAP fit under a 5 mm survey prior ends where the default start does: the prior
+    stays centred on the listed positions."""
+    real, truth, recv, x, s = _world(5)
+    h = rx.simulate_snapshots(jax.random.key(6), truth, x, recv, s)
+    nv = jnp.full(h.shape, float(SCENE.noise_power))
+    kw = dict(fit=FIT, position_prior=5e-3, warn=False)
+    default = calibrate(MODEL, x, h, nv, **kw)
+    started = calibrate(MODEL, x, h, nv, position_start=real.ap_positions, **kw)
+    assert default.status == started.status == "converged"
+    np.testing.assert_allclose(
+        started.values["ap_positions"], default.values["ap_positions"], atol=1e-8
+    )
+    np.testing.assert_allclose(
+        started.stderr["ap_positions"], default.stderr["ap_positions"], rtol=1e-6
+    )
+    shrunk = np.asarray(default.values["ap_positions"]) - np.asarray(real.ap_positions)
+    assert np.max(np.abs(shrunk)) > 1e-5  # the prior does pull: a start-centred one would differ
+
+
 def test_complex_calibration_refuses_mixed_requests():
     real, truth, recv, x, s = _world()
     h = jax.vmap(lambda xx, ss: rx.expected_snapshot(truth, xx, recv, ss))(x, s)

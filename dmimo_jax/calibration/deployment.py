@@ -296,7 +296,9 @@ class _Group:
         """Whitened residuals of the group's Gaussian prior (the phase centres' survey:
         ``position_prior``), (n,) or (0,)."""
         scale = self.data.get("prior_scale")
-        return u[:0] if scale is None else u * scale
+        if scale is None:
+            return u[:0]
+        return (u + self.data.get("prior_offset", 0.0)) * scale
 
     def linearized(self, u: Array) -> tuple[_Group, Array]:
         """The same group at the same point with ``u`` the natural values (positions and
@@ -397,14 +399,33 @@ def _position_basis(model: Any, free_axes: ArrayLike | None) -> np.ndarray:
 
 
 def _positions_group(
-    model: Any, free_axes: ArrayLike | None, prior_std: float | None = None
+    model: Any,
+    free_axes: ArrayLike | None,
+    prior_std: float | None = None,
+    position_start: ArrayLike | None = None,
 ) -> _Group:
-    start = jnp.asarray(model.scene.ap_positions)
-    basis = jnp.asarray(_position_basis(model, free_axes), start.dtype)
-    u0 = jnp.zeros(basis.shape[1], start.dtype)
+    """The phase centres' group: ``u`` the displacement from ``position_start`` (default the
+    model's positions) in the basis of the free coordinates; the prior (``prior_std``) stays
+    centred on the model's positions."""
+    nominal = jnp.asarray(model.scene.ap_positions)
+    basis_np = _position_basis(model, free_axes)
+    basis = jnp.asarray(basis_np, nominal.dtype)
+    start, shift = nominal, np.zeros(basis_np.shape[1])
+    if position_start is not None:
+        delta = (np.asarray(position_start, float) - np.asarray(nominal)).reshape(-1)
+        shift = basis_np.T @ delta  # the basis is orthonormal
+        if np.max(np.abs(basis_np @ shift - delta), initial=0.0) > 1e-9:
+            raise ValueError(
+                "position_start moves an AP along a coordinate the fit keeps fixed (free_axes "
+                "or its mounting surface): start within the free coordinates"
+            )
+        start = jnp.asarray(position_start, nominal.dtype)
+    u0 = jnp.zeros(basis.shape[1], nominal.dtype)
     data = {"start": start, "basis": basis}
     if prior_std is not None:
-        data["prior_scale"] = jnp.asarray(1.0 / prior_std, start.dtype)
+        data["prior_scale"] = jnp.asarray(1.0 / prior_std, nominal.dtype)
+        if position_start is not None:
+            data["prior_offset"] = jnp.asarray(shift, nominal.dtype)
     return _Group(data, u0, "ap_positions", None)
 
 
@@ -817,9 +838,98 @@ def _profiled_positions_jvp(primals, tangents):
     return xs, jax.vmap(one)(xs, r, noise_var)
 
 
+PER_AP_GROUPS = ("receiver_gains", "receiver_constants", "ap_positions")
+
+
+def per_ap_structure(model: Any, groups: Sequence[_Group]) -> tuple[Array, Array] | None:
+    """For a :class:`~dmimo_jax.receivers.ReceiverModel` whose groups are all among
+    :data:`PER_AP_GROUPS` (each unknown moves one AP's channel column or constant):
+    ``(colours (K, n), aps (M, n))``, one-hot rows. Unknowns of one colour act on different
+    APs, so one forward-mode tangent per colour (K <= 7) gives every column of the
+    Jacobian (column compression); ``aps`` names each unknown's AP. ``None`` otherwise (a
+    surface, a pattern or an offset moves every AP: the plain ``jax.jacfwd``)."""
+    if not isinstance(model, ReceiverModel) or any(g.name not in PER_AP_GROUPS for g in groups):
+        return None
+    num = model.num_aps
+    ap_of, colour_of = [], []
+    for g in groups:
+        if g.name == "receiver_gains":  # [Re G_1.., Im G_1..]: G_0 is the gauge
+            ap_of += [*range(1, num), *range(1, num)]
+            colour_of += [0] * (num - 1) + [1] * (num - 1)
+        elif g.name == "receiver_constants":  # [Re b, Im b]
+            ap_of += [*range(num), *range(num)]
+            colour_of += [2] * num + [3] * num
+        else:
+            basis = np.asarray(g.data["basis"])
+            seen = np.zeros(num, int)
+            for col in basis.T:
+                aps = np.unique(np.flatnonzero(np.abs(col) > 0) // 3)
+                if len(aps) != 1:
+                    return None
+                ap_of.append(int(aps[0]))
+                colour_of.append(4 + seen[aps[0]])
+                seen[aps[0]] += 1
+    ap_of, colour_of = np.asarray(ap_of, int), np.asarray(colour_of, int)
+    colours = np.unique(colour_of)
+    onehot = (colour_of[None, :] == colours[:, None]).astype(float)
+    aps = (ap_of[None, :] == np.arange(num)[:, None]).astype(float)
+    dtype = model.scene.ap_positions.dtype
+    return jnp.asarray(onehot, dtype), jnp.asarray(aps, dtype)
+
+
+def per_ap_jacobian(u, model, groups, x, r, noise_var, structure) -> Array:
+    r"""The Jacobian of :func:`_residuals` (labeled snapshots, complex) at ``u`` by column
+    compression (:func:`per_ap_structure`): the channel columns :math:`\mathbf v` and the
+    constants :math:`\mathbf b` are differentiated along one tangent per colour, then the
+    profiled residual :math:`\mathbf e = \mathbf y - \hat s\mathbf v`,
+    :math:`\mathbf y = \mathbf h - \mathbf b`, :math:`\hat s = \mathbf v^H\mathbf y /
+    \mathbf v^H\mathbf v`, is differentiated in closed form: for an unknown of AP m,
+    :math:`d\hat s = (\overline{dv_m} y_m + \bar v_m dy_m - 2\hat s\,\mathrm{Re}(\bar v_m
+    dv_m))/\mathbf v^H\mathbf v` and :math:`d\mathbf e = -d\hat s\,\mathbf v +
+    \mathbf e_m (dy_m - \hat s\,dv_m)`. Equal to ``jax.jacfwd`` (tested); (L M 2 + priors, n)."""
+    colours, aps = structure
+
+    def columns(v):
+        m = _apply(model, groups, v)
+        return jax.vmap(m.channel)(x), m.receivers.constants
+
+    (vv, b), (dv, db) = jax.vmap(lambda t: jax.jvp(columns, (u,), (t,)), out_axes=(None, 0))(
+        colours
+    )
+    # each unknown's own column: dv (K, L, M) -> (L, n) at its colour and AP
+    dv_p = jnp.einsum("klm,kp,mp->lp", dv, colours, aps)
+    db_p = jnp.einsum("km,kp,mp->p", db, colours, aps)
+    y = r - b[None, :]
+    norm = jnp.sum(jnp.abs(vv) ** 2, axis=1)  # (L,)
+    s = jnp.sum(jnp.conj(vv) * y, axis=1) / norm
+    v_p, y_p = vv @ aps, y @ aps  # (L, n): each unknown's AP's entries
+    dy_p = -jnp.broadcast_to(db_p, dv_p.shape)
+    ds = (
+        jnp.conj(dv_p) * y_p
+        + jnp.conj(v_p) * dy_p
+        - 2 * s[:, None] * jnp.real(jnp.conj(v_p) * dv_p)
+    ) / norm[:, None]
+    de = -ds[:, None, :] * vv[:, :, None] + aps[None] * (dy_p - s[:, None] * dv_p)[:, None, :]
+    scale = jnp.sqrt(noise_var / 2.0)[:, :, None]
+    jac = jnp.stack([jnp.real(de) / scale, jnp.imag(de) / scale], axis=2).reshape(-1, u.shape[0])
+
+    def priors(v):
+        parts = _split(groups, v)
+        return jnp.concatenate([g.prior_residuals(p) for g, p in zip(groups, parts, strict=True)])
+
+    return jnp.concatenate([jac, jax.jacfwd(priors)(u)])
+
+
 @partial(jax.jit, static_argnames=("num_steps",))
-def _solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None):
-    """LM over the concatenated groups from each row of ``u0`` (S, n): (u (S, n), cost (S,))."""
+def _solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, structure=None):
+    """LM over the concatenated groups from each row of ``u0`` (S, n): (u (S, n), cost (S,));
+    with ``structure`` (:func:`per_ap_structure`, labeled snapshots only) the Jacobian by
+    column compression."""
+    jacobian = None
+    if structure is not None and unlabeled is None:
+
+        def jacobian(v, _):
+            return per_ap_jacobian(v, model, groups, x, r, noise_var, structure)
 
     def one(u):
         res = levenberg_marquardt(
@@ -827,6 +937,7 @@ def _solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None):
             u,
             num_steps=num_steps,
             damping=1e-2,
+            jacobian_fn=jacobian,
         )
         return res.x, res.cost
 
@@ -852,7 +963,10 @@ def _lm(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, max_steps
     With one row and ``max_steps``, rounds of ``num_steps`` steps (one compiled program)
     continue from the last until a round lowers the cost by less than
     :data:`CONVERGENCE_TOLERANCE` (converged) or ``max_steps`` are spent (not converged)."""
-    u, cost = _solve(model, tuple(groups), x, r, noise_var, jnp.asarray(u0), num_steps, unlabeled)
+    structure = None if unlabeled is not None else per_ap_structure(model, groups)
+    u, cost = _solve(
+        model, tuple(groups), x, r, noise_var, jnp.asarray(u0), num_steps, unlabeled, structure
+    )
     cost = np.where(np.isfinite(np.asarray(cost)), np.asarray(cost), np.inf)
     best = int(np.argmin(cost))
     u, cost = np.asarray(u[best]), float(cost[best])
@@ -861,7 +975,15 @@ def _lm(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, max_steps
     steps, converged = num_steps, False
     while steps + num_steps <= max_steps:
         u_new, c_new = _solve(
-            model, tuple(groups), x, r, noise_var, jnp.asarray(u)[None], num_steps, unlabeled
+            model,
+            tuple(groups),
+            x,
+            r,
+            noise_var,
+            jnp.asarray(u)[None],
+            num_steps,
+            unlabeled,
+            structure,
         )
         c_new = float(c_new[0])
         steps += num_steps
@@ -934,7 +1056,18 @@ def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.n
 
 
 def _fit_one_polarization(
-    model, x, r, noise_var, fit, idx, eps_starts, free_axes, num_steps, max_steps, prior=None
+    model,
+    x,
+    r,
+    noise_var,
+    fit,
+    idx,
+    eps_starts,
+    free_axes,
+    num_steps,
+    max_steps,
+    prior=None,
+    position_start=None,
 ):
     """Staged fit under the model's polarization: (final groups, u, cost, converged)."""
     groups: dict[str, _Group] = {}
@@ -957,7 +1090,7 @@ def _fit_one_polarization(
             groups[g.name] = dataclasses.replace(g, u0=part)
         groups["surfaces"] = dataclasses.replace(s, u0=parts[-1])
     if "ap_positions" in fit:
-        groups["ap_positions"] = _positions_group(model, free_axes, prior)
+        groups["ap_positions"] = _positions_group(model, free_axes, prior, position_start)
     if "antenna" in fit:
         groups["antenna"] = _antenna_group(model)
     final = [groups[g] for g in GROUPS if g in groups]
@@ -1021,6 +1154,7 @@ def calibrate(
     unlabeled: Unlabeled | None = None,
     receivers: Receivers | None = None,
     position_prior: float | None = None,
+    position_start: ArrayLike | None = None,
     warn: bool = True,
 ) -> Calibration:
     r"""Maximum-likelihood calibration of a physical model from L labeled snapshots.
@@ -1061,6 +1195,9 @@ def calibrate(
         position_prior: the survey's standard deviation per coordinate, m: a Gaussian prior
             on the fitted phase centres around the model's (MAP; its terms count as
             observations in the chi-square). Default none (maximum likelihood).
+        position_start: (M, 3) where the phase centres' fit starts (e.g. an earlier fit's,
+            to refit under other variances); the model's positions stay the prior's centre
+            and the start of nothing else. Default the model's positions.
         warn: warn unless ``status == "converged"`` (the warning says what went wrong and,
             for a misfit, which APs carry it).
 
@@ -1092,6 +1229,15 @@ def calibrate(
     check_training_data(x, r, noise_var, model.num_aps)
     check_int("num_steps", num_steps, minimum=1)
     check_int("max_steps", max_steps, minimum=num_steps)
+    if position_start is not None:
+        if "ap_positions" not in fit:
+            raise ValueError("position_start= starts 'ap_positions': add it to fit")
+        check_positions("position_start", position_start, batched=True)
+        if np.shape(position_start) != (model.num_aps, 3):
+            raise ValueError(
+                f"position_start must have shape ({model.num_aps}, 3) (one per AP), got "
+                f"{np.shape(position_start)}"
+            )
     if position_prior is not None:
         check_scalar("position_prior", position_prior, positive=True)
         if "ap_positions" not in fit:
@@ -1158,6 +1304,7 @@ def calibrate(
             num_steps,
             max_steps,
             position_prior,
+            position_start,
         )
         ll = -0.5 * (cost + _log_normalizer(noise_var, complex_data))
         lls[pol] = ll
