@@ -269,6 +269,7 @@ _ROOM = dj.room_model(SCENE, ceiling=3.0, walls=3.0, floor=3.0)
             {"fit": "ap_positions", "position_start": np.full((M, 3), np.nan)},
             "position_start",
         ),
+        (dj.TwoRayModel(SCENE), {"fit": "ap_positions", "jacobian": "numeric"}, "jacobian must"),
     ],
 )
 def test_bad_calibration_requests_are_refused(model, kwargs, match):

@@ -154,6 +154,16 @@ def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
+def test_receiver_jacobian_benchmark_quick(tmp_path, monkeypatch):
+    """Both Jacobians reach the same fit (the compressed one is autodiff's to rounding)."""
+    out = tmp_path / "jac.json"
+    _run("benchmarks/receiver_jacobian.py", ["--quick", "--json", str(out)], monkeypatch)
+    (row,) = read_rows(out)
+    assert row["auto_status"] == row["autodiff_status"] == "converged"
+    assert row["max_position_difference_m"] < 1e-9 and row["speedup"] > 0
+
+
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_unlabeled_calibration_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "unl.json"
     argv = ["--quick", "--num-test", "32", "--json", str(out)]

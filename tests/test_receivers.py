@@ -175,14 +175,14 @@ def test_per_ap_jacobian_equals_jacfwd():
     u0 = jnp.concatenate([g.u0 for g in groups])
     u = u0 + 1e-3 * jax.random.normal(jax.random.key(9), u0.shape)
     nv = float(SCENE.noise_power) * jnp.broadcast_to(jnp.linspace(0.5, 2.0, 17), h.shape)
-    structure = dep.per_ap_structure(model, groups)
+    structure = dep._per_ap_structure(model, groups)
     assert structure[0].shape == (7, u.shape[0])
     expect = jax.jacfwd(lambda v: dep._residuals(v, model, groups, x[:20], h, nv))(u)
-    got = dep.per_ap_jacobian(u, model, groups, x[:20], h, nv, structure)
+    got = dep._per_ap_jacobian(u, model, groups, x[:20], h, nv, structure)
     np.testing.assert_allclose(got, expect, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(expect))))
     offsets = dep._offsets_group(MODEL, x[:20], jnp.angle(h))
-    assert dep.per_ap_structure(model, (*groups, offsets)) is None
-    assert dep.per_ap_structure(MODEL, groups[-1:]) is None
+    assert dep._per_ap_structure(model, (*groups, offsets)) is None
+    assert dep._per_ap_structure(MODEL, groups[-1:]) is None
 
 
 @pytest.mark.slow
