@@ -96,7 +96,6 @@ def main(argv=None) -> list[dict]:
     )
     if args.json:
         write_json(args.json, rows)
-        print(f"wrote {args.json}")
     return rows
 
 
