@@ -59,12 +59,14 @@ when above 1) is left out (``unlabeled_used``): a wrong lobe would pull the fit.
 snapshots enter the standard errors and the log-likelihood; the polarization is chosen on
 the labeled snapshots.
 
-The Jacobian. Each Levenberg-Marquardt step needs the Jacobian of the whitened residuals
-in every unknown; ``jax.jacfwd`` pushes one tangent per unknown. For complex snapshots whose
-groups each move one AP (the receivers' gains and constants, the phase centres), unknowns
-of different APs share a tangent (column compression: 7 tangents for any number of APs),
-and the profiled snapshot factor's derivative is taken in closed form; the result equals
-autodiff's (``jacobian="autodiff"`` keeps the reference; tested to 1e-12).
+The Jacobian. Each Levenberg-Marquardt step needs the normal equations of the whitened
+residuals in every unknown; ``jax.jacfwd`` pushes one tangent per unknown, and the product
+:math:`\mathbf J^\top\mathbf J` costs O(L M n^2). For complex snapshots whose groups each
+move one AP (the receivers' gains and constants, the phase centres), unknowns of different
+APs share a tangent (column compression: 7 tangents for any number of APs), the profiled
+snapshot factor's derivative is taken in closed form, and the normal equations are summed
+from those factors in O(L n^2); they equal autodiff's (``jacobian="autodiff"`` keeps the
+reference; tested to 1e-12).
 
 Honest uncertainty. Standard errors come from the Gauss-Newton information
 :math:`\mathbf J^\top\mathbf J` of the whitened residuals, inverted through its eigenvalues
@@ -884,16 +886,21 @@ def _per_ap_structure(model: Any, groups: Sequence[_Group]) -> tuple[Array, Arra
     return jnp.asarray(onehot, dtype), jnp.asarray(aps, dtype)
 
 
-def _per_ap_jacobian(u, model, groups, x, r, noise_var, structure) -> Array:
-    r"""The Jacobian of :func:`_residuals` (labeled snapshots, complex) at ``u`` by column
-    compression (``_per_ap_structure``): the channel columns :math:`\mathbf v` and the
-    constants :math:`\mathbf b` are differentiated along one tangent per colour, then the
-    profiled residual :math:`\mathbf e = \mathbf y - \hat s\mathbf v`,
-    :math:`\mathbf y = \mathbf h - \mathbf b`, :math:`\hat s = \mathbf v^H\mathbf y /
-    \mathbf v^H\mathbf v`, is differentiated in closed form: for an unknown of AP m,
-    :math:`d\hat s = (\overline{dv_m} y_m + \bar v_m dy_m - 2\hat s\,\mathrm{Re}(\bar v_m
-    dv_m))/\mathbf v^H\mathbf v` and :math:`d\mathbf e = -d\hat s\,\mathbf v +
-    \mathbf e_m (dy_m - \hat s\,dv_m)`. Equal to ``jax.jacfwd`` (tested); (L M 2 + priors, n)."""
+def _per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array, Array]:
+    r"""The normal equations :math:`(\mathbf J^\top\mathbf J, \mathbf J^\top\mathbf e)` of
+    :func:`_residuals` (labeled snapshots, complex) at ``u`` by column compression
+    (``_per_ap_structure``: the channel columns :math:`\mathbf v` and the constants
+    :math:`\mathbf b` differentiated along one tangent per colour) and the profiled
+    residual :math:`\mathbf e = \mathbf y - \hat s\mathbf v` (:math:`\mathbf y = \mathbf h
+    - \mathbf b`, :math:`\hat s = \mathbf v^H\mathbf y/\mathbf v^H\mathbf v`)
+    differentiated in closed form, without forming the Jacobian: for an unknown p of AP
+    m(p), :math:`d\hat s = (\overline{dv_m} y_m + \bar v_m dy_m - 2\hat s\,\mathrm{Re}
+    (\bar v_m dv_m))/\mathbf v^H\mathbf v` and :math:`d\mathbf e_l = -d\hat s_l
+    \mathbf v_l + \mathbf e_{m(p)} w_{lp}`, :math:`w = dy_m - \hat s\,dv_m`; with weights
+    :math:`\omega = 2/\sigma^2`,
+    :math:`\mathbf J^\top\mathbf J = \mathrm{Re}[d\hat s^H N d\hat s - d\hat s^H C -
+    C^H d\hat s + (w^H\Omega w)\odot\text{same AP}]`, an O(L n^2) product where the
+    Jacobian's is O(L M n^2). Equal to the product (tested)."""
     colours, aps = structure
 
     def columns(v):
@@ -903,40 +910,49 @@ def _per_ap_jacobian(u, model, groups, x, r, noise_var, structure) -> Array:
     (vv, b), (dv, db) = jax.vmap(lambda t: jax.jvp(columns, (u,), (t,)), out_axes=(None, 0))(
         colours
     )
-    # each unknown's own column: dv (K, L, M) -> (L, n) at its colour and AP
     dv_p = jnp.einsum("klm,kp,mp->lp", dv, colours, aps)
     db_p = jnp.einsum("km,kp,mp->p", db, colours, aps)
     y = r - b[None, :]
-    norm = jnp.sum(jnp.abs(vv) ** 2, axis=1)  # (L,)
+    norm = jnp.sum(jnp.abs(vv) ** 2, axis=1)
     s = jnp.sum(jnp.conj(vv) * y, axis=1) / norm
-    v_p, y_p = vv @ aps, y @ aps  # (L, n): each unknown's AP's entries
+    v_p, y_p = vv @ aps, y @ aps
     dy_p = -jnp.broadcast_to(db_p, dv_p.shape)
     ds = (
         jnp.conj(dv_p) * y_p
         + jnp.conj(v_p) * dy_p
         - 2 * s[:, None] * jnp.real(jnp.conj(v_p) * dv_p)
     ) / norm[:, None]
-    de = -ds[:, None, :] * vv[:, :, None] + aps[None] * (dy_p - s[:, None] * dv_p)[:, None, :]
-    scale = jnp.sqrt(noise_var / 2.0)[:, :, None]
-    jac = jnp.stack([jnp.real(de) / scale, jnp.imag(de) / scale], axis=2).reshape(-1, u.shape[0])
+    w = dy_p - s[:, None] * dv_p  # (L, n) each unknown's own entry
+    omega = 2.0 / noise_var  # (L, M)
+    omega_p = omega @ aps  # (L, n) the weight of each unknown's AP
+    big_n = jnp.sum(omega * jnp.abs(vv) ** 2, axis=1)  # (L,)
+    c = jnp.conj(v_p) * w * omega_p  # (L, n)
+    same = aps.T @ aps  # (n, n) 1 where two unknowns share an AP
+    ata = (jnp.conj(ds) * big_n[:, None]).T @ ds - jnp.conj(ds).T @ c
+    ata = ata + jnp.conj(ata.T) - (jnp.conj(ds) * big_n[:, None]).T @ ds
+    ata = jnp.real(ata + ((jnp.conj(w) * omega_p).T @ w) * same)
+    res = y - s[:, None] * vv  # (L, M) the profiled residuals
+    big_r = jnp.sum(jnp.conj(vv) * res * omega, axis=1)  # (L,)
+    atg = jnp.real(-jnp.conj(ds).T @ big_r + jnp.sum(jnp.conj(w) * ((res * omega) @ aps), axis=0))
 
     def priors(v):
         parts = _split(groups, v)
         return jnp.concatenate([g.prior_residuals(p) for g, p in zip(groups, parts, strict=True)])
 
-    return jnp.concatenate([jac, jax.jacfwd(priors)(u)])
+    jp, ep = jax.jacfwd(priors)(u), priors(u)
+    return ata + jp.T @ jp, atg + jp.T @ ep
 
 
 @partial(jax.jit, static_argnames=("num_steps",))
 def _solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, structure=None):
     """LM over the concatenated groups from each row of ``u0`` (S, n): (u (S, n), cost (S,));
-    with ``structure`` (``_per_ap_structure``, labeled snapshots only) the Jacobian by
-    column compression."""
-    jacobian = None
+    with ``structure`` (``_per_ap_structure``, labeled snapshots only) the normal equations
+    by column compression (``_per_ap_normal``)."""
+    normal = None
     if structure is not None and unlabeled is None:
 
-        def jacobian(v, _):
-            return _per_ap_jacobian(v, model, groups, x, r, noise_var, structure)
+        def normal(v, _):
+            return _per_ap_normal(v, model, groups, x, r, noise_var, structure)
 
     def one(u):
         res = levenberg_marquardt(
@@ -944,7 +960,7 @@ def _solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, struct
             u,
             num_steps=num_steps,
             damping=1e-2,
-            jacobian_fn=jacobian,
+            normal_fn=normal,
         )
         return res.x, res.cost
 

@@ -41,7 +41,7 @@ def levenberg_marquardt(
     damping: float | Array = 1e-3,
     aux_fn: Callable[[Array], Any] | None = None,
     feasible: Callable[[Array], Array] | None = None,
-    jacobian_fn: Callable[[Array, Any], Array] | None = None,
+    normal_fn: Callable[[Array, Any], tuple[Array, Array]] | None = None,
 ) -> LMResult:
     """Run ``num_steps`` Levenberg-Marquardt steps on ``residual_fn(x, aux)`` from ``x0``.
 
@@ -55,8 +55,9 @@ def levenberg_marquardt(
         aux_fn: ``x -> aux`` evaluated at the current iterate and held constant (no
             gradient) within a step; default ``None`` passes ``None``.
         feasible: ``x -> bool``; a step to an infeasible point is rejected.
-        jacobian_fn: ``(x, aux) -> J`` (K, n), the Jacobian of ``residual_fn`` where its
-            structure gives it cheaper than ``jax.jacfwd`` (the default); it must equal it.
+        normal_fn: ``(x, aux) -> (J^T J, J^T e)`` where the structure gives the normal
+            equations cheaper than ``jax.jacfwd`` and the product (the default); they must
+            equal them.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -71,9 +72,11 @@ def levenberg_marquardt(
         x, lam, accepted = carry
         aux = aux_of(x)
         e = residual_fn(x, aux)
-        jac = (jax.jacfwd(residual_fn) if jacobian_fn is None else jacobian_fn)(x, aux)
-        a = jac.T @ jac
-        g = jac.T @ e
+        if normal_fn is None:
+            jac = jax.jacfwd(residual_fn)(x, aux)
+            a, g = jac.T @ jac, jac.T @ e
+        else:
+            a, g = normal_fn(x, aux)
         d = jnp.diag(a)
         # a column of J that vanishes (a saturated parametrization) keeps a positive scale
         d = jnp.maximum(d, jnp.finfo(d.dtype).eps * jnp.max(d))
