@@ -204,11 +204,15 @@ def test_position_start_reaches_the_same_map_estimate():
     default = calibrate(MODEL, x, h, nv, **kw)
     started = calibrate(MODEL, x, h, nv, position_start=real.ap_positions, **kw)
     assert default.status == started.status == "converged"
+    atol = 1e-8
     np.testing.assert_allclose(
-        started.values["ap_positions"], default.values["ap_positions"], atol=1e-8
+        started.values["ap_positions"], default.values["ap_positions"], atol=atol
     )
-    shrunk = np.asarray(default.values["ap_positions"]) - np.asarray(real.ap_positions)
-    assert np.max(np.abs(shrunk)) > 1e-5  # the prior does pull: a start-centred one would differ
+    # the check has power: a prior centred on the start (here the truth) ends farther off
+    # than the tolerance (measured: 4.5e-7 m, 45x it)
+    centred_on_start = calibrate(dj.TwoRayModel(real), x, h, nv, **kw)
+    moved = np.asarray(centred_on_start.values["ap_positions"]) - default.values["ap_positions"]
+    assert np.max(np.abs(moved)) > 10 * atol
 
 
 def test_complex_calibration_refuses_mixed_requests():

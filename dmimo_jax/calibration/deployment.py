@@ -928,8 +928,8 @@ def _per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array,
     big_n = jnp.sum(omega * jnp.abs(vv) ** 2, axis=1)  # (L,)
     c = jnp.conj(v_p) * w * omega_p  # (L, n)
     same = aps.T @ aps  # (n, n) 1 where two unknowns share an AP
-    ata = (jnp.conj(ds) * big_n[:, None]).T @ ds - jnp.conj(ds).T @ c
-    ata = ata + jnp.conj(ata.T) - (jnp.conj(ds) * big_n[:, None]).T @ ds
+    cross = jnp.conj(ds).T @ c  # ds^H C; its transpose-conjugate is the other cross term
+    ata = (jnp.conj(ds) * big_n[:, None]).T @ ds - cross - jnp.conj(cross.T)
     ata = jnp.real(ata + ((jnp.conj(w) * omega_p).T @ w) * same)
     res = y - s[:, None] * vv  # (L, M) the profiled residuals
     big_r = jnp.sum(jnp.conj(vv) * res * omega, axis=1)  # (L,)
