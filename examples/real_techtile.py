@@ -1,7 +1,9 @@
 """Real measurements: position the Techtile rover from 42 measured carrier phases.
 
 For every ``csi_EXP*.nc`` in ``--data`` independently: L labeled snapshots drawn at random
-(``--seed``), every other snapshot located in the search area (the labeled snapshots'
+(``--seed``; ``--distinct-labels``: L distinct spots, 2 cm apart, as a survey would place
+them, where a random draw puts half of EXP002's labels on the spot its rover stood still
+on), every other snapshot located in the search area (the labeled snapshots'
 bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stage;
 ``--search-3d`` adds the height, +-5 cm). Methods (``kind``):
 
@@ -64,6 +66,7 @@ revisit repeatability (snapshots < 2 cm apart taken at different times; measured
     python examples/real_techtile.py --learning-curve      # L in 20, 50, 100, 200
     python examples/real_techtile.py --data DIR --num-labeled 50 --seed 0 --json out.json
     python examples/real_techtile.py --unlabeled-half      # self-train and score apart
+    python examples/real_techtile.py --distinct-labels     # labels at distinct spots
 
 Writes ``OUT.json`` (rows; resumable with ``--resume``) and ``OUT.png`` (error CDFs, held-out
 residuals per antenna, error map of ``best_field``; needs matplotlib).
@@ -191,6 +194,28 @@ def spot_counts(x, radius=SPOT_RADIUS):
     return np.sum(d < radius, axis=1)
 
 
+def draw_labels(x, num_labeled, seed, distinct=False):
+    """(labeled, located) snapshot indices: ``num_labeled`` drawn at random (``seed``), the
+    rest in time order. With ``distinct``, a draw within ``SPOT_RADIUS`` (horizontal) of an
+    earlier one is skipped: the labels are ``num_labeled`` distinct spots, as a survey would
+    place them, not copies of one spot a still rover stood on."""
+    idx = np.random.default_rng(seed).permutation(len(x))
+    if not distinct:
+        return idx[:num_labeled], np.sort(idx[num_labeled:])
+    chosen = []
+    for i in idx:
+        if not chosen or np.min(np.linalg.norm(x[chosen, :2] - x[i, :2], axis=1)) >= SPOT_RADIUS:
+            chosen.append(i)
+            if len(chosen) == num_labeled:
+                break
+    if len(chosen) < num_labeled:
+        raise ValueError(
+            f"num_labeled must be at most {len(chosen)} distinct spots, got {num_labeled}"
+        )
+    li = np.asarray(chosen)
+    return li, np.setdiff1d(np.arange(len(x)), li)
+
+
 def complex_model(los, x, h, *, phase_centres, unlabeled=None):
     """Model B (module docstring) calibrated on complex labeled snapshots ``h``, and its
     receivers' variances: ``(ReceiverModel, (M,) variances)`` (search with
@@ -269,17 +294,19 @@ def choose_lobe(model, grid, table, r, amplitudes, cycles, area, labeled, truth=
     return coherent_refine(model, grid, x, r, amplitudes).x
 
 
-def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, half=False):
+def run_experiment(
+    data, num_labeled, seed, search_3d=False, methods=METHODS, half=False, distinct=False
+):
     """Rows (one per method) and the per-snapshot errors, for one experiment and L; with
     ``half``, ``self_trained`` self-trains on every other held-out snapshot (time order) and every
-    method is scored on the others only."""
+    method is scored on the others only; with ``distinct``, the labels are distinct spots
+    (``draw_labels``)."""
     n = data.num_snapshots
     if not 2 <= num_labeled < n:
         raise ValueError(
             f"num_labeled must be in [2, {n - 1}] for {data.experiment}, got {num_labeled}"
         )
-    idx = np.random.default_rng(seed).permutation(n)
-    li, ti = idx[:num_labeled], np.sort(idx[num_labeled:])
+    li, ti = draw_labels(data.positions, num_labeled, seed, distinct)
     pool = ti  # self_trained's unlabeled snapshots
     if half:
         pool, ti = ti[0::2], ti[1::2]
@@ -415,6 +442,7 @@ def run_experiment(data, num_labeled, seed, search_3d=False, methods=METHODS, ha
                 "seed": int(seed),
                 "num_located": int(len(ti)),
                 "self_training_pool": "other_half" if half else "located",
+                "label_draw": "distinct_spots" if distinct else "random",
                 "median_m": float(np.median(err)),
                 "p90_m": float(np.percentile(err, 90)),
                 "p99_m": float(np.percentile(err, 99)),
@@ -488,6 +516,11 @@ def main(argv=None) -> dict:
         action="store_true",
         help="self_trained self-trains on every other held-out snapshot; all are scored on the rest",
     )
+    ap.add_argument(
+        "--distinct-labels",
+        action="store_true",
+        help="draw the labels among distinct spots (2 cm apart), not among snapshots",
+    )
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--experiments", default=None, help="comma-separated ids (default: all)")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --json")
@@ -525,7 +558,13 @@ def main(argv=None) -> dict:
             print(f"skip {e} L = {n}: only {data[e].num_snapshots} snapshots")
             continue
         rows, floor, det = run_experiment(
-            data[e], n, args.seed, args.search_3d, methods, args.unlabeled_half
+            data[e],
+            n,
+            args.seed,
+            args.search_3d,
+            methods,
+            args.unlabeled_half,
+            args.distinct_labels,
         )
         result["rows"] += rows
         result["noise_floor"].append(floor)

@@ -527,6 +527,27 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     assert (tmp_path / "rt.png").exists()
 
 
+def test_real_techtile_label_draw_distinct_spots(monkeypatch):
+    """--distinct-labels: one label per spot, however many copies a still rover left there."""
+    monkeypatch.syspath_prepend("examples")
+    draw = runpy.run_path("examples/real_techtile.py", run_name="real_techtile")["draw_labels"]
+    rng = np.random.default_rng(3)
+    moving = np.c_[rng.uniform(0, 1, (40, 2)), np.zeros(40)]
+    still = np.array([0.5, 0.5, 0.0]) + 1e-4 * rng.standard_normal((60, 3))
+    x = np.concatenate([still[:30], moving, still[30:]])  # 60 copies of one spot
+    li, ti = draw(x, 12, 0)
+    np.testing.assert_array_equal(li, np.random.default_rng(0).permutation(100)[:12])
+    li, ti = draw(x, 12, 0, distinct=True)
+    assert len(li) == 12 and len(set(li)) == 12
+    np.testing.assert_array_equal(np.sort(np.r_[li, ti]), np.arange(100))
+    assert np.all(np.diff(ti) > 0)  # the located ones in time order
+    d = np.linalg.norm(x[li, None, :2] - x[None, li, :2], axis=-1)
+    assert np.min(d + np.eye(12)) >= 0.02
+    assert np.sum(np.linalg.norm(x[li, :2] - 0.5, axis=1) < 0.01) <= 1  # the still spot once
+    with pytest.raises(ValueError, match="num_labeled"):
+        draw(x[:40], 12, 0, distinct=True)  # 30 copies and 10 moving snapshots: 11 spots
+
+
 @pytest.mark.slow
 def test_real_techtile_self_calibration_row_on_generated_folder(tmp_path, monkeypatch):
     """The optional best_unlabeled row: best's calibration with held-out complex snapshots as
