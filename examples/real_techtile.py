@@ -47,6 +47,10 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   profiled out from ``best``'s estimates (``calibrate(unlabeled=)``, each estimated spot
   counted once as the labeled ones are), then located as ``best`` is: self-calibration of
   the complex model, measured and not kept (docs/real_data.md);
+* ``best_self_trained`` (not run by default; ``--methods``): ``best_field``'s field
+  self-trained on the located snapshots as ``self_trained`` is (``self_train_field`` on the
+  phases with the constants removed, ``best``'s whitened model fixed underneath), searched as
+  ``best_field`` is: measured and not kept (docs/real_data.md);
 * ``best_field``: ``best``'s model (whitened) plus the residual field of ``field``
   (``calibration.fit_residual_field`` with its defaults) learned from the phases of the
   labeled snapshots with the constants removed, searched as ``field`` is (expected phasors,
@@ -130,10 +134,12 @@ METHODS = (
     "best_field",
 )
 MAPPED = "best_field"  # the plot's error map: the method chosen (or best without it)
-OPTIONAL_METHODS = ("best_unlabeled",)  # measured on request (--methods), not by default
+# measured on request (--methods), not by default
+OPTIONAL_METHODS = ("best_unlabeled", "best_self_trained")
 UNLABELED_CALIBRATION = 200  # best_unlabeled's unlabeled snapshots (drawn from the held-out)
 LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobes
 COMPLEX_METHODS = ("complex", "best")
+COMPLEX_EXTRAS = ("best_trajectory", "best_field", "best_unlabeled", "best_self_trained")
 PHASE_CENTRE_PRIOR = 0.10  # m, best's prior on each antenna's phase centre coordinates
 SPOT_RADIUS = 0.02  # m, labeled snapshots this close are copies of one spot (spot_counts)
 NUM_LOBES = 8  # local maxima per snapshot (estimators.coherent_peaks)
@@ -349,7 +355,7 @@ def run_experiment(
             model = jax.block_until_ready(fit_residual_field(los, xl, rl))
             fit_s += time.perf_counter() - t0
             amplitudes = amps[ti]
-        elif method in (*COMPLEX_METHODS, "best_trajectory", "best_field", "best_unlabeled"):
+        elif method in (*COMPLEX_METHODS, *COMPLEX_EXTRAS):
             key = "complex" if method == "complex" else "best"
             if key not in fitted:
                 t0 = time.perf_counter()
@@ -385,6 +391,21 @@ def run_experiment(
                 field = fit_residual_field(whitened, xl, np.angle(y_labeled))
                 field_table = jax.block_until_ready(coherent_table(field, grid))
                 fitted["best_field"] = (field, field_table, fit_s + time.perf_counter() - t0)
+            if method == "best_self_trained":
+                t0 = time.perf_counter()
+                y_labeled = whiten(model, data.csi[li], var)[1] - constants
+                y_pool = whiten(model, data.csi[pool], var)[1] - constants
+                field = self_train_field(
+                    whitened,
+                    grid,
+                    xl,
+                    np.angle(y_labeled),
+                    np.angle(y_pool),
+                    data.cycles[pool],
+                    amplitudes=np.abs(y_pool),
+                ).model
+                field_table = jax.block_until_ready(coherent_table(field, grid))
+                fitted[method] = (field, field_table, fit_s + time.perf_counter() - t0)
         elif method == "self_trained" or (method in LOBE_METHODS and "self_trained" not in fitted):
             # the unlabeled snapshots' phases, amplitudes and times only: never their positions
             t0 = time.perf_counter()
@@ -402,8 +423,8 @@ def run_experiment(
         elif method in (*COMPLEX_METHODS, "best_unlabeled"):
             res, t = timed(complex_search, whitened, grid, h_located, table=table)
             xe = res.x
-        elif method == "best_field":
-            model, field_table, fit_s = fitted["best_field"]
+        elif method in ("best_field", "best_self_trained"):
+            model, field_table, fit_s = fitted[method]
             search = (model, grid, np.angle(y_located), np.abs(y_located))
             res, t = timed(coherent_search, *search, table=field_table)
             xe = res.x

@@ -550,18 +550,20 @@ def test_real_techtile_label_draw_distinct_spots(monkeypatch):
 
 @pytest.mark.slow
 def test_real_techtile_self_calibration_row_on_generated_folder(tmp_path, monkeypatch):
-    """The optional best_unlabeled row: best's calibration with held-out complex snapshots as
-    unlabeled ones, at millimetres on generated data."""
+    """The optional rows: best_unlabeled (best's calibration with held-out complex snapshots
+    as unlabeled ones) and best_self_trained (best_field's field self-trained on them), at
+    millimetres on generated data."""
     write_folder(tmp_path / "data", {"EXP901": 36}, residual_std=0.1)
     out = tmp_path / "rt.json"
     argv = ["--data", str(tmp_path / "data"), "--num-labeled", "12", "--json", str(out)]
-    argv += ["--methods", "best,best_unlabeled", "--out", str(tmp_path / "rt")]
+    argv += ["--methods", "best,best_unlabeled,best_self_trained", "--out", str(tmp_path / "rt")]
     monkeypatch.setattr(sys, "argv", ["examples/real_techtile.py", *argv])
     monkeypatch.syspath_prepend("examples")
     runpy.run_path("examples/real_techtile.py", run_name="__main__")
     rows = {r["kind"]: r for r in read_rows(out)["rows"]}
-    assert set(rows) == {"best", "best_unlabeled"}
-    assert rows["best_unlabeled"]["median_m"] < 0.01 and rows["best_unlabeled"]["max_m"] < 0.03
+    assert set(rows) == {"best", "best_unlabeled", "best_self_trained"}
+    for kind in ("best_unlabeled", "best_self_trained"):
+        assert rows[kind]["median_m"] < 0.01 and rows[kind]["max_m"] < 0.03, rows[kind]
 
 
 def _rewrite(src, dst, typecodes=None, **changes):
