@@ -72,7 +72,10 @@ revisit repeatability (snapshots < 2 cm apart taken at different times; measured
     python examples/real_techtile.py --unlabeled-half      # self-train and score apart
     python examples/real_techtile.py --distinct-labels     # labels at distinct spots
 
-Writes ``OUT.json`` (rows; resumable with ``--resume``) and ``OUT.png`` (error CDFs, held-out
+Writes ``OUT.json`` (rows; resumable with ``--resume``), ``OUT_errors.npz`` (the located
+snapshots' indices in the experiment, ``<experiment>_located``, their true positions,
+``<experiment>_x``, and each method's horizontal errors,
+``<experiment>_<method>``, m; at ``--num-labeled``) and ``OUT.png`` (error CDFs, held-out
 residuals per antenna, error map of ``best_field``; needs matplotlib).
 """
 
@@ -496,7 +499,7 @@ def run_experiment(
         "revisit_pairs": pairs,
         "mean_peb_revisit_m": float(np.mean(peb) * std / STILL_STD),
     }
-    return rows, floor, {"errors": errors, "residuals": extras, "x": xt}
+    return rows, floor, {"errors": errors, "residuals": extras, "x": xt, "located": ti}
 
 
 def plot(plt, detail, path):
@@ -620,6 +623,12 @@ def main(argv=None) -> dict:
             f"{1e3 * f['mean_peb_revisit_m']:.1f} mm"
         )
     write_json(json_path, result)
+    if detail:  # per located snapshot, for analyses of one's own
+        arrays = {f"{e}_x": d["x"] for e, d in detail.items()}
+        arrays |= {f"{e}_located": d["located"] for e, d in detail.items()}
+        arrays |= {f"{e}_{m}": err for e, d in detail.items() for m, err in d["errors"].items()}
+        np.savez(args.out.with_name(args.out.name + "_errors.npz"), **arrays)
+        print(f"wrote {args.out.with_name(args.out.name + '_errors.npz')}")
     plt = pyplot()
     if plt is not None and detail and ({"best", MAPPED} & set(methods)):
         plot(plt, detail, args.out.with_suffix(".png"))

@@ -525,6 +525,12 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
     assert set(floor) == {"EXP901", "EXP902"}
     assert all(f["mean_peb_still_m"] > 0 for f in floor.values())
     assert (tmp_path / "rt.png").exists()
+    per_snapshot = np.load(tmp_path / "rt_errors.npz")
+    for r in rows:
+        err = per_snapshot[f"{r['experiment']}_{r['method']}"]
+        assert err.shape == (24,) and np.median(err) == pytest.approx(r["median_m"], rel=1e-12)
+    np.testing.assert_array_equal(per_snapshot["EXP901_located"], np.sort(located))
+    assert per_snapshot["EXP902_x"].shape == (24, 3)
 
 
 def test_real_techtile_label_draw_distinct_spots(monkeypatch):
