@@ -7,6 +7,9 @@
 * :mod:`~dmimo_jax.calibration.materials`: the surfaces alone (:func:`fit_material` for the
   ground of the two-ray model, :func:`fit_surfaces` for a room) and the numpyro NUTS
   posterior of the ground's permittivity (:func:`material_posterior`).
+* :mod:`~dmimo_jax.calibration.measured`: the recipe for measured complex snapshots
+  (:func:`calibrate_receivers`: model B's receivers and phase centres, each receiver with its
+  own variance, each labeled spot counted once, :func:`spot_counts`).
 * :mod:`~dmimo_jax.calibration.residual`: what the calibrated physics still misses, a GP per
   AP on the residual phasors (:func:`fit_residual_field`), for measured data.
 * :mod:`~dmimo_jax.calibration.self_training`: that field relearned from unlabeled snapshots
@@ -35,6 +38,13 @@ from dmimo_jax.calibration.materials import (
     material_posterior,
     with_permittivities,
 )
+from dmimo_jax.calibration.measured import (
+    PHASE_CENTRE_PRIOR,
+    SPOT_RADIUS,
+    ReceiverCalibration,
+    calibrate_receivers,
+    spot_counts,
+)
 from dmimo_jax.calibration.residual import (
     ResidualFieldModel,
     fit_residual_field,
@@ -59,6 +69,11 @@ __all__ = [
     "UNLABELED_STEPS",
     "Unlabeled",
     "MaterialFit",
+    "PHASE_CENTRE_PRIOR",
+    "SPOT_RADIUS",
+    "ReceiverCalibration",
+    "calibrate_receivers",
+    "spot_counts",
     "ResidualFieldModel",
     "fit_residual_field",
     "residual_phasors",
