@@ -32,19 +32,18 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   could reach under ``self_trained``'s field;
 * ``complex``: the complex snapshots (the CSI with its amplitudes) under the receivers'
   model of :mod:`dmimo_jax.receivers` (model B): LoS channel, a complex gain and an additive
-  constant per antenna, calibrated from the labeled snapshots
-  (``calibrate(fit=("receiver_gains", "receiver_constants"))``) with each antenna's own
-  variance (its share of the chi-square) and each labeled spot counted once
-  (``complex_model``), located by ``estimators.complex_search`` on the snapshots whitened by
+  constant per antenna, calibrated from the labeled snapshots by the package's recipe for
+  measured data (``calibration.calibrate_receivers``: each antenna's own variance, its share
+  of the chi-square, and each labeled spot counted once), located by ``estimators.complex_search`` on the snapshots whitened by
   those variances (``receivers.whiten``: the constants removed, the weighted complex
   least-squares score);
 * ``best``: ``complex`` with the antennas' 3-D phase centres fitted too (a 10 cm prior
   around the listed positions, ``position_prior``);
 * ``best_trajectory``: ``best``'s model, its 8 most coherent lobes per snapshot (the
   constants removed) chosen along the trajectory as ``trajectory`` does, then refined;
-* ``best_unlabeled`` (not run by default; ``--methods``): ``best``'s calibration repeated
-  with ``UNLABELED_CALIBRATION`` held-out snapshots as unlabeled ones, their positions
-  profiled out from ``best``'s estimates (``calibrate(unlabeled=)``, each estimated spot
+* ``best_unlabeled`` (not run by default; ``--methods``): ``best``'s calibration refitted
+  once more, from its receivers and phase centres, with ``UNLABELED_CALIBRATION`` held-out
+  snapshots as unlabeled ones, their positions profiled out from ``best``'s estimates (``calibrate(unlabeled=)``, each estimated spot
   counted once as the labeled ones are), then located as ``best`` is: self-calibration of
   the complex model, measured and not kept (docs/real_data.md);
 * ``best_self_trained`` (not run by default; ``--methods``): ``best_field``'s field
@@ -100,11 +99,15 @@ from _helpers import pyplot, save_figure, write_json  # noqa: E402
 from dmimo_jax import bounds, gp  # noqa: E402
 from dmimo_jax.benchmarking import read_rows  # noqa: E402
 from dmimo_jax.calibration import (  # noqa: E402
+    PHASE_CENTRE_PRIOR,
+    SPOT_RADIUS,
     Unlabeled,
     calibrate,
+    calibrate_receivers,
     fit_residual_field,
     offsets_closed_form,
     self_train_field,
+    spot_counts,
 )
 from dmimo_jax.calibration.residual import residual_phasors  # noqa: E402
 from dmimo_jax.datasets import list_experiments, load_techtile, techtile_scene  # noqa: E402
@@ -143,8 +146,6 @@ UNLABELED_CALIBRATION = 200  # best_unlabeled's unlabeled snapshots (drawn from 
 LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobes
 COMPLEX_METHODS = ("complex", "best")
 COMPLEX_EXTRAS = ("best_trajectory", "best_field", "best_unlabeled", "best_self_trained")
-PHASE_CENTRE_PRIOR = 0.10  # m, best's prior on each antenna's phase centre coordinates
-SPOT_RADIUS = 0.02  # m, labeled snapshots this close are copies of one spot (spot_counts)
 NUM_LOBES = 8  # local maxima per snapshot (estimators.coherent_peaks)
 # tracking.most_likely_path, chosen on EXP003/EXP005 at L = 50 (docs/real_data.md): a
 # random walk of 15 cm per square root of a cycle, a 10% jump probability over the search
@@ -196,13 +197,6 @@ def timed(fn, *args, **kwargs):
     return out, time.perf_counter() - t0
 
 
-def spot_counts(x, radius=SPOT_RADIUS):
-    """(L,) how many labeled snapshots lie within ``radius`` (horizontal) of each, itself
-    included: copies of one spot (a still rover's repeats)."""
-    d = np.linalg.norm(x[:, None, :2] - x[None, :, :2], axis=-1)
-    return np.sum(d < radius, axis=1)
-
-
 def draw_labels(x, num_labeled, seed, distinct=False):
     """(labeled, located) snapshot indices: ``num_labeled`` drawn at random (``seed``), the
     rest in time order. With ``distinct``, a draw within ``SPOT_RADIUS`` (horizontal) of an
@@ -225,59 +219,41 @@ def draw_labels(x, num_labeled, seed, distinct=False):
     return li, np.setdiff1d(np.arange(len(x)), li)
 
 
-def complex_model(los, x, h, *, phase_centres, unlabeled=None):
-    """Model B (module docstring) calibrated on complex labeled snapshots ``h``, and its
-    receivers' variances: ``(ReceiverModel, (M,) variances)`` (search with
-    ``receivers.whiten``).
+def complex_model(los, x, h, *, phase_centres):
+    """Model B (module docstring) calibrated on complex labeled snapshots ``h`` by the
+    package's recipe for measured data (``calibration.calibrate_receivers``: each receiver
+    with its own variance, each labeled spot counted once; with ``phase_centres`` the
+    antennas' phase centres within a ``PHASE_CENTRE_PRIOR`` prior): a ``ReceiverCalibration``
+    (search with ``receivers.whiten(model, h, noise_var)``)."""
+    with warnings.catch_warnings():  # a real room misses what the LoS model lacks: a misfit
+        warnings.simplefilter("ignore", UserWarning)
+        return calibrate_receivers(
+            los, x, h, phase_centres=phase_centres, position_prior=PHASE_CENTRE_PRIOR
+        )
 
-    The receivers' gains and constants under ``los`` (unit noise variance: the fit's
-    reduced chi-square is then the noise's variance), with ``phase_centres`` the antennas'
-    phase centres too (a ``PHASE_CENTRE_PRIOR`` prior at that noise level), then once more
-    with each receiver's own variance (its share of the chi-square, ``chi2_by_ap``), started
-    from the first fit's receivers and phase centres (``position_start``; the prior stays
-    on the listed positions). What the
-    model misses is a static field far stronger than the noise (on Techtile), so the copies of
-    one spot share their residual: each labeled snapshot's variance is multiplied by its
-    ``spot_counts`` (a spot counts once, however long the rover stood there).
 
-    ``unlabeled=(h_u, x0)``: complex snapshots at unknown positions (estimates ``x0``) the
-    last fit learns from as well (``calibrate(unlabeled=)``, positions profiled out), each
-    estimated spot counted once."""
-    fit = ("receiver_gains", "receiver_constants")
-    prior = None
-    if phase_centres:
-        fit, prior = ("ap_positions", *fit), PHASE_CENTRE_PRIOR
-    copies = spot_counts(x)[:, None] * np.ones(h.shape)
-
-    def at(var, cal, unl=None):  # from the last fit's receivers and phase centres
-        start = cal.values.get("ap_positions")
-        return calibrate(
+def with_unlabeled(los, x, h, fitted, h_u, x0):
+    """``fitted`` (``complex_model``'s, with phase centres) refitted once more with the
+    complex snapshots ``h_u`` at unknown positions (estimates ``x0``) as well
+    (``calibrate(unlabeled=)``, positions profiled out), started from its receivers and phase
+    centres at its variances, each labeled and each estimated spot counted once."""
+    var = fitted.noise_var
+    labeled = var * spot_counts(x)[:, None]
+    unlabeled = Unlabeled(h_u, var * spot_counts(x0)[:, None], x0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        cal = calibrate(
             los,
             x,
             h,
-            var * copies,
-            fit=fit,
-            receivers=cal.receivers,
-            position_prior=prior,
-            position_start=start,
-            unlabeled=unl,
+            labeled,
+            fit=("ap_positions", "receiver_gains", "receiver_constants"),
+            receivers=fitted.calibration.receivers,
+            position_prior=PHASE_CENTRE_PRIOR,
+            position_start=fitted.calibration.values["ap_positions"],
+            unlabeled=unlabeled,
         )
-
-    with warnings.catch_warnings():  # a real room misses what the LoS model lacks: a misfit
-        warnings.simplefilter("ignore", UserWarning)
-        var = np.ones(h.shape[1])
-        cal = calibrate(los, x, h, var * copies, fit=fit[-2:])
-        if phase_centres:  # the phase centres at the common variance first
-            var = var * float(cal.reduced_chi2)
-            cal = at(var, cal)
-        var = var * np.asarray(cal.chi2_by_ap)  # then each receiver's own
-        cal = at(var, cal)
-        var = var * np.asarray(cal.chi2_by_ap)
-        if unlabeled is not None:
-            h_u, x0 = unlabeled
-            copies_u = spot_counts(x0)[:, None] * np.ones(h_u.shape)
-            cal = at(var, cal, Unlabeled(h_u, var * copies_u, x0))
-    return ReceiverModel(cal.model, cal.receivers), var
+    return ReceiverModel(cal.model, cal.receivers), var * np.asarray(cal.chi2_by_ap)
 
 
 def choose_lobe(model, grid, table, r, amplitudes, cycles, area, labeled, truth=None):
@@ -362,7 +338,9 @@ def run_experiment(
             key = "complex" if method == "complex" else "best"
             if key not in fitted:
                 t0 = time.perf_counter()
-                model, var = complex_model(los, xl, data.csi[li], phase_centres=key == "best")
+                rc = complex_model(los, xl, data.csi[li], phase_centres=key == "best")
+                model, var = rc.model, rc.noise_var
+                fitted[key + "_calibration"] = rc
                 table = jax.block_until_ready(
                     coherent_table(whiten(model, data.csi[li], var)[0], grid)
                 )
@@ -375,12 +353,8 @@ def run_experiment(
                 t0 = time.perf_counter()
                 x0 = np.asarray(complex_search(whitened, grid, h_located, table=table).x)
                 pick = np.random.default_rng(seed).permutation(len(ti))[:UNLABELED_CALIBRATION]
-                model, var = complex_model(
-                    los,
-                    xl,
-                    data.csi[li],
-                    phase_centres=True,
-                    unlabeled=(data.csi[ti][pick], x0[pick]),
+                model, var = with_unlabeled(
+                    los, xl, data.csi[li], fitted["best_calibration"], data.csi[ti][pick], x0[pick]
                 )
                 whitened_u, _ = whiten(model, data.csi[li], var)
                 table_u = jax.block_until_ready(coherent_table(whitened_u, grid))
