@@ -236,7 +236,8 @@ def with_unlabeled(los, x, h, fitted, h_u, x0):
     """``fitted`` (``complex_model``'s, with phase centres) refitted once more with the
     complex snapshots ``h_u`` at unknown positions (estimates ``x0``) as well
     (``calibrate(unlabeled=)``, positions profiled out), started from its receivers and phase
-    centres at its variances, each labeled and each estimated spot counted once."""
+    centres at its variances (kept for the search), each labeled and each estimated spot
+    counted once."""
     var = fitted.noise_var
     labeled = var * spot_counts(x)[:, None]
     unlabeled = Unlabeled(h_u, var * spot_counts(x0)[:, None], x0)
@@ -253,7 +254,7 @@ def with_unlabeled(los, x, h, fitted, h_u, x0):
             position_start=fitted.calibration.values["ap_positions"],
             unlabeled=unlabeled,
         )
-    return ReceiverModel(cal.model, cal.receivers), var * np.asarray(cal.chi2_by_ap)
+    return ReceiverModel(cal.model, cal.receivers), var  # searched at best's variances
 
 
 def choose_lobe(model, grid, table, r, amplitudes, cycles, area, labeled, truth=None):
