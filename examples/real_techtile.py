@@ -34,18 +34,19 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   model of :mod:`dmimo_jax.receivers` (model B): LoS channel, a complex gain and an additive
   constant per antenna, calibrated from the labeled snapshots by the package's recipe for
   measured data (``calibration.calibrate_receivers``: each antenna's own variance, its share
-  of the chi-square, and each labeled spot counted once), located by ``estimators.complex_search`` on the snapshots whitened by
-  those variances (``receivers.whiten``: the constants removed, the weighted complex
-  least-squares score);
+  of the chi-square, and each labeled spot counted once), located by
+  ``estimators.complex_search`` on the snapshots whitened by those variances
+  (``receivers.whiten``: the constants removed, the weighted complex least-squares score);
 * ``best``: ``complex`` with the antennas' 3-D phase centres fitted too (a 10 cm prior
   around the listed positions, ``position_prior``);
 * ``best_trajectory``: ``best``'s model, its 8 most coherent lobes per snapshot (the
   constants removed) chosen along the trajectory as ``trajectory`` does, then refined;
 * ``best_unlabeled`` (not run by default; ``--methods``): ``best``'s calibration refitted
   once more, from its receivers and phase centres, with ``UNLABELED_CALIBRATION`` held-out
-  snapshots as unlabeled ones, their positions profiled out from ``best``'s estimates (``calibrate(unlabeled=)``, each estimated spot
-  counted once as the labeled ones are), then located as ``best`` is: self-calibration of
-  the complex model, measured and not kept (docs/real_data.md);
+  snapshots as unlabeled ones, their positions profiled out from ``best``'s estimates
+  (``calibrate(unlabeled=)``, each estimated spot counted once as the labeled ones are),
+  then located as ``best`` is: self-calibration of the complex model, measured and not kept
+  (docs/real_data.md);
 * ``best_self_trained`` (not run by default; ``--methods``): ``best_field``'s field
   self-trained on the located snapshots as ``self_trained`` is (``self_train_field`` on the
   phases with the constants removed, ``best``'s whitened model fixed underneath), searched as
@@ -73,9 +74,9 @@ revisit repeatability (snapshots < 2 cm apart taken at different times; measured
 
 Writes ``OUT.json`` (rows; resumable with ``--resume``), ``OUT_errors.npz`` (the located
 snapshots' indices in the experiment, ``<experiment>_located``, their true positions,
-``<experiment>_x``, and each method's horizontal errors,
-``<experiment>_<method>``, m; at ``--num-labeled``) and ``OUT.png`` (error CDFs, held-out
-residuals per antenna, error map of ``best_field``; needs matplotlib).
+``<experiment>_x``, and each method's horizontal errors, ``<experiment>_<method>``, m; at
+``--num-labeled``) and ``OUT.png`` (error CDFs, held-out residuals per antenna, error map of
+``best_field``; needs matplotlib).
 """
 
 from __future__ import annotations
