@@ -351,6 +351,7 @@ def run_experiment(
             whitened, h_located = whiten(model, data.csi[ti], var)
             constants = np.asarray(whitened.receivers.constants)[None, :]
             y_located = h_located - constants  # the constants removed
+            y_labeled = whiten(model, data.csi[li], var)[1] - constants
             if method == "best_unlabeled" and "best_unlabeled" not in fitted:
                 t0 = time.perf_counter()
                 x0 = np.asarray(complex_search(whitened, grid, h_located, table=table).x)
@@ -366,14 +367,12 @@ def run_experiment(
                 whitened, h_located = whiten(model, data.csi[ti], var)
             if method == "best_field" and "best_field" not in fitted:
                 t0 = time.perf_counter()
-                y_labeled = whiten(model, data.csi[li], var)[1] - constants
                 field = fit_residual_field(whitened, xl, np.angle(y_labeled))
                 field_table = jax.block_until_ready(coherent_table(field, grid))
                 fitted["best_field"] = (field, field_table, fit_s + time.perf_counter() - t0)
             if method == "best_self_trained":
                 t0 = time.perf_counter()
-                y_labeled = whiten(model, data.csi[li], var)[1] - constants
-                y_pool = whiten(model, data.csi[pool], var)[1] - constants
+                y_pool = whiten(model, data.csi[pool], var)[1] - constants if half else y_located
                 field = self_train_field(
                     whitened,
                     grid,

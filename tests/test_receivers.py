@@ -367,6 +367,11 @@ def test_calibrate_receivers_and_spot_counts_reject_bad_input():
         dj.calibration.calibrate_receivers(MODEL, x, np.ones((4, 17)))
     with pytest.raises(ValueError, match="position_prior"):
         dj.calibration.calibrate_receivers(MODEL, x, h, position_prior=0.0)
+    with pytest.raises(ValueError, match="spot_radius"):
+        dj.calibration.calibrate_receivers(MODEL, x, h, spot_radius=0.0)
+    for wrong in (np.ones((5, 17), complex), np.ones(17, complex), np.ones((4, 16), complex)):
+        with pytest.raises(ValueError, match=r"h must have shape \(4, 17\)"):
+            dj.calibration.calibrate_receivers(MODEL, x, wrong)
     with pytest.raises(ValueError, match="radius"):
         dj.calibration.spot_counts(x, radius=-1.0)
     with pytest.raises(ValueError, match="x"):

@@ -103,16 +103,22 @@ def calibrate_receivers(
         A :class:`ReceiverCalibration`.
 
     Raises:
-        ValueError: as :func:`~dmimo_jax.calibrate` (shapes, non-finite values), ``h`` not
-            complex, ``position_prior`` or ``spot_radius`` not positive.
+        ValueError: as :func:`~dmimo_jax.calibrate` (non-finite values, positions outside
+            the model's domain), ``x`` not (L, 3), ``h`` not complex (L, M),
+            ``position_prior`` or ``spot_radius`` not positive.
     """
     if not np.iscomplexobj(h):
         raise ValueError(
             f"h must be complex snapshots (L, M) (the CSI with its amplitudes), got "
             f"{np.asarray(h).dtype}"
         )
+    check_positions("x", x, batched=True)
+    shape = (np.shape(x)[0], model.num_aps)
+    if np.shape(h) != shape:
+        raise ValueError(f"h must have shape {shape} (L, M), got {np.shape(h)}")
     check_scalar("position_prior", position_prior, positive=True)
-    copies = spot_counts(x, spot_radius)[:, None] * np.ones(np.shape(h))
+    check_scalar("spot_radius", spot_radius, positive=True)
+    copies = spot_counts(x, spot_radius)[:, None]  # (L, 1): times (M,) variances, (L, M)
     groups = ("receiver_gains", "receiver_constants")
     prior = None
     if phase_centres:
@@ -131,7 +137,7 @@ def calibrate_receivers(
             warn=warn,
         )
 
-    var = np.ones(np.shape(h)[1])
+    var = np.ones(model.num_aps)
     cal = calibrate(model, x, h, var * copies, fit=groups[-2:], warn=False)
     if phase_centres:  # the phase centres at the common variance first
         var = var * float(cal.reduced_chi2)
