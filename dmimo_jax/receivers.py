@@ -229,13 +229,21 @@ def check_receivers(receivers: Any, model: PhaseModel) -> None:
         )
 
 
-def profiled_residuals(h: ArrayLike, v: ArrayLike, b: ArrayLike) -> tuple[Array, Array]:
+def profiled_residuals(
+    h: ArrayLike, v: ArrayLike, b: ArrayLike, noise_var: ArrayLike | None = None
+) -> tuple[Array, Array]:
     r"""Residuals :math:`\mathbf h - \mathbf b - \hat s\mathbf v` (..., M) with the snapshot
     factor profiled out, :math:`\hat s = \mathbf v^H(\mathbf h - \mathbf b)/\|\mathbf v\|^2`
-    (...,): the complex least-squares analogue of eq. (15)-(16). Traceable."""
+    (...,): the complex least-squares analogue of eq. (15)-(16). With ``noise_var``
+    (broadcastable to ``h``: each receiver's, or each snapshot's and receiver's, variance
+    :math:`\sigma_m^2`) the weighted one, :math:`\hat s = \mathbf v^H\Sigma^{-1}(\mathbf h
+    - \mathbf b)/\mathbf v^H\Sigma^{-1}\mathbf v`: the maximum-likelihood factor under
+    unequal variances, whose profiled residuals whitened by :math:`\sigma_m` are those of
+    :func:`whiten`'s pair. The residuals are returned unwhitened. Traceable."""
     h, v = jnp.asarray(h), jnp.asarray(v)
     y = h - jnp.broadcast_to(jnp.asarray(b), h.shape)
-    s = jnp.sum(jnp.conj(v) * y, axis=-1) / jnp.sum(jnp.abs(v) ** 2, axis=-1)
+    w = 1.0 if noise_var is None else 1.0 / jnp.asarray(noise_var)
+    s = jnp.sum(w * jnp.conj(v) * y, axis=-1) / jnp.sum(w * jnp.abs(v) ** 2, axis=-1)
     return y - s[..., None] * v, s
 
 

@@ -766,10 +766,11 @@ def _whitened(model: Any, x: Array, r: Array, noise_var: Array) -> Array:
     or for a :class:`~dmimo_jax.receivers.ReceiverModel` and complex snapshots ``r`` with
     complex-noise variances ``noise_var``, (L M 2,) [Re, Im] of
     :func:`~dmimo_jax.receivers.profiled_residuals` (each real part of variance
-    ``noise_var / 2``)."""
+    ``noise_var / 2``; the snapshot factor weighted by the same variances: the
+    maximum-likelihood one)."""
     if isinstance(model, ReceiverModel):
         v = jax.vmap(model.channel)(x)
-        res, _ = profiled_residuals(r, v, model.receivers.constants)
+        res, _ = profiled_residuals(r, v, model.receivers.constants, noise_var)
         scale = jnp.sqrt(noise_var / 2.0)
         return jnp.stack([jnp.real(res) / scale, jnp.imag(res) / scale], axis=-1).reshape(-1)
     mean = jax.vmap(model.mean)(x)
@@ -891,16 +892,20 @@ def _per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array,
     :func:`_residuals` (labeled snapshots, complex) at ``u`` by column compression
     (``_per_ap_structure``: the channel columns :math:`\mathbf v` and the constants
     :math:`\mathbf b` differentiated along one tangent per colour) and the profiled
-    residual :math:`\mathbf e = \mathbf y - \hat s\mathbf v` (:math:`\mathbf y = \mathbf h
-    - \mathbf b`, :math:`\hat s = \mathbf v^H\mathbf y/\mathbf v^H\mathbf v`)
-    differentiated in closed form, without forming the Jacobian: for an unknown p of AP
-    m(p), :math:`d\hat s = (\overline{dv_m} y_m + \bar v_m dy_m - 2\hat s\,\mathrm{Re}
-    (\bar v_m dv_m))/\mathbf v^H\mathbf v` and :math:`d\mathbf e_l = -d\hat s_l
-    \mathbf v_l + \mathbf e_{m(p)} w_{lp}`, :math:`w = dy_m - \hat s\,dv_m`; with weights
-    :math:`\omega = 2/\sigma^2`,
+    residual differentiated in closed form, without forming the Jacobian. Every quantity is
+    whitened first (:math:`\tilde{\mathbf v} = \Omega^{1/2}\mathbf v`, :math:`\tilde{\mathbf
+    y} = \Omega^{1/2}(\mathbf h - \mathbf b)`, their tangents likewise, :math:`\omega =
+    2/\sigma^2` per snapshot and AP), so the residual is :math:`\mathbf e = \tilde{\mathbf y}
+    - \hat s\tilde{\mathbf v}` with the weighted factor :math:`\hat s = \tilde{\mathbf v}^H
+    \tilde{\mathbf y}/\tilde{\mathbf v}^H\tilde{\mathbf v}` (:func:`_whitened`'s). For an
+    unknown p of AP m(p), :math:`d\hat s = (\overline{d\tilde v_m}\tilde y_m + \bar{\tilde
+    v}_m d\tilde y_m - 2\hat s\,\mathrm{Re}(\bar{\tilde v}_m d\tilde v_m))/\tilde{\mathbf
+    v}^H\tilde{\mathbf v}` and :math:`d\mathbf e_l = -d\hat s_l\tilde{\mathbf v}_l +
+    \mathbf e_{m(p)} w_{lp}`, :math:`w = d\tilde y_m - \hat s\,d\tilde v_m`, so
     :math:`\mathbf J^\top\mathbf J = \mathrm{Re}[d\hat s^H N d\hat s - d\hat s^H C -
-    C^H d\hat s + (w^H\Omega w)\odot\text{same AP}]`, an O(L n^2) product where the
-    Jacobian's is O(L M n^2). Equal to the product (tested)."""
+    C^H d\hat s + (w^H w)\odot\text{same AP}]` (:math:`N = \|\tilde{\mathbf v}\|^2`,
+    :math:`C = \bar{\tilde v}_{m(p)} w`), an O(L n^2) product where the Jacobian's is
+    O(L M n^2). Equal to the product (tested)."""
     colours, aps = structure
 
     def columns(v):
@@ -910,30 +915,28 @@ def _per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array,
     (vv, b), (dv, db) = jax.vmap(lambda t: jax.jvp(columns, (u,), (t,)), out_axes=(None, 0))(
         colours
     )
-    dv_p = jnp.einsum("klm,kp,mp->lp", dv, colours, aps)
-    db_p = jnp.einsum("km,kp,mp->p", db, colours, aps)
-    y = r - b[None, :]
-    norm = jnp.sum(jnp.abs(vv) ** 2, axis=1)
+    sw = jnp.sqrt(2.0 / noise_var)  # (L, M) the whitening
+    sw_p = sw @ aps  # (L, n) that of each unknown's AP
+    dv_p = jnp.einsum("klm,kp,mp->lp", dv, colours, aps) * sw_p
+    dy_p = -jnp.einsum("km,kp,mp->p", db, colours, aps)[None, :] * sw_p
+    vv, y = vv * sw, (r - b[None, :]) * sw
+    norm = jnp.sum(jnp.abs(vv) ** 2, axis=1)  # (L,)
     s = jnp.sum(jnp.conj(vv) * y, axis=1) / norm
     v_p, y_p = vv @ aps, y @ aps
-    dy_p = -jnp.broadcast_to(db_p, dv_p.shape)
     ds = (
         jnp.conj(dv_p) * y_p
         + jnp.conj(v_p) * dy_p
         - 2 * s[:, None] * jnp.real(jnp.conj(v_p) * dv_p)
     ) / norm[:, None]
     w = dy_p - s[:, None] * dv_p  # (L, n) each unknown's own entry
-    omega = 2.0 / noise_var  # (L, M)
-    omega_p = omega @ aps  # (L, n) the weight of each unknown's AP
-    big_n = jnp.sum(omega * jnp.abs(vv) ** 2, axis=1)  # (L,)
-    c = jnp.conj(v_p) * w * omega_p  # (L, n)
+    c = jnp.conj(v_p) * w  # (L, n)
     same = aps.T @ aps  # (n, n) 1 where two unknowns share an AP
     cross = jnp.conj(ds).T @ c  # ds^H C; its transpose-conjugate is the other cross term
-    ata = (jnp.conj(ds) * big_n[:, None]).T @ ds - cross - jnp.conj(cross.T)
-    ata = jnp.real(ata + ((jnp.conj(w) * omega_p).T @ w) * same)
-    res = y - s[:, None] * vv  # (L, M) the profiled residuals
-    big_r = jnp.sum(jnp.conj(vv) * res * omega, axis=1)  # (L,)
-    atg = jnp.real(-jnp.conj(ds).T @ big_r + jnp.sum(jnp.conj(w) * ((res * omega) @ aps), axis=0))
+    ata = (jnp.conj(ds) * norm[:, None]).T @ ds - cross - jnp.conj(cross.T)
+    ata = jnp.real(ata + (jnp.conj(w).T @ w) * same)
+    res = y - s[:, None] * vv  # (L, M) the whitened profiled residuals
+    big_r = jnp.sum(jnp.conj(vv) * res, axis=1)  # (L,) zero at the weighted factor
+    atg = jnp.real(-jnp.conj(ds).T @ big_r + jnp.sum(jnp.conj(w) * (res @ aps), axis=0))
 
     def priors(v):
         parts = _split(groups, v)
@@ -1414,7 +1417,7 @@ def calibrate(
     if complex_data:
         fitted, fitted_rx = fitted.model, fitted.receivers
         v = jax.vmap(partial(channel, fitted))(x) * fitted_rx.gains[None, :]
-        cpo = jnp.angle(profiled_residuals(r, v, fitted_rx.constants)[1])
+        cpo = jnp.angle(profiled_residuals(r, v, fitted_rx.constants, noise_var)[1])
     else:
         cpo = wrap(cpo_estimate(r, jax.vmap(fitted.mean)(x), noise_var))
     return Calibration(
