@@ -47,6 +47,7 @@ def save_figure(fig, path: pathlib.Path) -> None:
             if ax.get_legend() is None:
                 ax.legend()
     fig.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=150)
     print(f"wrote {path}")
 

@@ -602,8 +602,10 @@ def main(argv=None) -> dict:
         arrays = {f"{e}_x": d["x"] for e, d in detail.items()}
         arrays |= {f"{e}_located": d["located"] for e, d in detail.items()}
         arrays |= {f"{e}_{m}": err for e, d in detail.items() for m, err in d["errors"].items()}
-        np.savez(args.out.with_name(args.out.name + "_errors.npz"), **arrays)
-        print(f"wrote {args.out.with_name(args.out.name + '_errors.npz')}")
+        npz = args.out.with_name(args.out.name + "_errors.npz")
+        npz.parent.mkdir(parents=True, exist_ok=True)  # --json may have gone elsewhere
+        np.savez(npz, **arrays)
+        print(f"wrote {npz}")
     plt = pyplot()
     if plt is not None and detail and ({"best", MAPPED} & set(methods)):
         plot(plt, detail, args.out.with_suffix(".png"))
