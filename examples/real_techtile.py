@@ -143,6 +143,8 @@ METHODS = (
 MAPPED = "best_field"  # the plot's error map: the method chosen (or best without it)
 # measured on request (--methods), not by default
 OPTIONAL_METHODS = ("best_unlabeled", "best_self_trained")
+# what a row depends on beyond (experiment, L): --resume keeps rows only when these match
+RESUME_KEYS = ("data", "seed", "methods", "search_3d", "unlabeled_half", "distinct_labels")
 UNLABELED_CALIBRATION = 200  # best_unlabeled's unlabeled snapshots (drawn from the held-out)
 LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobes
 COMPLEX_METHODS = ("complex", "best")
@@ -545,6 +547,15 @@ def main(argv=None) -> dict:
     result["settings"] = {k: str(v) for k, v in result["settings"].items()}
     if args.resume and json_path.exists():
         old = read_rows(json_path)
+        # the rows of another request (seed, label draw, methods, ...) are not this one's
+        changed = [
+            k for k in RESUME_KEYS if old.get("settings", {}).get(k) != result["settings"][k]
+        ]
+        if changed:
+            ap.error(
+                f"--resume: {json_path} holds rows of another request ({', '.join(changed)} "
+                "differ); pass another --json or leave out --resume"
+            )
         result["rows"], result["noise_floor"] = old["rows"], old["noise_floor"]
     done = {(r["experiment"], r["num_labeled"]) for r in result["noise_floor"]}
     detail = {}

@@ -531,6 +531,16 @@ def test_real_techtile_example_on_generated_folder(tmp_path, monkeypatch):
         assert err.shape == (24,) and np.median(err) == pytest.approx(r["median_m"], rel=1e-12)
     np.testing.assert_array_equal(per_snapshot["EXP901_located"], np.sort(located))
     assert per_snapshot["EXP902_x"].shape == (24, 3)
+    # --resume keeps the rows of the same request (nothing recomputed) and refuses another's
+    monkeypatch.setattr(sys, "argv", ["examples/real_techtile.py", *argv, "--resume"])
+    runpy.run_path("examples/real_techtile.py", run_name="__main__")
+    assert read_rows(out)["rows"] == rows
+    other = [*argv[:5], "2", *argv[6:], "--resume"]  # another seed: another label draw
+    assert argv[4:6] == ["--seed", "1"]
+    monkeypatch.setattr(sys, "argv", ["examples/real_techtile.py", *other])
+    with pytest.raises(SystemExit):
+        runpy.run_path("examples/real_techtile.py", run_name="__main__")
+    assert read_rows(out)["rows"] == rows
 
 
 def test_real_techtile_label_draw_distinct_spots(monkeypatch):
