@@ -935,8 +935,8 @@ def _per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array,
     ata = (jnp.conj(ds) * norm[:, None]).T @ ds - cross - jnp.conj(cross.T)
     ata = jnp.real(ata + (jnp.conj(w).T @ w) * same)
     res = y - s[:, None] * vv  # (L, M) the whitened profiled residuals
-    big_r = jnp.sum(jnp.conj(vv) * res, axis=1)  # (L,) zero at the weighted factor
-    atg = jnp.real(-jnp.conj(ds).T @ big_r + jnp.sum(jnp.conj(w) * (res @ aps), axis=0))
+    # J^T e = Re[-ds^H (v^H e) + sum_l w^H e_m(p)]; v^H e = 0 at the least-squares factor
+    atg = jnp.real(jnp.sum(jnp.conj(w) * (res @ aps), axis=0))
 
     def priors(v):
         parts = _split(groups, v)
