@@ -21,7 +21,6 @@ of the same tabulated GP model, refined the same way (screen refinement + exact 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
 import statistics
 import time
@@ -119,7 +118,7 @@ def build_methods(off, scene, args, mle_model=None):
                 fine_steps=steps,
                 screen_steps=args.screen_steps,
             )
-            unsure_too = dataclasses.replace(loc, min_mass=0.0)  # the screen without fallback
+            unsure_too = loc.replace(min_mass=0.0)  # the screen without fallback
             last = {}  # the cost gate's recoveries of the latest run (they count as fallbacks)
 
             def certified(r, s, loc=loc, last=last):

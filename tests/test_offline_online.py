@@ -110,8 +110,10 @@ def test_window_locator_equals_locate(trained, kind):
         radius=off.radii[kind],
         table=off.table,
     )
-    np.testing.assert_array_equal(np.asarray(out.x), np.asarray(ref.fine))
-    np.testing.assert_array_equal(np.asarray(out.coarse), np.asarray(ref.coarse))
+    # the Locator is one program, locate three calls: the same steps, fused differently
+    np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.fine), rtol=0, atol=1e-9)
+    # the network runs in float32: its positions agree to float32 rounding (m)
+    np.testing.assert_allclose(np.asarray(out.coarse), np.asarray(ref.coarse), rtol=0, atol=2e-6)
     assert out.fallback.shape == (8,)
 
 

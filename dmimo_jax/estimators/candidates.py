@@ -404,3 +404,144 @@ def subgrid_shift(table: CellTable, score: Array, point: Array) -> Array:
         shift = jnp.where(ok, 0.5 * (below - above) / jnp.where(ok, curvature, -1.0), 0.0)
         shifts.append(jnp.clip(shift, -0.5, 0.5))
     return spacing.astype(score.dtype) * jnp.stack(shifts, axis=-1)
+
+
+# ----------------------------------------------------------------------------- traced tiers
+
+
+def tiered_groups(cells: Array, count: Array, num_cells: int, size: int) -> CellGroups:
+    """:func:`cell_groups` as traced code with a static bound: row ``b`` names its first
+    ``count[b]`` cells of ``cells`` (B, K) (0 to K; the rest are not screened), grouped into
+    items of ``size`` lanes. The item count is its bound ``ceil(B K / size) + min(num_cells,
+    B K)`` (static); items past the used ones have no members (cell 0, every lane B) and
+    pairs that are not screened have item I (one past the last: gathers clip, so mask
+    them)."""
+    batch, named = cells.shape
+    pairs = batch * named
+    bound = -(-pairs // size) + min(num_cells, pairs)
+    valid = jnp.arange(named)[None, :] < count[:, None]
+    flat = jnp.where(valid, cells, num_cells).ravel()
+    order = jnp.argsort(flat, stable=True)
+    in_order = flat[order]
+    per_cell = jnp.bincount(flat, length=num_cells + 1)[:num_cells]
+    blocks = -(-per_cell // size)
+    first_item = jnp.cumsum(blocks) - blocks
+    first_pair = jnp.cumsum(per_cell) - per_cell
+    known = in_order < num_cells
+    c = jnp.minimum(in_order, num_cells - 1)
+    rank = jnp.arange(pairs) - first_pair[c]
+    item_sorted = jnp.where(known, first_item[c] + rank // size, bound)
+    lane_sorted = jnp.where(known, rank % size, 0)
+    ends = jnp.cumsum(blocks)
+    cell = jnp.searchsorted(ends, jnp.arange(bound), side="right").astype(jnp.int32)
+    cell = jnp.where(cell < num_cells, cell, 0)
+    members = jnp.full((bound, size), batch, jnp.int32)
+    members = members.at[item_sorted, lane_sorted].set(
+        (order // named).astype(jnp.int32), mode="drop"
+    )
+    item = jnp.zeros(pairs, jnp.int32).at[order].set(item_sorted.astype(jnp.int32))
+    lane = jnp.zeros(pairs, jnp.int32).at[order].set(lane_sorted.astype(jnp.int32))
+    return CellGroups(cell, members, item.reshape(cells.shape), lane.reshape(cells.shape))
+
+
+def tiered_starts(
+    r: Array,
+    table: CellTable,
+    cells: Array,
+    count: Array,
+    k: int,
+    by_cell: bool,
+    tiers: tuple[int, ...] = (),
+) -> Array:
+    """The ``k`` most coherent points (B, k, 3) of each row's first ``count[b]`` candidate
+    ``cells`` (traced; :func:`starts_by_snapshot` / :func:`starts_by_cell` with a number of
+    cells per row). ``by_cell`` (static) screens cell by cell (:func:`tiered_groups`; an
+    item without members is skipped), else row by row (one row at a time: each gathers
+    only the cells it names: the smallest of ``tiers`` (static) that holds its count)."""
+    per_cell = table.points_per_cell
+    named = cells.shape[1]
+    if not by_cell:
+        tiers = sorted({max(int(n), k_min(k, per_cell)) for n in tiers} | {named})
+
+        def one(args):
+            ri, ci, ni = args
+
+            def screen(n):
+                def run(_):
+                    rows = table.data[ci[:n]].reshape(-1, table.data.shape[-1])
+                    score = squared_coherence(rows, coherence_weights(ri[None, :]))[0]
+                    _, idx = jax.lax.top_k(score, k)
+                    slot, point = idx // per_cell, idx % per_cell
+                    shift = subgrid_shift(table, score.reshape(-1, per_cell)[slot], point[:, None])
+                    return table.cells.corner(ci[slot]) + table.offsets[point] + shift[:, 0]
+
+                return run
+
+            which = jnp.searchsorted(jnp.asarray(tiers), ni, side="left")
+            return jax.lax.switch(
+                jnp.minimum(which, len(tiers) - 1), [screen(n) for n in tiers], None
+            )
+
+        return jax.lax.map(one, (r, cells, count))
+    groups = tiered_groups(cells, count, table.cells.num_cells, 16)
+    batch = r.shape[0]
+    per = min(k, per_cell)
+    w = coherence_weights(r)
+    zero = jnp.zeros((w.shape[0], 1), w.dtype)
+    real, imag = jnp.concatenate([w[:, :batch], zero], 1), jnp.concatenate([w[:, batch:], zero], 1)
+
+    def best(args):
+        c, who = args
+
+        def run(_):
+            s = squared_coherence(table.data[c], jnp.concatenate([real[:, who], imag[:, who]], 1))
+            top, point = jax.lax.top_k(s, per)
+            return top, point, subgrid_shift(table, s, point)
+
+        shapes = jax.eval_shape(run, None)
+        empty = (
+            lambda _: (  # an item without members: no score, nothing to refine
+                jnp.full(shapes[0].shape, -jnp.inf, shapes[0].dtype),
+                *(jnp.zeros(a.shape, a.dtype) for a in shapes[1:]),
+            )
+        )
+        return jax.lax.cond(jnp.all(who == batch), empty, run, None)
+
+    score, point, shift = jax.lax.map(best, (groups.cell, groups.members))
+    valid = jnp.arange(named)[None, :] < count[:, None]
+    item = jnp.minimum(groups.item, groups.cell.shape[0] - 1)
+    score = jnp.where(valid[..., None], score[item, groups.lane], -jnp.inf).reshape(batch, -1)
+    point = point[item, groups.lane].reshape(batch, -1)
+    shift = shift[item, groups.lane].reshape(batch, -1, 3)
+    _, top = jax.lax.top_k(score, k)
+    cell = jnp.take_along_axis(cells, top // per, axis=1)
+    start = table.cells.corner(cell) + table.offsets[jnp.take_along_axis(point, top, axis=1)]
+    return start + jnp.take_along_axis(shift, top[..., None], axis=1).astype(start.dtype)
+
+
+def k_min(k: int, per_cell: int) -> int:
+    """The fewest cells whose points hold ``k`` starts."""
+    return -(-k // per_cell)
+
+
+def tiered_candidate_search(
+    r: Array,
+    model: PhaseModel,
+    table: CellTable,
+    cells: Array,
+    count: Array,
+    k: int,
+    num_steps: int,
+    by_cell: bool,
+    tiers: tuple[int, ...] = (),
+) -> CandidateResult:
+    """:func:`candidate_search` with ``count[b]`` (B,) of the (B, K) ``cells`` screened per
+    row (traced, unchecked; ``k``, ``num_steps``, ``by_cell`` static: see
+    :func:`tiered_starts`). Rows with ``count`` 0 get meaningless answers (the caller
+    replaces them)."""
+    x0 = tiered_starts(r, table, cells, count, k, by_cell, tiers)
+    x0 = x0.at[..., 2].set(jnp.maximum(x0[..., 2], 1e-3))
+    fine = refine_multistart_unchecked(x0, r, model, num_steps)
+    start = jnp.take_along_axis(x0, fine.index[:, None, None], axis=1)[:, 0]
+    cost = ls_costs(r, jax.vmap(model.mean)(fine.x))
+    return CandidateResult(fine.x, cost, start)

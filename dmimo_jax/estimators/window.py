@@ -35,7 +35,9 @@ from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel
 
 
-def _window_offsets(radius: float, spacing: float) -> np.ndarray:
+def window_offsets(radius: float, spacing: float) -> np.ndarray:
+    """The (P, 3) offsets of a window cube of half-width ``radius`` on a ``spacing`` grid
+    (the points :func:`window_search` screens around each centre), m."""
     n = int(np.ceil(radius / spacing))
     return cube_offsets(np.arange(-n, n + 1) * spacing)
 
@@ -140,12 +142,26 @@ def window_search(
             f"radius={radius:.3g} m at spacing {spacing:.3g} m is a {count}-point window per "
             "snapshot; pass table= (a PhasorTable of the model) for wide windows"
         )
-    offsets = jnp.asarray(_window_offsets(radius, spacing), r.dtype)
-    return _window_search(r, model, x_coarse, offsets, low, high, num_starts, num_steps)
+    offsets = jnp.asarray(window_offsets(radius, spacing), r.dtype)
+    return window_search_unchecked(r, model, x_coarse, offsets, low, high, num_starts, num_steps)
 
 
 @partial(jax.jit, static_argnums=(6, 7))
-def _window_search(r, model, x_coarse, offsets, low, high, k, num_steps):
+def window_search_unchecked(
+    r: Array,
+    model: PhaseModel,
+    x_coarse: Array,
+    offsets: Array,
+    low: Array,
+    high: Array,
+    k: int,
+    num_steps: int,
+) -> Array:
+    """:func:`window_search`'s jitted core, without input checks: ``r`` (B, M), the window
+    centres ``x_coarse`` (B, 3), its ``offsets`` (P, 3) (:func:`window_offsets`), the box
+    ``low``/``high`` (3,) it is clipped to, ``k`` starts of ``num_steps`` LM steps (both
+    static). Returns the best refined point (B, 3)."""
+
     def starts(args):  # the k best window points of one snapshot (k, 3)
         ri, xi = args
         centre = jnp.clip(xi, low, high)  # a coarse estimate may lie outside the region

@@ -37,6 +37,16 @@ kept and the key that names it).
 """
 
 from dmimo_jax.pipeline.cache import CACHE_ENV, cache_key, default_cache_dir
+from dmimo_jax.pipeline.locator import (
+    CellStage,
+    ExportedLocator,
+    LocatorResult,
+    LocatorSettings,
+    WindowScreen,
+    WindowStage,
+    load_locator,
+    sharded,
+)
 from dmimo_jax.pipeline.offline import (
     KINDS,
     Offline,
@@ -50,27 +60,25 @@ from dmimo_jax.pipeline.offline import (
 from dmimo_jax.pipeline.online import (
     CandidateOnlineResult,
     CandidateScreen,
-    CellStage,
-    LocatorResult,
     OnlineResult,
-    WindowScreen,
-    WindowStage,
     bucket_size,
     bucketed,
     cell_probabilities,
+    cell_screen,
     coarse_estimate,
     locate,
     locate_candidates,
     screen_candidates,
 )
+from dmimo_jax.pipeline.program import capacities, capacity_for, on_rows
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.window_search`): kept here so the
 # older paths keep working; they are not in this module's __all__.
 from dmimo_jax.estimators import window_search  # noqa: F401
 from dmimo_jax.learning.hi import HIEstimator  # noqa: F401
+from dmimo_jax.pipeline.locator import Locator  # noqa: F401
 from dmimo_jax.pipeline.offline import run_offline  # noqa: F401
-from dmimo_jax.pipeline.online import Locator  # noqa: F401
 
 __all__ = [
     "CACHE_ENV",
@@ -81,6 +89,14 @@ __all__ = [
     "WindowScreen",
     "WindowStage",
     "LocatorResult",
+    "LocatorSettings",
+    "ExportedLocator",
+    "load_locator",
+    "sharded",
+    "cell_screen",
+    "capacities",
+    "capacity_for",
+    "on_rows",
     "Offline",
     "calibrated_model",
     "OnlineResult",

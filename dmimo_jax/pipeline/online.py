@@ -9,8 +9,6 @@ once.
 
 from __future__ import annotations
 
-import dataclasses
-from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import jax
@@ -31,21 +29,19 @@ from dmimo_jax._checks import (
 from dmimo_jax.estimators import (
     CellTable,
     PhasorTable,
-    recheck_costly,
     refine_batch,
-    window_covers_table,
     window_search,
 )
 from dmimo_jax.estimators.candidates import (
-    candidate_search_unchecked,
-    cell_groups,
     check_cell_table,
+    tiered_candidate_search,
 )
-from dmimo_jax.estimators.grid import bucket_size, cost_gate_failed
+from dmimo_jax.estimators.grid import bucket_size
 from dmimo_jax.estimators.mle import check_num_steps, refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.physics import PhaseModel
+from dmimo_jax.pipeline.program import on_rows
 
 
 def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
@@ -316,48 +312,80 @@ def check_screen_settings(
 def _screen_candidates(
     r: Array,
     cells: Array,
-    p: np.ndarray,
+    p: Any,
     screen: PhaseModel,
     table: CellTable,
     fallback_table: PhasorTable | None,
     settings: ScreenSettings,
 ) -> CandidateScreen:
-    """:func:`screen_candidates` on checked inputs (``p`` the probabilities as NumPy)."""
+    """:func:`screen_candidates` on checked inputs: one program with every rare row fitted
+    (capacity = the batch), after the host check that a needed fallback has its table."""
+    p = jnp.asarray(p, jnp.result_type(float))
+    if fallback_table is None:
+        short = int(jnp.sum(~(p.sum(axis=-1) >= settings.min_mass)))
+        if short:
+            raise ValueError(
+                f"{short} snapshots fell below min_mass={settings.min_mass}; pass fallback_table"
+            )
+    found, _ = _cell_screen_jit(
+        r, cells.astype(jnp.int32), p, screen, table, fallback_table, settings, max(r.shape[0], 1)
+    )
+    return found
+
+
+def cell_screen(
+    r: Array,
+    cells: Array,
+    probs: Array,
+    screen: PhaseModel,
+    table: CellTable,
+    fallback_table: PhasorTable | None,
+    settings: ScreenSettings,
+    capacity: int,
+) -> tuple[CandidateScreen, Array]:
+    """The two-tier candidate screen (:func:`screen_candidates`) as traced code, unchecked.
+
+    Each row screens its first ``settings.first_cells`` cells when they hold
+    ``first_mass`` (confident), all K when they hold ``min_mass``, in one search over the
+    batch (:func:`~dmimo_jax.estimators.candidates.tiered_candidate_search`: cell by cell
+    for a batch of at least :data:`BY_CELL_BATCH` rows, else row by row); the unsure rows
+    (less than ``min_mass`` in all K) screen the whole region on at most ``capacity`` rows
+    (:func:`~dmimo_jax.pipeline.program.on_rows`).
+
+    Returns:
+        ``(screen, overflow)``: the :class:`CandidateScreen` and the (B,) mask of unsure
+        rows beyond the capacity (their ``x`` is meaningless: run them again).
+    """
     first_cells, first_mass, min_mass, num_starts, screen_steps = settings
     num_cells = cells.shape[1]
+    p = probs.astype(r.dtype)
     mass = p.sum(axis=-1)
-    fallback = mass < min_mass
+    fallback = ~(mass >= min_mass)
     narrow = ~fallback & (p[:, :first_cells].sum(axis=-1) >= first_mass)
-    r64 = r.astype(jnp.result_type(float))
-    xs = jnp.zeros((r.shape[0], 3), r64.dtype)
-    cells = cells.astype(jnp.int32)
+    count = jnp.where(fallback, 0, jnp.where(narrow, first_cells, num_cells))
+    xs = tiered_candidate_search(
+        r,
+        screen,
+        table,
+        cells,
+        count,
+        num_starts,
+        screen_steps,
+        r.shape[0] >= BY_CELL_BATCH,
+        (first_cells, num_cells),
+    ).x
+    overflow = jnp.zeros(r.shape[0], bool)
+    if fallback_table is not None:
+        whole = lambda ri: whole_region_screen_unchecked(ri, screen, fallback_table)
+        xs, overflow = on_rows(fallback, capacity, whole, xs, r)
+    return CandidateScreen(xs, narrow, fallback, mass), overflow
 
-    def search(k):  # grouped cell by cell when that pays (estimators.cell_groups)
-        def run(ri, ci):
-            ci = ci[:, :k]
-            groups = cell_groups(ci, table.cells.num_cells)
-            return candidate_search_unchecked(
-                ri, screen, table, ci, num_starts, screen_steps, 8, groups
-            ).x
 
-        return run
+BY_CELL_BATCH = 32
+"""Batches of at least this many rows screen their candidates cell by cell (one matrix
+product of a cell's points with the rows that name it), smaller ones row by row."""
 
-    tiers = (
-        (np.flatnonzero(narrow), first_cells),
-        (np.flatnonzero(~narrow & ~fallback), num_cells),
-    )
-    for rows, k in tiers:
-        if rows.size:
-            xs = xs.at[rows].set(bucketed(search(k), rows, r64, cells))
-    bad = np.flatnonzero(fallback)
-    if bad.size:
-        if fallback_table is None:
-            raise ValueError(
-                f"{bad.size} snapshots fell below min_mass={min_mass}; pass fallback_table"
-            )
-        found = bucketed(lambda ri: whole_region_screen(ri, screen, fallback_table), bad, r64)
-        xs = xs.at[bad].set(found)
-    return CandidateScreen(xs, jnp.asarray(narrow), jnp.asarray(fallback), jnp.asarray(mass))
+_cell_screen_jit = jax.jit(cell_screen, static_argnums=(6, 7))
 
 
 def whole_region_screen(r: Array, screen: PhaseModel, table: PhasorTable) -> Array:
@@ -367,6 +395,11 @@ def whole_region_screen(r: Array, screen: PhaseModel, table: PhasorTable) -> Arr
     if not isinstance(table, PhasorTable):
         raise ValueError(f"table must be a PhasorTable, got {type(table).__name__}")
     check_table_aps(table, screen)
+    return whole_region_screen_unchecked(r, screen, table)
+
+
+def whole_region_screen_unchecked(r: Array, screen: PhaseModel, table: PhasorTable) -> Array:
+    """:func:`whole_region_screen`, traceable and unchecked."""
     k = min(8, table.grid.size)
     return coarse_to_fine_unchecked(r.astype(table.grid.low.dtype), screen, table, k, 25).x
 
@@ -462,304 +495,3 @@ def locate_candidates(
     return CandidateOnlineResult(
         cells, found.mass, found.fallback, found.narrow, found.x, fine.x, fine.cost, fine.cpo
     )
-
-
-# ----------------------------------------------------------------------------- one Locator
-
-
-class LocatorResult(NamedTuple):
-    """Output of :class:`Locator` (leading batch axis B)."""
-
-    x: Array  # (B, 3) the fine estimates, m
-    fallback: Array  # (B,) bool: the whole region was screened (unsure, or recovered)
-    coarse: Array  # (B, 3) the coarse position (for cells: the most likely cell's centre)
-    screened: Array  # (B, 3) the screen's refined best point
-    cost: Array  # (B,) ML cost (eq. 17) of ``x`` under the fine model
-    cpo: Array  # (B,) CPO estimate at ``x``
-    recovered: Array  # (B,) bool: the first answer failed the cost gate and was re-screened
-
-
-class WindowScreen(NamedTuple):
-    """Output of a regression network's safeguard in :class:`Locator` (leading batch axis B)."""
-
-    x: Array  # (B, 3) refined best point of the window search
-    fallback: Array  # (B,) bool: the window spans the whole table (the whole region searched)
-
-
-@dataclasses.dataclass(frozen=True)
-class CellStage:
-    """The coarse stage of a cell classifier in :class:`Locator`: the top cells and their
-    probabilities, then the two-tier candidate screen (:func:`screen_candidates`)."""
-
-    defaults = MappingProxyType({"num_starts": 4, "screen_steps": 2, "fine_steps": 3})
-
-    def check(self, loc: Locator) -> None:
-        """The classifier's cells are the cells its table tabulates; the screen's settings."""
-        check_int("num_cells", loc.num_cells, minimum=1)
-        grid, tabled = loc.estimator.cells, getattr(loc.offline.cells, "cells", None)
-        if tabled is None or (
-            grid.shape != tabled.shape
-            or grid.cell_size != tabled.cell_size
-            or not np.allclose(np.asarray(grid.low), np.asarray(tabled.low))
-        ):
-            raise ValueError(
-                "offline.cells (the cell table) does not belong to the classifier's cells "
-                f"(classifier: {grid.shape} cells of {grid.cell_size} m from "
-                f"{np.asarray(grid.low).tolist()}; table: "
-                + (
-                    "none"
-                    if tabled is None
-                    else f"{tabled.shape} cells of {tabled.cell_size} m from "
-                    f"{np.asarray(tabled.low).tolist()}"
-                )
-                + "): use the Offline of one run_offline call"
-            )
-        own = grid.num_cells
-        if loc.num_cells > own:
-            raise ValueError(f"num_cells={loc.num_cells} exceeds the classifier's {own} cells")
-        settings = check_screen_settings(
-            loc.offline.screen,
-            loc.offline.cells,
-            loc.num_cells,
-            first_cells=loc.first_cells,
-            first_mass=loc.first_mass,
-            min_mass=loc.min_mass,
-            num_starts=loc.num_starts,
-            screen_steps=loc.screen_steps,
-        )
-        object.__setattr__(loc, "first_cells", settings.first_cells)
-
-    def coarse(self, loc: Locator, r: Array) -> tuple[Array, Array]:
-        return _cell_probabilities(loc.estimator, r, loc.num_cells)
-
-    def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Any:
-        """A user's ``(cells, probs)``, checked as :func:`screen_candidates` checks them."""
-        cells, p = check_candidates(r, *coarse, loc.offline.cells)
-        if cells.shape[1] != loc.num_cells:
-            raise ValueError(f"cells: expected {loc.num_cells} per snapshot, got {cells.shape[1]}")
-        return cells, p
-
-    def screen(self, loc: Locator, r: Array, coarse: Any) -> CandidateScreen:
-        cells, probs = coarse
-        off = loc.offline
-        probs = np.asarray(probs, np.float64)
-        settings = loc.screen_settings
-        return _screen_candidates(r, cells, probs, off.screen, off.cells, off.table, settings)
-
-    def position(self, loc: Locator, coarse: Any) -> Array:
-        """The most likely cell's centre (B, 3)."""
-        return loc.offline.cells.cells.centre(coarse[0][:, 0])
-
-
-@dataclasses.dataclass(frozen=True)
-class WindowStage:
-    """The coarse stage of a regression network (POPT, MLP, HI) in :class:`Locator`: its
-    position, then the safeguard window of the offline stage's radius
-    (:func:`~dmimo_jax.estimators.window_search`)."""
-
-    defaults = MappingProxyType({"num_starts": 8, "screen_steps": 15, "fine_steps": 15})
-
-    def check(self, loc: Locator) -> None:
-        """Nothing beyond the shared settings."""
-
-    def coarse(self, loc: Locator, r: Array) -> Array:
-        return coarse_estimate(loc.estimator, r)
-
-    def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Array:
-        """A user's coarse positions: (B, 3), finite."""
-        x = jnp.asarray(coarse, r.dtype)
-        if x.shape != (r.shape[0], 3) or not bool(jnp.all(jnp.isfinite(x))):
-            raise ValueError(f"coarse: expected finite positions of shape ({r.shape[0]}, 3)")
-        return x
-
-    def screen(self, loc: Locator, r: Array, coarse: Any) -> WindowScreen:
-        off = loc.offline
-        radius = off.radii[loc.kind]
-        xs = window_search(
-            r,
-            off.screen,
-            coarse,
-            radius=radius,
-            num_starts=loc.num_starts,
-            num_steps=loc.screen_steps,
-            table=off.table,
-        )
-        whole = window_covers_table(off.screen.scene, radius, off.table)
-        return WindowScreen(xs, jnp.full(r.shape[0], whole))
-
-    def position(self, loc: Locator, coarse: Any) -> Array:
-        return coarse
-
-
-@dataclasses.dataclass(frozen=True)
-class Locator:
-    """The online stage of one trained coarse estimator: coarse -> screen -> fine.
-
-    The one online stage of the package (``dj.Locator(offline, kind)``), over any coarse
-    stage that :func:`~dmimo_jax.pipeline.run_offline` trained. Each stage is a method, so a
-    benchmark can time them one at a time; ``locator(r)`` runs all three, then the cost gate
-    (:meth:`certify`), and equals :func:`locate_candidates` (cells) or :func:`locate` (POPT,
-    MLP, HI) with the same settings wherever the gate does not trip. Those two functions
-    remain for one distinct use: the stages over an estimator and models a user holds
-    without an ``Offline`` (a network trained elsewhere); they have no cost gate.
-
-    Attributes:
-        offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
-        kind: ``"cells"``, ``"popt"``, ``"mlp"`` or ``"hi"`` (one of ``offline.estimators``).
-        num_cells, first_cells, first_mass, min_mass: the candidate screen's tiers (cells,
-            :func:`screen_candidates`).
-        num_starts: refinement starts of the screen (default 4 for cells, 8 for a window).
-        screen_steps: LM steps of each start (default 2 for cells, 15 for a window).
-        fine_steps: LM steps of the fine stage (default 3 for cells, 15 for a window).
-        fine: ``"screen"`` (default: the screen's model; for the GP its tables of eq. 27, no
-            kernel online) or ``"model"`` (``offline.model``: the exact GP).
-        cost_gate: the likelihood check of ``__call__``: an answer whose ML cost (eq. 17,
-            about chi-square with M - 4 degrees of freedom at the right position) exceeds
-            ``cost_gate * (M - 4)`` is in a wrong cell or lobe (its residuals are radians,
-            not the noise), and is re-screened over the whole region; one still above it
-            is searched again in a dense window around it
-            (:func:`~dmimo_jax.estimators.recheck_costly`). ``None`` turns it off.
-            The default 100 sits far above the chi-square (and above the paper GP's worst
-            right answer, docs/deployment.md) and far below a wrong answer's cost.
-    """
-
-    offline: Any
-    kind: str = "cells"
-    num_cells: int = 16
-    first_cells: int | None = None
-    first_mass: float = 0.999
-    min_mass: float = 0.5
-    num_starts: int | None = None
-    screen_steps: int | None = None
-    fine_steps: int | None = None
-    fine: str = "screen"
-    cost_gate: float | None = 100.0
-
-    def __post_init__(self):
-        estimators = getattr(self.offline, "estimators", None)
-        if estimators is None:
-            raise ValueError(
-                f"offline must be run_offline's result, got {type(self.offline).__name__}"
-            )
-        if self.kind not in estimators:
-            raise ValueError(
-                f"kind={self.kind!r} was not trained in this offline stage (it has "
-                f"{sorted(estimators)}): pass it in run_offline(kinds=...)"
-            )
-        if self.fine not in ("screen", "model"):
-            raise ValueError(f"fine must be 'screen' or 'model', got {self.fine!r}")
-        if self.cost_gate is not None:
-            check_scalar("cost_gate", self.cost_gate, positive=True)
-        stage = self.stage
-        for name, default in stage.defaults.items():
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, default)
-            check_int(name, getattr(self, name), minimum=1)
-        stage.check(self)
-
-    @property
-    def stage(self) -> CellStage | WindowStage:
-        """The coarse stage of ``kind``: :class:`CellStage` for the classifier,
-        :class:`WindowStage` for a regression network."""
-        return CellStage() if self.kind == "cells" else WindowStage()
-
-    @property
-    def estimator(self) -> Any:
-        """The trained coarse estimator."""
-        return self.offline.estimators[self.kind]
-
-    @property
-    def screen_settings(self) -> ScreenSettings:
-        """The candidate screen's settings (checked at construction)."""
-        return ScreenSettings(
-            self.first_cells, self.first_mass, self.min_mass, self.num_starts, self.screen_steps
-        )
-
-    @property
-    def fine_model(self) -> PhaseModel:
-        """The model of the fine stage."""
-        return self.offline.screen if self.fine == "screen" else self.offline.model
-
-    def _snapshots(self, r: ArrayLike) -> Array:
-        """The one check of the Locator's input: (B, M) float64 (the stages' cores trust it)."""
-        r = as_snapshot_batch("r", r, self.offline.screen.num_aps)
-        return r.astype(jnp.result_type(float))
-
-    # Each public stage checks its snapshots once and runs the stage's core (the underscored
-    # method); __call__ checks once and runs the cores.
-
-    def coarse(self, r: ArrayLike) -> Any:
-        """Stage 1: ``(cells, probs)`` (B, K) for the classifier, else positions (B, 3)."""
-        return self._coarse(self._snapshots(r))
-
-    def _coarse(self, r: Array) -> Any:
-        return self.stage.coarse(self, r)
-
-    def screen(self, r: ArrayLike, coarse: Any) -> CandidateScreen | WindowScreen:
-        """Stage 2, the safeguard: the candidate screen (cells) or the window (regression)."""
-        r = self._snapshots(r)
-        return self._screen(r, self.stage.check_coarse(self, r, coarse))
-
-    def _screen(self, r: Array, coarse: Any) -> CandidateScreen | WindowScreen:
-        return self.stage.screen(self, r, coarse)
-
-    def fine_stage(self, r: ArrayLike, screened: ArrayLike) -> Any:
-        """Stage 3: ``fine_steps`` Levenberg-Marquardt steps under :attr:`fine_model`."""
-        r = self._snapshots(r)
-        return refine_batch(
-            jnp.asarray(screened, r.dtype), r, self.fine_model, num_steps=self.fine_steps
-        )
-
-    def _fine_stage(self, r: Array, screened: Array) -> Any:
-        return refine_batch_unchecked(screened.astype(r.dtype), r, self.fine_model, self.fine_steps)
-
-    def coarse_position(self, coarse: Any) -> Array:
-        """The coarse stage's position (B, 3): the most likely cell's centre for cells."""
-        return self.stage.position(self, coarse)
-
-    def whole_region(self, r: ArrayLike) -> tuple[Array, Any]:
-        """The fallback: the screen's whole-region search (its phasor table over the UE
-        region, :func:`~dmimo_jax.estimators.coarse_to_fine`) + the fine stage."""
-        return self._whole_region(self._snapshots(r))
-
-    def _whole_region(self, r: Array) -> tuple[Array, Any]:
-        screened = whole_region_screen(r, self.offline.screen, self.offline.table)
-        return screened, self._fine_stage(r, screened)
-
-    def certify(self, r: ArrayLike, screened: Array, fine: Any) -> tuple[Array, Any, np.ndarray]:
-        """The cost gate: re-screen over the whole region (:meth:`whole_region`) every answer
-        of ``fine`` (a :class:`~dmimo_jax.estimators.RefineResult`) whose ML cost exceeds
-        ``cost_gate * (M - 4)``. Returns ``(screened, fine, recovered)`` with those rows
-        replaced and the (B,) mask of them."""
-        return self._certify(self._snapshots(r), screened, fine)
-
-    def _certify(self, r: Array, screened: Array, fine: Any) -> tuple[Array, Any, np.ndarray]:
-        recovered = np.zeros(np.shape(fine.cost), bool)
-        if self.cost_gate is None:
-            return screened, fine, recovered
-        recovered = cost_gate_failed(fine.cost, self.offline.screen.num_aps, self.cost_gate)
-        rows = np.flatnonzero(recovered)
-        if rows.size:
-            again, out = bucketed(self._whole_region, rows, r)
-            screened = screened.at[rows].set(again)
-            fine = jax.tree.map(lambda a, b: a.at[rows].set(b), fine, out)
-            # still not a right answer's cost (in a scene of faces: a shadow boundary between
-            # it and the UE): the gate's dense window around it, for a batch's rare misses
-            fine, _ = recheck_costly(r, self.fine_model, fine, gate=self.cost_gate)
-        return screened, fine, recovered
-
-    def __call__(self, r: ArrayLike) -> LocatorResult:
-        """All three stages on (M,) or (B, M) wrapped phases, then the cost gate."""
-        r = self._snapshots(r)
-        coarse = self._coarse(r)
-        found = self._screen(r, coarse)
-        screened, fine, recovered = self._certify(r, found.x, self._fine_stage(r, found.x))
-        return LocatorResult(
-            fine.x,
-            jnp.asarray(found.fallback) | jnp.asarray(recovered),
-            self.coarse_position(coarse),
-            screened,
-            fine.cost,
-            fine.cpo,
-            jnp.asarray(recovered),
-        )

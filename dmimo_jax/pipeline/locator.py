@@ -1,0 +1,828 @@
+"""The one online object: :class:`Locator`, a pytree whose call is one XLA program.
+
+``dj.Locator(offline, kind)`` holds a trained coarse stage (the cell classifier, POPT, the
+MLP or HI), the screen's and the fine stage's models and the lookup tables, as pytree
+leaves; its settings are static. :meth:`Locator.program` is the traced core: coarse stage,
+the candidate screen in two tiers (or the safeguard window), the fine stage and the cost
+gate with its whole-region re-screen and dense recheck, with static shapes and the rare
+rows on a fixed capacity (:mod:`~dmimo_jax.pipeline.program`). ``Locator.__call__`` is the
+thin checked shell around it: it validates concrete snapshots, runs the program, and re-runs
+the rows that did not fit the capacity; traced (under ``jax.jit``, ``jax.vmap``) it skips
+the checks and reports those rows in ``LocatorResult.overflow`` instead.
+
+So ``jax.jit(loc)``, ``jax.vmap(loc)`` over single snapshots, :func:`sharded` over every
+local device, and :meth:`Locator.export` (serialized StableHLO that a process without the
+training code loads with :func:`load_locator`) all run the same program.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, is_concrete
+from dmimo_jax.estimators import CellTable, PhasorTable, window_covers_table
+from dmimo_jax.estimators.hyperbola import estimate as hyperbola_estimate
+from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
+from dmimo_jax.estimators.search import coarse_to_fine_unchecked
+from dmimo_jax.estimators.window import (
+    window_offsets,
+    window_search_unchecked,
+)
+from dmimo_jax.learning.cells import CellClassifier
+from dmimo_jax.learning.hi import HIEstimator
+from dmimo_jax.physics import PhaseModel
+from dmimo_jax.pipeline.online import (
+    CandidateScreen,
+    ScreenSettings,
+    cell_screen,
+    check_candidates,
+    check_screen_settings,
+    whole_region_screen_unchecked,
+)
+from dmimo_jax.pipeline.program import capacity_for, gate_limit, on_rows
+from dmimo_jax.pytree import pytree_dataclass, static_field
+
+__all__ = [
+    "CellStage",
+    "Locator",
+    "LocatorResult",
+    "LocatorSettings",
+    "WindowScreen",
+    "WindowStage",
+    "load_locator",
+    "sharded",
+]
+
+
+class LocatorResult(NamedTuple):
+    """Output of :class:`Locator` (leading batch axis B; none for one (M,) snapshot)."""
+
+    x: Array  # (B, 3) the fine estimates, m
+    fallback: Array  # (B,) bool: the whole region was screened (unsure, or recovered)
+    coarse: Array  # (B, 3) the coarse position (for cells: the most likely cell's centre)
+    screened: Array  # (B, 3) the screen's refined best point
+    cost: Array  # (B,) ML cost (eq. 17) of ``x`` under the fine model
+    cpo: Array  # (B,) CPO estimate at ``x``
+    recovered: Array  # (B,) bool: the first answer failed the cost gate and was re-screened
+    rejected: Array  # (B,) bool: the answer still fails the cost gate (or is not finite)
+    overflow: Array  # (B,) bool: a rare step of this row did not fit the program's capacity
+
+
+class WindowScreen(NamedTuple):
+    """Output of a regression network's safeguard in :class:`Locator` (leading batch axis B)."""
+
+    x: Array  # (B, 3) refined best point of the window search
+    fallback: Array  # (B,) bool: the window spans the whole table (the whole region searched)
+
+
+class LocatorSettings(NamedTuple):
+    """The static settings of a :class:`Locator` (checked at construction; see there)."""
+
+    kind: str
+    num_cells: int
+    first_cells: int
+    first_mass: float
+    min_mass: float
+    num_starts: int
+    screen_steps: int
+    fine_steps: int
+    fine: str
+    cost_gate: float | None
+    capacity: float
+    recheck_fraction: float
+
+    @property
+    def screen(self) -> ScreenSettings:
+        """The candidate screen's settings."""
+        return ScreenSettings(
+            self.first_cells, self.first_mass, self.min_mass, self.num_starts, self.screen_steps
+        )
+
+
+# ----------------------------------------------------------------------------- coarse stages
+
+
+@pytree_dataclass
+class Network:
+    """A Flax NNX network as a pytree: its graph (static) and its state (leaves). Calling it
+    runs ``method`` of the merged network on float32 inputs."""
+
+    graphdef: Any = static_field()
+    state: Any
+
+    @classmethod
+    def of(cls, module: nnx.Module) -> Network:
+        graphdef, state = nnx.split(module)
+        return cls(graphdef, state)
+
+    @property
+    def module(self) -> nnx.Module:
+        return nnx.merge(self.graphdef, self.state)
+
+
+@pytree_dataclass
+class CellStage:
+    """The coarse stage of a cell classifier: its ``num_cells`` most likely cells and their
+    probabilities, then the two-tier candidate screen
+    (:func:`~dmimo_jax.pipeline.cell_screen`) of its cell table."""
+
+    network: Network
+    cells: CellTable
+    defaults: ClassVar[dict] = {"num_starts": 4, "screen_steps": 2, "fine_steps": 3}
+
+    def coarse(self, loc: Locator, r: Array) -> tuple[Array, Array]:
+        return self.network.module.top_cells(r.astype(jnp.float32), loc.num_cells)
+
+    def screen(
+        self, loc: Locator, r: Array, coarse: Any, capacity: int, whole: bool = True
+    ) -> tuple[CandidateScreen, Array]:
+        """The two-tier screen; ``whole=False`` leaves the unsure rows (``fallback``) to
+        the caller (the program runs them with the cost gate's re-screen)."""
+        cells, probs = coarse
+        return cell_screen(
+            r,
+            cells.astype(jnp.int32),
+            probs,
+            loc.screen_model,
+            self.cells,
+            loc.table if whole else None,
+            loc.settings.screen,
+            capacity,
+        )
+
+    def position(self, coarse: Any) -> Array:
+        """The most likely cell's centre (B, 3)."""
+        return self.cells.cells.centre(coarse[0][:, 0])
+
+    def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Any:
+        """A user's ``(cells, probs)``, checked as :func:`screen_candidates` checks them."""
+        cells, p = check_candidates(r, *coarse, self.cells)
+        if cells.shape[1] != loc.num_cells:
+            raise ValueError(f"cells: expected {loc.num_cells} per snapshot, got {cells.shape[1]}")
+        return cells.astype(jnp.int32), jnp.asarray(p)
+
+
+@pytree_dataclass
+class Regressor:
+    """A position regressor (POPT, MLP): positions (B, 3) in the snapshots' dtype."""
+
+    network: Network
+
+    def __call__(self, r: Array) -> Array:
+        return self.network.module(r.astype(jnp.float32)).astype(r.dtype)
+
+
+@pytree_dataclass
+class Hyperbolas:
+    """The HI benchmark's coarse stage (:class:`~dmimo_jax.learning.hi.HIEstimator`) as a
+    pytree: the ambiguity classifier's integers, the hyperboloids' intersection, clipped to
+    the UE region."""
+
+    network: Network
+    ap_positions: Array
+    starts: Array
+    low: Array
+    high: Array
+    wavelength: float = static_field()
+    reference: int = static_field()
+
+    def __call__(self, r: Array) -> Array:
+        n = self.network.module.predict(r.astype(jnp.float32))
+        x = hyperbola_estimate(
+            r,
+            n,
+            self.ap_positions.astype(self.starts.dtype),
+            self.wavelength,
+            self.starts,
+            reference=self.reference,
+        )
+        return jnp.clip(x, self.low[None, :], self.high[None, :]).astype(r.dtype)
+
+
+@pytree_dataclass
+class WindowStage:
+    """The coarse stage of a regression network (POPT, MLP, HI): its position, then the
+    safeguard window of the offline stage's radius (the whole table when the window would
+    hold 1/16 of it: :func:`~dmimo_jax.estimators.window_covers_table`)."""
+
+    estimator: Regressor | Hyperbolas
+    offsets: Array  # (P, 3) the window's points around the coarse position
+    low: Array  # (3,) the box the window is clipped to
+    high: Array
+    whole: bool = static_field()
+    defaults: ClassVar[dict] = {"num_starts": 8, "screen_steps": 15, "fine_steps": 15}
+
+    def coarse(self, loc: Locator, r: Array) -> Array:
+        return self.estimator(r)
+
+    def screen(
+        self, loc: Locator, r: Array, coarse: Array, capacity: int, whole: bool = True
+    ) -> tuple[WindowScreen, Array]:
+        s = loc.settings
+        if self.whole:
+            xs = coarse_to_fine_unchecked(
+                r, loc.screen_model, loc.table, s.num_starts, s.screen_steps
+            ).x
+        else:
+            xs = window_search_unchecked(
+                r,
+                loc.screen_model,
+                coarse,
+                self.offsets,
+                self.low,
+                self.high,
+                s.num_starts,
+                s.screen_steps,
+            )
+        none = jnp.zeros(r.shape[0], bool)
+        return WindowScreen(xs, jnp.full(r.shape[0], self.whole)), none
+
+    def position(self, coarse: Array) -> Array:
+        return coarse
+
+    def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Array:
+        """A user's coarse positions: (B, 3), finite."""
+        x = jnp.asarray(coarse, r.dtype)
+        if x.shape != (r.shape[0], 3) or not bool(jnp.all(jnp.isfinite(x))):
+            raise ValueError(f"coarse: expected finite positions of shape ({r.shape[0]}, 3)")
+        return x
+
+
+def _window_box(scene: Any) -> tuple[Array, Array]:
+    return jnp.asarray(scene.ue_low) - 0.25, jnp.asarray(scene.ue_high) + 0.25
+
+
+def _stage_of(offline: Any, kind: str, estimator: Any) -> CellStage | WindowStage:
+    """The coarse stage of a trained estimator, chosen by its type."""
+    if isinstance(estimator, CellClassifier):
+        return CellStage(Network.of(estimator), offline.cells)
+    if isinstance(estimator, HIEstimator):
+        clf = estimator.classifier
+        coarse = Hyperbolas(
+            Network.of(clf),
+            jnp.asarray(clf.ap_positions[...]),
+            estimator.starts,
+            estimator.low,
+            estimator.high,
+            float(clf.wavelength),
+            int(clf.config.reference),
+        )
+    elif isinstance(estimator, nnx.Module):
+        coarse = Regressor(Network.of(estimator))
+    else:
+        raise ValueError(
+            f"offline.estimators[{kind!r}] must be a trained network (a cell classifier, POPT, "
+            f"the MLP) or an HIEstimator, got {type(estimator).__name__}"
+        )
+    scene = offline.screen.scene
+    lam = float(scene.wavelength)
+    low, high = _window_box(scene)
+    radius = min(float(offline.radii[kind]), float(jnp.max(high - low)))
+    whole = window_covers_table(scene, offline.radii[kind], offline.table)
+    offsets = jnp.asarray(window_offsets(radius, lam / 4), low.dtype)
+    return WindowStage(coarse, offsets, low, high, bool(whole))
+
+
+# ----------------------------------------------------------------------------- the Locator
+
+
+@pytree_dataclass(init=False)
+class Locator:
+    """The online stage of one trained coarse estimator: coarse -> screen -> fine -> gate.
+
+    The one online stage of the package (``dj.Locator(offline, kind)``), over any coarse
+    stage that :func:`~dmimo_jax.pipeline.run_offline` trained, as a pytree: the trained
+    network's state, the models and the tables are its leaves, the settings static. Its
+    call is one XLA program (:meth:`program`), so ``jax.jit(loc)``, ``jax.vmap(loc)`` over
+    single snapshots and ``loc(r)`` give the same answers. Each stage is also a method, so a
+    benchmark can time them one at a time; ``loc(r)`` equals :func:`locate_candidates`
+    (cells) or :func:`locate` (POPT, MLP, HI) with the same settings wherever the cost gate
+    does not trip.
+
+    Args:
+        offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
+        kind: ``"cells"``, ``"popt"``, ``"mlp"`` or ``"hi"`` (one of ``offline.estimators``).
+        num_cells, first_cells, first_mass, min_mass: the candidate screen's tiers (cells,
+            :func:`screen_candidates`).
+        num_starts: refinement starts of the screen (default 4 for cells, 8 for a window).
+        screen_steps: LM steps of each start (default 2 for cells, 15 for a window).
+        fine_steps: LM steps of the fine stage (default 3 for cells, 15 for a window).
+        fine: ``"screen"`` (default: the screen's model; for the GP its tables of eq. 27, no
+            kernel online) or ``"model"`` (``offline.model``: the exact GP).
+        cost_gate: the likelihood check: an answer whose ML cost (eq. 17, about chi-square
+            with M - 4 degrees of freedom at the right position) exceeds
+            ``cost_gate * (M - 4)`` (or is not finite) is in a wrong cell or lobe, and is
+            re-screened over the whole region; one still above it is searched again in a
+            dense window around it (:func:`~dmimo_jax.estimators.recheck_costly`'s search)
+            when at most ``recheck_fraction`` of the batch (at least one row) is; an answer
+            that still fails is ``rejected``. ``None`` turns it off. The default 100 sits
+            far above the chi-square (and above the paper GP's worst right answer,
+            docs/deployment.md) and far below a wrong answer's cost.
+        capacity: the fraction of a batch (at least 8 rows, or the whole batch when it is
+            smaller) that each rare step (the whole-region fallback, the gate's re-screen)
+            handles in one program (0: one row); rows beyond it are re-run by the call
+            (``overflow`` under tracing).
+        recheck_fraction: see ``cost_gate``.
+
+    Raises:
+        ValueError: an ``offline`` that is not :func:`run_offline`'s, a ``kind`` it did not
+            train, or bad settings.
+    """
+
+    stage: CellStage | WindowStage
+    screen_model: PhaseModel
+    fine_model: PhaseModel
+    table: PhasorTable
+    recheck_offsets: Array
+    region_low: Array
+    region_high: Array
+    settings: LocatorSettings = static_field()
+
+    def __init__(
+        self,
+        offline: Any,
+        kind: str = "cells",
+        *,
+        num_cells: int = 16,
+        first_cells: int | None = None,
+        first_mass: float = 0.999,
+        min_mass: float = 0.5,
+        num_starts: int | None = None,
+        screen_steps: int | None = None,
+        fine_steps: int | None = None,
+        fine: str = "screen",
+        cost_gate: float | None = 100.0,
+        capacity: float = 1 / 16,
+        recheck_fraction: float = 0.05,
+    ):
+        estimators = getattr(offline, "estimators", None)
+        if estimators is None:
+            raise ValueError(f"offline must be run_offline's result, got {type(offline).__name__}")
+        if kind not in estimators:
+            raise ValueError(
+                f"kind={kind!r} was not trained in this offline stage (it has "
+                f"{sorted(estimators)}): pass it in run_offline(kinds=...)"
+            )
+        if fine not in ("screen", "model"):
+            raise ValueError(f"fine must be 'screen' or 'model', got {fine!r}")
+        estimator = estimators[kind]
+        if isinstance(estimator, CellClassifier):
+            _check_cell_table(estimator, offline.cells)
+        stage = _stage_of(offline, kind, estimator)
+        scene = offline.screen.scene
+        lam = float(scene.wavelength)
+        low, high = _window_box(scene)
+        recheck_radius = min(lam / 4, float(jnp.max(high - low)))
+        fields = dict(
+            stage=stage,
+            screen_model=offline.screen,
+            fine_model=offline.screen if fine == "screen" else offline.model,
+            table=offline.table,
+            recheck_offsets=jnp.asarray(window_offsets(recheck_radius, lam / 16), low.dtype),
+            region_low=low,
+            region_high=high,
+        )
+        mesh = offline.table.mesh
+        if mesh is not None:  # the table is sharded over several devices: the rest replicated
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            everywhere = NamedSharding(mesh, PartitionSpec())
+            for name in fields:
+                if name != "table":
+                    fields[name] = jax.device_put(fields[name], everywhere)
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+        settings = dict(
+            kind=kind,
+            num_cells=num_cells,
+            first_cells=first_cells,
+            first_mass=first_mass,
+            min_mass=min_mass,
+            num_starts=num_starts,
+            screen_steps=screen_steps,
+            fine_steps=fine_steps,
+            fine=fine,
+            cost_gate=cost_gate,
+            capacity=capacity,
+            recheck_fraction=recheck_fraction,
+        )
+        object.__setattr__(self, "settings", self._checked(settings))
+
+    def _checked(self, s: dict) -> LocatorSettings:
+        """The settings with their defaults filled in, checked against the stage."""
+        if s["fine"] not in ("screen", "model"):
+            raise ValueError(f"fine must be 'screen' or 'model', got {s['fine']!r}")
+        if s["cost_gate"] is not None:
+            check_scalar("cost_gate", s["cost_gate"], positive=True)
+        for name in ("capacity", "recheck_fraction"):
+            check_scalar(name, s[name])
+            if not 0 <= s[name] <= 1:
+                raise ValueError(f"{name} must be a fraction of the batch in [0, 1], got {s[name]}")
+        for name, default in self.stage.defaults.items():
+            if s[name] is None:
+                s[name] = default
+            check_int(name, s[name], minimum=1)
+        check_int("num_cells", s["num_cells"], minimum=1)
+        if isinstance(self.stage, CellStage):
+            own = self.stage.cells.cells.num_cells
+            if s["num_cells"] > own:
+                raise ValueError(f"num_cells={s['num_cells']} exceeds the classifier's {own} cells")
+            checked = check_screen_settings(
+                self.screen_model,
+                self.stage.cells,
+                s["num_cells"],
+                first_cells=s["first_cells"],
+                first_mass=s["first_mass"],
+                min_mass=s["min_mass"],
+                num_starts=s["num_starts"],
+                screen_steps=s["screen_steps"],
+            )
+            s["first_cells"] = checked.first_cells
+        else:
+            s["first_cells"] = s["first_cells"] or 1
+            if not self.stage.whole:
+                count = self.stage.offsets.shape[0]
+                check_int("num_starts", s["num_starts"], minimum=1, maximum=count)
+        return LocatorSettings(**s)
+
+    def replace(self, **changes: Any) -> Locator:
+        """A Locator with the same trained stage and tables and some settings changed
+        (``fine`` included); checked like the constructor's."""
+        unknown = (set(changes) - set(LocatorSettings._fields)) | ({"kind"} & set(changes))
+        if unknown:
+            raise ValueError(f"replace: not a setting of a Locator: {sorted(unknown)}")
+        new = object.__new__(Locator)
+        for name in ("stage", "screen_model", "fine_model", "table"):
+            object.__setattr__(new, name, getattr(self, name))
+        for name in ("recheck_offsets", "region_low", "region_high"):
+            object.__setattr__(new, name, getattr(self, name))
+        if "fine" in changes and changes["fine"] != self.settings.fine:
+            raise ValueError("replace: fine= changes the model; build a new Locator(offline, ...)")
+        object.__setattr__(new, "settings", new._checked({**self.settings._asdict(), **changes}))
+        return new
+
+    def with_table(self, table: PhasorTable) -> Locator:
+        """The same Locator over another copy of its phasor table (e.g. on other devices)."""
+        new = object.__new__(Locator)
+        for name in self.__dataclass_fields__:
+            object.__setattr__(new, name, table if name == "table" else getattr(self, name))
+        return new
+
+    def __getattr__(self, name: str) -> Any:
+        # the settings read as attributes (loc.num_cells, loc.cost_gate, ...)
+        if name != "settings" and name in LocatorSettings._fields:
+            return getattr(self.settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def estimator(self) -> Any:
+        """The trained coarse network (a fresh module of the Locator's weights)."""
+        stage = self.stage
+        net = stage.network if isinstance(stage, CellStage) else stage.estimator.network
+        return net.module
+
+    @property
+    def num_aps(self) -> int:
+        return self.screen_model.num_aps
+
+    # ------------------------------------------------------------------ the traced core
+
+    def capacity_for(self, batch: int) -> int:
+        """The rows a rare step handles in one program for a batch of ``batch`` rows."""
+        return capacity_for(batch, self.settings.capacity, 8 if self.settings.capacity else 1)
+
+    def program(self, r: Array, capacity: int) -> LocatorResult:
+        """The traced core: ``r`` (B, M) checked snapshots in the working float dtype, the
+        rare steps on ``capacity`` rows (static). One program: no host in the loop."""
+        coarse = self.stage.coarse(self, r)
+        found, over = self.stage.screen(self, r, coarse, capacity, whole=False)
+        fine = self.refine(r, found.x)
+        redo = found.fallback if isinstance(found, CandidateScreen) else None
+        screened, fine, recovered, rejected, lost = self.gate(r, found.x, fine, capacity, redo)
+        return LocatorResult(
+            fine.x,
+            found.fallback | recovered,
+            self.stage.position(coarse),
+            screened,
+            fine.cost,
+            fine.cpo,
+            recovered,
+            rejected,
+            over | lost,
+        )
+
+    def refine(self, r: Array, screened: Array) -> RefineResult:
+        """The fine stage, traced: ``fine_steps`` LM steps under :attr:`fine_model`."""
+        return refine_batch_unchecked(
+            screened.astype(r.dtype), r, self.fine_model, self.settings.fine_steps
+        )
+
+    def region_search(self, r: Array) -> tuple[Array, RefineResult]:
+        """The whole-region fallback, traced: the screen's hierarchical search of its phasor
+        table (:func:`~dmimo_jax.estimators.coarse_to_fine`) + the fine stage."""
+        screened = whole_region_screen_unchecked(r, self.screen_model, self.table).astype(r.dtype)
+        return screened, self.refine(r, screened)
+
+    def gate(
+        self,
+        r: Array,
+        screened: Array,
+        fine: RefineResult,
+        capacity: int,
+        redo: Array | None = None,
+    ) -> tuple[Array, RefineResult, Array, Array, Array]:
+        """The cost gate, traced. Returns ``(screened, fine, recovered, rejected,
+        overflow)``: the answers whose cost failed the gate (and the rows of ``redo``, the
+        screen's unsure rows) searched over the whole region (:meth:`region_search`), those
+        still failing searched in a dense window when they are few, the (B,) masks of the
+        re-screened answers that failed (``recovered``), of the answers that still fail,
+        and of the rows whose whole-region search did not fit ``capacity``."""
+        none = jnp.zeros(r.shape[0], bool)
+        redo = none if redo is None else redo
+        gate = self.settings.cost_gate
+        limit = gate_limit(self.num_aps, gate if gate is not None else 1.0)
+        failed = ~(fine.cost <= limit) & (gate is not None)  # NaN fails
+        (screened, fine), lost = on_rows(
+            failed | redo, capacity, self.region_search, (screened, fine), r
+        )
+        if gate is None:
+            return screened, fine, none, ~jnp.isfinite(fine.cost), lost
+        still = ~(fine.cost <= limit)
+        recovered = ((failed & ~redo) | (redo & still)) & ~lost
+        few = max(1, int(self.settings.recheck_fraction * r.shape[0]))
+        if self.settings.recheck_fraction > 0:
+            rare = still & (jnp.sum(still) <= few)
+            fine, _ = on_rows(rare, few, self.recheck, fine, r, fine)
+        return screened, fine, recovered, ~(fine.cost <= limit), lost
+
+    def recheck(self, r: Array, fine: RefineResult) -> RefineResult:
+        """The gate's dense window (half-width lambda/4, spacing lambda/16, 32 starts of 15
+        LM steps, then 25 more from the best) around each answer; kept where its cost is
+        lower (:func:`~dmimo_jax.estimators.recheck_costly`, traced)."""
+        xw = window_search_unchecked(
+            r,
+            self.fine_model,
+            fine.x,
+            self.recheck_offsets,
+            self.region_low,
+            self.region_high,
+            min(32, self.recheck_offsets.shape[0]),
+            15,
+        )
+        again = refine_batch_unchecked(xw.astype(r.dtype), r, self.fine_model, 25, 1e-3)
+        better = again.cost < fine.cost
+        return jax.tree.map(
+            lambda a, b: jnp.where(better.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), again, fine
+        )
+
+    # ------------------------------------------------------------------ the checked shell
+
+    def _snapshots(self, r: ArrayLike) -> Array:
+        """The one check of the Locator's input: (B, M) float (the stages' cores trust it)."""
+        if np.iscomplexobj(r):
+            raise ValueError(
+                "r must be real wrapped phases (rad), got complex values: for complex "
+                "snapshots h use dj.estimators.complex_search"
+            )
+        r = as_snapshot_batch("r", r, self.num_aps)
+        return r.astype(jnp.result_type(float))
+
+    def __call__(self, r: ArrayLike) -> LocatorResult:
+        """All stages on (M,) or (B, M) wrapped phases, then the cost gate, as one program.
+
+        One (M,) snapshot gives a result without the batch axis. Concrete snapshots are
+        checked (``ValueError`` for a wrong shape, NaN or complex values) and rows that did
+        not fit the capacity are run again (``overflow`` is then all False); traced ones
+        (``jax.jit(loc)``, ``jax.vmap(loc)``) are trusted, and ``overflow`` reports them.
+        """
+        single = np.ndim(r) == 1
+        if not is_concrete(r):
+            if np.shape(r)[-1:] != (self.num_aps,) or np.ndim(r) not in (1, 2):
+                raise ValueError(
+                    f"r must have shape ({self.num_aps},) or (B, {self.num_aps}), got {np.shape(r)}"
+                )
+            rb = jnp.atleast_2d(r).astype(jnp.result_type(float))
+            out = _program(self, rb, self.capacity_for(rb.shape[0]))
+        else:
+            rb = self._snapshots(r)
+            if rb.shape[0] == 0:
+                return self._empty(rb.dtype)
+            out = _program(self, rb, self.capacity_for(rb.shape[0]))
+            out = self._rerun_overflow(rb, out)
+        return jax.tree.map(lambda a: a[0], out) if single else out
+
+    def _rerun_overflow(self, r: Array, out: LocatorResult) -> LocatorResult:
+        rows = np.flatnonzero(np.asarray(out.overflow))
+        if rows.size == 0:
+            return out
+        again = _program(self, r[rows], rows.size)  # every rare row fits
+        return jax.tree.map(lambda a, b: a.at[rows].set(b), out, again)
+
+    def _empty(self, dtype: Any) -> LocatorResult:
+        z3, z, f = jnp.zeros((0, 3), dtype), jnp.zeros((0,), dtype), jnp.zeros((0,), bool)
+        return LocatorResult(z3, f, z3, z3, z, z, f, f, f)
+
+    # ------------------------------------------------------------------ stage by stage
+
+    def coarse(self, r: ArrayLike) -> Any:
+        """Stage 1: ``(cells, probs)`` (B, K) for the classifier, else positions (B, 3)."""
+        return _coarse(self, self._snapshots(r))
+
+    def screen(self, r: ArrayLike, coarse: Any) -> CandidateScreen | WindowScreen:
+        """Stage 2, the safeguard: the candidate screen (cells) or the window (regression);
+        every rare row fitted."""
+        r = self._snapshots(r)
+        coarse = self.stage.check_coarse(self, r, coarse)
+        return _screen(self, r, coarse, max(r.shape[0], 1))[0]
+
+    def fine_stage(self, r: ArrayLike, screened: ArrayLike) -> RefineResult:
+        """Stage 3: ``fine_steps`` Levenberg-Marquardt steps under :attr:`fine_model`."""
+        r = self._snapshots(r)
+        x = jnp.asarray(screened, r.dtype)
+        if x.shape != (r.shape[0], 3):
+            raise ValueError(f"screened must have shape ({r.shape[0]}, 3), got {x.shape}")
+        return _refine(self, r, x)
+
+    def coarse_position(self, coarse: Any) -> Array:
+        """The coarse stage's position (B, 3): the most likely cell's centre for cells."""
+        return self.stage.position(coarse)
+
+    def whole_region(self, r: ArrayLike) -> tuple[Array, RefineResult]:
+        """The fallback: the screen's whole-region search + the fine stage."""
+        return _region(self, self._snapshots(r))
+
+    def certify(
+        self, r: ArrayLike, screened: Array, fine: RefineResult
+    ) -> tuple[Array, RefineResult, np.ndarray]:
+        """The cost gate (:meth:`gate`, every failing row fitted). Returns ``(screened,
+        fine, recovered)`` with the failing rows replaced and the (B,) mask of them."""
+        r = self._snapshots(r)
+        screened, fine, recovered, _, _ = _gate(self, r, screened, fine, max(r.shape[0], 1))
+        return screened, fine, np.asarray(recovered)
+
+    # ------------------------------------------------------------------ export
+
+    def export(self, path: str | pathlib.Path, batch_sizes: tuple[int, ...] = (1, 256)) -> None:
+        """Write the online stage as serialized StableHLO (``jax.export``) for each of
+        ``batch_sizes`` (and 1, which re-runs the rows that overflowed a larger batch's
+        capacity), the weights and tables inside: :func:`load_locator` runs it in a process
+        that has jax and none of the training code. Platforms: this one's."""
+        sizes = sorted({int(b) for b in batch_sizes} | {1})
+        if sizes[0] < 1:
+            raise ValueError(f"batch_sizes must be positive ints, got {batch_sizes}")
+        dtype = jnp.result_type(float)
+        blobs = {}
+        for b in sizes:
+            fn = jax.jit(lambda r, b=b: tuple(self.program(r, self.capacity_for(b))))
+            exp = jax.export.export(fn)(jax.ShapeDtypeStruct((b, self.num_aps), dtype))
+            blobs[b] = bytes(exp.serialize())
+        path = pathlib.Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        meta = dict(
+            format="dmimo_jax.Locator/1",
+            num_aps=self.num_aps,
+            dtype=str(jnp.dtype(dtype)),
+            batch_sizes=sizes,
+            fields=list(LocatorResult._fields),
+            settings=self.settings._asdict(),
+        )
+        for b, blob in blobs.items():
+            (path / f"batch_{b}.stablehlo").write_bytes(blob)
+        (path / "locator.json").write_text(json.dumps(meta, indent=1))
+
+
+_program = jax.jit(Locator.program, static_argnums=2)
+_coarse = jax.jit(lambda loc, r: loc.stage.coarse(loc, r))
+_screen = jax.jit(lambda loc, r, c, cap: loc.stage.screen(loc, r, c, cap), static_argnums=3)
+_refine = jax.jit(Locator.refine)
+_region = jax.jit(Locator.region_search)
+_gate = jax.jit(Locator.gate, static_argnums=4)
+
+
+def _check_cell_table(classifier: CellClassifier, table: Any) -> None:
+    grid, tabled = classifier.cells, getattr(table, "cells", None)
+    if tabled is None or (
+        grid.shape != tabled.shape
+        or grid.cell_size != tabled.cell_size
+        or not np.allclose(np.asarray(grid.low), np.asarray(tabled.low))
+    ):
+        raise ValueError(
+            "offline.cells (the cell table) does not belong to the classifier's cells "
+            f"(classifier: {grid.shape} cells of {grid.cell_size} m from "
+            f"{np.asarray(grid.low).tolist()}; table: "
+            + (
+                "none"
+                if tabled is None
+                else f"{tabled.shape} cells of {tabled.cell_size} m from "
+                f"{np.asarray(tabled.low).tolist()}"
+            )
+            + "): use the Offline of one run_offline call"
+        )
+
+
+# ----------------------------------------------------------------------------- beyond one process
+
+
+def sharded(loc: Locator, devices: Any = None) -> Any:
+    """``loc``'s program over a batch split across ``devices`` (default: every local
+    device) with ``jax.sharding``: each device locates its rows with its own capacity
+    (``jax.shard_map``), so the answers equal one device's wherever no row overflows.
+    Returns a jitted ``r (B, M) -> LocatorResult``; B must be a multiple of the device
+    count (pad the batch)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    devices = list(jax.local_devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    mesh = Mesh(np.asarray(devices), ("batch",))
+    rows = PartitionSpec("batch")
+    n = len(devices)
+    table = loc.table
+    if table.mesh is not None:  # each device searches the whole table: one copy each
+        table = PhasorTable(
+            jax.device_put(table.data, devices[0]),
+            table.grid,
+            table.chunk_size,
+            table.num_chunks,
+            None,
+        )
+    leaves, tree = jax.tree_util.tree_flatten(loc.with_table(table))
+    loc = jax.device_put(
+        jax.tree_util.tree_unflatten(tree, leaves), NamedSharding(mesh, PartitionSpec())
+    )
+
+    def local(loc: Locator, r: Array) -> LocatorResult:
+        return loc.program(r, loc.capacity_for(r.shape[0]))
+
+    mapped = jax.shard_map(
+        local, mesh=mesh, in_specs=(PartitionSpec(), rows), out_specs=rows, check_vma=False
+    )
+
+    @jax.jit
+    def run(loc: Locator, r: Array) -> LocatorResult:
+        return mapped(loc, r)
+
+    def call(r: ArrayLike) -> LocatorResult:
+        rb = loc._snapshots(r)
+        if rb.shape[0] % n:
+            raise ValueError(f"r: {rb.shape[0]} snapshots do not split over {n} devices")
+        rb = jax.device_put(rb, NamedSharding(mesh, rows))
+        return run(loc, rb)
+
+    return call
+
+
+class ExportedLocator:
+    """A Locator loaded from :meth:`Locator.export`: ``loaded(r)`` for (M,) or (B, M)
+    snapshots (padded to the next exported batch size, split above the largest; rows that
+    overflowed a program's capacity run again alone), checked like ``Locator.__call__``'s."""
+
+    def __init__(self, meta: dict, programs: dict[int, Any]):
+        self.meta, self.programs = meta, programs
+        self.num_aps = int(meta["num_aps"])
+        self.batch_sizes = sorted(programs)
+
+    def __call__(self, r: ArrayLike) -> LocatorResult:
+        single = np.ndim(r) == 1
+        rb = as_snapshot_batch("r", r, self.num_aps).astype(self.meta["dtype"])
+        n = rb.shape[0]
+        if n == 0:
+            raise ValueError("r must hold at least one snapshot")
+        top = self.batch_sizes[-1]
+        parts = []
+        for start in range(0, n, top):
+            part = rb[start : start + top]
+            size = next(b for b in self.batch_sizes if b >= part.shape[0])
+            pad = jnp.concatenate([part, jnp.repeat(part[-1:], size - part.shape[0], axis=0)])
+            out = self.programs[size].call(pad)
+            parts.append(jax.tree.map(lambda a, k=part.shape[0]: a[:k], tuple(out)))
+        out = LocatorResult(*(jnp.concatenate(f) for f in zip(*parts, strict=True)))
+        for row in np.flatnonzero(np.asarray(out.overflow)):  # alone, a row always fits
+            again = LocatorResult(*self.programs[1].call(rb[row : row + 1]))
+            out = jax.tree.map(lambda a, b, i=row: a.at[i].set(b[0]), out, again)
+        return jax.tree.map(lambda a: a[0], out) if single else out
+
+
+def load_locator(path: str | pathlib.Path) -> ExportedLocator:
+    """Load what :meth:`Locator.export` wrote (needs jax only, no trained objects)."""
+    path = pathlib.Path(path)
+    meta_file = path / "locator.json"
+    if not meta_file.is_file():
+        raise ValueError(f"path: {path} holds no exported Locator (no locator.json)")
+    meta = json.loads(meta_file.read_text())
+    if meta.get("format") != "dmimo_jax.Locator/1":
+        raise ValueError(f"path: {meta_file} is not a dmimo_jax.Locator/1 export")
+    programs = {
+        int(b): jax.export.deserialize(bytearray((path / f"batch_{b}.stablehlo").read_bytes()))
+        for b in meta["batch_sizes"]
+    }
+    return ExportedLocator(meta, programs)

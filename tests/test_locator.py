@@ -1,0 +1,181 @@
+"""dmimo_jax.pipeline.locator: the Locator as one XLA program (jit, vmap, the transfer guard,
+the capacity and its overflow, several devices, jax.export in a fresh process)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dmimo_jax import pipeline
+from tests.test_offline_online import _labeled, _offline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cache")
+    return tmp, _offline(tmp, kinds=("popt", "cells"))
+
+
+def _max_diff(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+@pytest.mark.slow  # compiles the whole program several times (40-100 s here)
+@pytest.mark.parametrize("kind", ["cells", "popt"])
+def test_jit_vmap_and_the_plain_call_agree(trained, kind):
+    _, off = trained
+    r = _labeled(12, seed=3)[1]
+    # capacity 1: every rare row fits, so the traced calls have nothing to report
+    loc = pipeline.Locator(off, kind, num_cells=4, first_cells=2, capacity=1.0)
+    out = loc(r)
+    others = [jax.jit(loc)(r)]
+    if kind == "cells":  # each a compile of the whole program: once is enough
+        others.append(jax.vmap(loc)(r))
+        others.append(jax.jit(lambda lo, rr: lo(rr))(loc, r))  # the Locator as an argument
+    for other in others:
+        assert _max_diff(other.x, out.x) < 1e-9
+        np.testing.assert_array_equal(np.asarray(other.fallback), np.asarray(out.fallback))
+        assert not bool(jnp.any(other.overflow))
+    single = loc(r[5])
+    assert single.x.shape == (3,) and single.cost.shape == ()
+    assert _max_diff(single.x, out.x[5]) < 1e-9
+
+
+def test_a_device_resident_batch_never_touches_the_host(trained):
+    _, off = trained
+    loc = pipeline.Locator(off, "cells", num_cells=4, first_cells=2)
+    r = jax.device_put(_labeled(8, seed=5)[1])
+    run = jax.jit(loc)
+    jax.block_until_ready(run(r))  # compiled outside the guard
+    with jax.transfer_guard("disallow"):
+        out = jax.block_until_ready(run(r))
+    assert out.x.shape == (8, 3)
+
+
+@pytest.mark.slow  # compiles the whole program several times (40-100 s here)
+def test_rows_beyond_the_capacity_are_reported_then_run_again(trained):
+    """min_mass above 1: every snapshot falls back to the whole region; a capacity of one
+    row fits one of them per program."""
+    _, off = trained
+    x, r, _ = _labeled(6, seed=6)
+    tight = pipeline.Locator(off, "cells", num_cells=4, min_mass=1.5, capacity=0.0)
+    assert tight.capacity_for(6) == 1
+    traced = jax.jit(tight)(r)
+    np.testing.assert_array_equal(np.asarray(traced.overflow), [False] + [True] * 5)
+    roomy = tight.replace(capacity=1.0)
+    want = roomy(r)
+    assert not bool(jnp.any(want.overflow)) and bool(jnp.all(want.fallback))
+    got = tight(r)  # the checked shell runs the rows that did not fit
+    assert not bool(jnp.any(got.overflow))
+    assert _max_diff(got.x, want.x) < 1e-9
+    assert float(np.max(np.linalg.norm(np.asarray(got.x) - np.asarray(x), axis=1))) < 1e-3
+
+
+def test_nan_complex_and_empty_batches(trained):
+    _, off = trained
+    loc = pipeline.Locator(off, "cells", num_cells=4)
+    r = np.asarray(_labeled(4, seed=7)[1])
+    bad = r.copy()
+    bad[2, 3] = np.nan
+    with pytest.raises(ValueError, match="r must be finite|r contains|finite"):
+        loc(bad)
+    with pytest.raises(ValueError, match="complex"):
+        loc(np.exp(1j * r))
+    empty = loc(np.zeros((0, 17)))
+    assert empty.x.shape == (0, 3) and empty.overflow.shape == (0,)
+    # traced, the check cannot run: the NaN row is rejected, never a silent answer
+    out = jax.jit(loc)(bad)
+    assert bool(out.rejected[2]) and not bool(jnp.any(out.rejected[np.array([0, 1, 3])]))
+
+
+def test_settings_are_checked_and_replace_keeps_the_stage(trained):
+    _, off = trained
+    loc = pipeline.Locator(off, "cells", num_cells=4)
+    with pytest.raises(ValueError, match="capacity must be a fraction"):
+        loc.replace(capacity=2.0)
+    with pytest.raises(ValueError, match="not a setting"):
+        loc.replace(kind="popt")
+    assert loc.replace(min_mass=0.0).min_mass == 0.0 and loc.num_cells == 4
+    leaves, tree = jax.tree_util.tree_flatten(loc)
+    again = jax.tree_util.tree_unflatten(tree, leaves)
+    assert again.settings == loc.settings
+
+
+@pytest.mark.slow  # compiles the whole program several times (40-100 s here)
+def test_the_program_shards_over_four_host_devices(trained, tmp_path):
+    tmp, _ = trained
+    script = textwrap.dedent(
+        f"""
+        import sys, pathlib
+        sys.path.insert(0, {ROOT!r})
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        import numpy as np
+        from dmimo_jax import pipeline
+        from tests.test_offline_online import _labeled, _offline
+        assert len(jax.devices()) == 4, jax.devices()
+        off = _offline(pathlib.Path({str(tmp)!r}), kinds=("popt", "cells"))
+        loc = pipeline.Locator(off, "cells", num_cells=4, first_cells=2, capacity=1.0)
+        r = _labeled(16, seed=3)[1]
+        one = loc(r)
+        out = pipeline.sharded(loc)(r)
+        assert len(out.x.sharding.device_set) == 4
+        print(float(np.max(np.abs(np.asarray(out.x) - np.asarray(one.x)))))
+        """
+    )
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 1e-9
+
+
+@pytest.mark.slow  # compiles the whole program several times (40-100 s here)
+def test_export_runs_in_a_fresh_process(trained, tmp_path):
+    _, off = trained
+    loc = pipeline.Locator(off, "cells", num_cells=4, first_cells=2)
+    r = np.asarray(_labeled(5, seed=8)[1])
+    loc.export(tmp_path / "loc", batch_sizes=(1, 4))
+    meta = json.loads((tmp_path / "loc" / "locator.json").read_text())
+    assert meta["batch_sizes"] == [1, 4] and meta["num_aps"] == 17
+    np.save(tmp_path / "r.npy", r)
+    script = textwrap.dedent(
+        f"""
+        import jax
+        jax.config.update("jax_enable_x64", True)
+        import numpy as np
+        from dmimo_jax.pipeline import load_locator
+        loaded = load_locator({str(tmp_path / "loc")!r})
+        r = np.load({str(tmp_path / "r.npy")!r})
+        out = loaded(r)  # 5 rows: one program of 4, one of 1
+        np.save({str(tmp_path / "x.npy")!r}, np.asarray(out.x))
+        print(out.x.shape, loaded(r[0]).x.shape)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(5, 3) (3,)" in done.stdout
+    want = np.concatenate([np.asarray(loc(r[:4]).x), np.asarray(loc(r[4:]).x)])
+    assert _max_diff(np.load(tmp_path / "x.npy"), want) < 1e-9
+    with pytest.raises(ValueError, match="no exported Locator"):
+        pipeline.load_locator(tmp_path)
