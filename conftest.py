@@ -7,14 +7,28 @@ error so that a silent (M,) vs (M, 1) broadcast cannot hide a bug.
 import os
 import pathlib
 
+
 # XLA's CPU fusion emitters cost ~50 ms per (tiny) compile on this 2-core machine, the
 # older elemental emitter about half that, and most of this suite's time is compilation
 # (one compile per new shape of every eager op): 15% off tests/test_mle.py +
 # tests/test_candidates.py measured side by side (209 s vs 244 s). Tests only; the package
-# never sets XLA flags. GPU runs: one process per xdist worker, so no preallocation.
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_use_fusion_emitters=false"]
-).strip()
+# never sets XLA flags. XLA aborts on a flag it does not know, and the XLA of jaxlib 0.11
+# removed this one (the emitters are the only path there): it is set for older jaxlibs
+# only, read from the installed metadata without importing jax. GPU runs: one process per
+# xdist worker, so no preallocation.
+def _jaxlib_version() -> tuple[int, ...]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return tuple(int(p) for p in version("jaxlib").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return (0, 0)
+
+
+if _jaxlib_version() < (0, 11):
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_use_fusion_emitters=false"]
+    ).strip()
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 # JAX's persistent compilation cache, tests only: the workers and the slow run compile
@@ -68,6 +82,7 @@ LONGEST_FILES = (
     "tests/test_tracking.py",  # 56 s
     "tests/test_calibration_deployment.py",  # 49 s (with this stop's status tests, about 70 s)
     "tests/test_pipeline.py",  # 40 s
+    "tests/test_locator.py",  # 40 s (the program compiles)
     "tests/test_candidates.py",  # 34 s
     "tests/test_datasets.py",  # 33 s
     "tests/test_learning.py",  # 32 s

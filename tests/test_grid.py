@@ -163,9 +163,10 @@ def test_sharded_and_single_device_results_identical(tmp_path):
     import subprocess
     import sys
 
-    # the suite's XLA flags (conftest.py) and four host devices
+    # the suite's XLA flags (conftest.py) and four host devices, on the CPU even where a GPU
+    # is the default platform (it would otherwise be the one device)
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    env = dict(os.environ, XLA_FLAGS=flags.strip())
+    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED)
     out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)

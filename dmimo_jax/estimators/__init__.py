@@ -8,6 +8,10 @@ window, the one Levenberg-Marquardt solver and the HI geometry (Sec. IV-B).
 * :mod:`~dmimo_jax.estimators.search`: EGS (eq. 18) and ``coarse_to_fine``;
 * :mod:`~dmimo_jax.estimators.window`: the online safeguard ``window_search``, and
   ``recheck_costly``, the cost gate's dense local search;
+* :mod:`~dmimo_jax.estimators.exact`: the exact MLE (EGS + refinement + the gate's recheck)
+  as one program, ``exact_mle``;
+* :mod:`~dmimo_jax.estimators.rows`: the rare rows of a batch on a fixed capacity inside
+  one program, ``on_rows``;
 * :mod:`~dmimo_jax.estimators.hyperbola`: hyperboloid residuals and their intersection;
 * :mod:`~dmimo_jax.estimators.coherent`: the coherent search with expected phasors and
   measured amplitudes, and k-NN fingerprinting (for measured data, beyond the paper).
@@ -33,6 +37,7 @@ from dmimo_jax.estimators.coherent import (
     expected_phasor,
     knn_locate,
 )
+from dmimo_jax.estimators.exact import MLEResult, exact_mle
 from dmimo_jax.estimators.grid import (
     Grid,
     PhasorTable,
@@ -45,6 +50,7 @@ from dmimo_jax.estimators.mle import (
     MultiStartResult,
     RefineResult,
 )
+from dmimo_jax.estimators.rows import capacities, capacity_for, on_rows
 from dmimo_jax.estimators.search import CoarseToFineResult, EgsResult
 from dmimo_jax.estimators.window import recheck_costly, window_covers_table
 
@@ -86,4 +92,9 @@ __all__ = [
     "search_grid",
     "recheck_costly",
     "window_covers_table",
+    "MLEResult",
+    "exact_mle",
+    "capacities",
+    "capacity_for",
+    "on_rows",
 ]

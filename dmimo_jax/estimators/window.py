@@ -30,6 +30,7 @@ from dmimo_jax.estimators.mle import (
     refine_multistart_unchecked,
 )
 from dmimo_jax.estimators.phasors import cube_offsets
+from dmimo_jax.estimators.rows import gate_limit, on_rows
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel
@@ -267,3 +268,54 @@ def recheck_costly(
         **{f: jnp.asarray(getattr(result, f)).at[take].set(getattr(again, f)[src]) for f in shared}
     )
     return out, failed
+
+
+def dense_recheck(
+    r: Array,
+    model: PhaseModel,
+    fine: RefineResult,
+    offsets: Array,
+    low: Array,
+    high: Array,
+) -> RefineResult:
+    """:func:`recheck_costly`'s search for every row, traced and unchecked: the window of
+    ``offsets`` (:func:`window_offsets`, by default half-width lambda/4 at lambda/16)
+    around each answer ``fine.x`` clipped to ``low``/``high``, its 32 best points refined
+    (15 LM steps), the best refined 25 more steps; kept where its cost is lower."""
+    k = min(32, offsets.shape[0])
+    xw = window_search_unchecked(r, model, fine.x, offsets, low, high, k, 15)
+    again = refine_batch_unchecked(xw.astype(r.dtype), r, model, 25, 1e-3)
+    better = again.cost < fine.cost
+    pick = lambda a, b: jnp.where(better.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+    return jax.tree.map(pick, again, fine)
+
+
+def gate_recheck(
+    r: Array,
+    model: PhaseModel,
+    fine: RefineResult,
+    gate: float,
+    offsets: Array,
+    low: Array,
+    high: Array,
+    fraction: float,
+) -> tuple[RefineResult, Array]:
+    """The cost gate's dense recheck, traced: the answers whose ML cost exceeds
+    ``gate * (M - 4)`` (or is not finite) searched again with :func:`dense_recheck` when at
+    most ``fraction`` of the batch (at least one row) fails (more: the model itself misses,
+    :func:`recheck_costly`'s rule); returns the answers and the (B,) mask of those that
+    still fail (``rejected``). ``fraction`` 0 turns the search off."""
+    limit = gate_limit(model.num_aps, gate)
+    still = ~(fine.cost <= limit)
+    if fraction > 0:
+        few = max(1, int(fraction * r.shape[0]))
+        rare = still & (jnp.sum(still) <= few)
+        fine, _ = on_rows(
+            rare,
+            few,
+            lambda ri, fi: dense_recheck(ri, model, fi, offsets, low, high),
+            fine,
+            r,
+            fine,
+        )
+    return fine, ~(fine.cost <= limit)

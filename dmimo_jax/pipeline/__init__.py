@@ -70,7 +70,6 @@ from dmimo_jax.pipeline.online import (
     locate_candidates,
     screen_candidates,
 )
-from dmimo_jax.pipeline.program import capacities, capacity_for, on_rows
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.window_search`): kept here so the
@@ -94,9 +93,6 @@ __all__ = [
     "load_locator",
     "sharded",
     "cell_screen",
-    "capacities",
-    "capacity_for",
-    "on_rows",
     "Offline",
     "calibrated_model",
     "OnlineResult",

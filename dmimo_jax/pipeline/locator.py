@@ -32,11 +32,9 @@ from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, is_con
 from dmimo_jax.estimators import CellTable, PhasorTable, window_covers_table
 from dmimo_jax.estimators.hyperbola import estimate as hyperbola_estimate
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
+from dmimo_jax.estimators.rows import capacity_for, gate_limit, on_rows
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
-from dmimo_jax.estimators.window import (
-    window_offsets,
-    window_search_unchecked,
-)
+from dmimo_jax.estimators.window import gate_recheck, window_offsets, window_search_unchecked
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.learning.hi import HIEstimator
 from dmimo_jax.physics import PhaseModel
@@ -48,19 +46,7 @@ from dmimo_jax.pipeline.online import (
     check_screen_settings,
     whole_region_screen_unchecked,
 )
-from dmimo_jax.pipeline.program import capacity_for, gate_limit, on_rows
 from dmimo_jax.pytree import pytree_dataclass, static_field
-
-__all__ = [
-    "CellStage",
-    "Locator",
-    "LocatorResult",
-    "LocatorSettings",
-    "WindowScreen",
-    "WindowStage",
-    "load_locator",
-    "sharded",
-]
 
 
 class LocatorResult(NamedTuple):
@@ -558,31 +544,17 @@ class Locator:
             return screened, fine, none, ~jnp.isfinite(fine.cost), lost
         still = ~(fine.cost <= limit)
         recovered = ((failed & ~redo) | (redo & still)) & ~lost
-        few = max(1, int(self.settings.recheck_fraction * r.shape[0]))
-        if self.settings.recheck_fraction > 0:
-            rare = still & (jnp.sum(still) <= few)
-            fine, _ = on_rows(rare, few, self.recheck, fine, r, fine)
-        return screened, fine, recovered, ~(fine.cost <= limit), lost
-
-    def recheck(self, r: Array, fine: RefineResult) -> RefineResult:
-        """The gate's dense window (half-width lambda/4, spacing lambda/16, 32 starts of 15
-        LM steps, then 25 more from the best) around each answer; kept where its cost is
-        lower (:func:`~dmimo_jax.estimators.recheck_costly`, traced)."""
-        xw = window_search_unchecked(
+        fine, rejected = gate_recheck(
             r,
             self.fine_model,
-            fine.x,
+            fine,
+            gate,
             self.recheck_offsets,
             self.region_low,
             self.region_high,
-            min(32, self.recheck_offsets.shape[0]),
-            15,
+            self.settings.recheck_fraction,
         )
-        again = refine_batch_unchecked(xw.astype(r.dtype), r, self.fine_model, 25, 1e-3)
-        better = again.cost < fine.cost
-        return jax.tree.map(
-            lambda a, b: jnp.where(better.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), again, fine
-        )
+        return screened, fine, recovered, rejected, lost
 
     # ------------------------------------------------------------------ the checked shell
 

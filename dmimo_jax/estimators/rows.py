@@ -1,14 +1,12 @@
-"""The online stage as one XLA program: the traced pieces the :class:`~dmimo_jax.pipeline.Locator`
-is made of.
+"""Rare rows inside one XLA program: the piece that makes a search with fallbacks traceable.
 
-Everything here is a pure function of arrays and pytrees with static shapes, so the whole
-online stage (coarse stage, candidate screen or window, fine stage, cost gate, whole-region
-re-screen and the gate's dense recheck) traces into one program that ``jax.jit``,
+A search whose rare snapshots need more work (the whole-region fallback of an unsure
+classifier, the cost gate's re-screen, an EGS certificate that fails) cannot select those
+rows on the host and stay one program. Here they run on a fixed **capacity** of rows
+(:func:`on_rows`), so the whole online stage (:class:`~dmimo_jax.pipeline.Locator`) and the
+MLE (:func:`~dmimo_jax.estimators.exact_mle`) trace into one program that ``jax.jit``,
 ``jax.vmap``, ``jax.sharding`` and ``jax.export`` take as it is (diffrax's ``diffeqsolve``
-is the model: a static bound on the work, the outcome as a value).
-
-The rare rows that need more work (an unsure classifier's wider screen, the whole-region
-fallback, the gate's re-screen) run on a fixed **capacity** of rows (:func:`on_rows`):
+is the model: a static bound on the work, the outcome as a value):
 ``jnp.nonzero(mask, size=capacity)`` gathers them, a ``lax.switch`` over a few capacities
 runs only the smallest that holds them (nothing when no row needs it), and the rows beyond
 the capacity are reported in an ``overflow`` mask, never skipped silently.
@@ -23,8 +21,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import Array
-
-__all__ = ["capacities", "capacity_for", "gate_limit", "on_rows"]
 
 
 def capacity_for(batch: int, fraction: float, minimum: int = 8) -> int:

@@ -1,0 +1,111 @@
+"""The one-program Locator at batch 1 to 4,096, next to the matched MLE, in one run.
+
+The quickstart's world (the paper's scene, concrete, -10 dBm, L = 50 labeled snapshots,
+the ``quick`` cell classifier, cached): for each batch size the median wall time of
+``loc(r)`` (the checked call: one program, compiled before timing) per snapshot, its
+ratio to the batched cost of the largest batch, the same program under ``jax.jit`` (no
+host checks), and the lambda/8 MLE (table EGS + refinement) at the batch sizes it can
+afford on this machine; the RMSE against the truth for each.
+
+    python benchmarks/locator_latency.py --json out/locator_latency.json
+    python benchmarks/locator_latency.py --quick      # batches 1, 16, 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # physics in float64; the networks stay float32
+
+import numpy as np  # noqa: E402
+from _common import device_name, labeled_snapshots, print_table, write_json  # noqa: E402
+
+import dmimo_jax as dj  # noqa: E402
+from dmimo_jax import estimators as est  # noqa: E402
+from dmimo_jax import pipeline  # noqa: E402
+
+
+def median_time(fn, repeats):
+    jax.block_until_ready(fn())  # compile
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--batches", type=int, nargs="*", default=None)
+    ap.add_argument("--mle-max-batch", type=int, default=256)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    batches = args.batches or ([1, 16, 256] if args.quick else [1, 16, 256, 4096])
+    scene = dj.paper_scene(-10.0, "concrete")
+    x, r, nv = labeled_snapshots(scene, 50, 0)
+    off = pipeline.run_offline(x, r, nv, scene, kinds=("cells",), preset="quick", seed=0)
+    loc = dj.Locator(off, "cells")
+    jitted = jax.jit(loc)
+    model = dj.TwoRayModel(scene)
+    table = est.phasor_table(model, est.search_grid(scene, float(scene.wavelength) / 8))
+    top = max(batches)
+    xt, rt = labeled_snapshots(scene, top, 1, salt=10_000)[:2]
+    xt, rt = np.asarray(xt), np.asarray(rt)
+    rows = []
+    for b in batches:
+        rb = jax.device_put(rt[:b])
+        repeats = 20 if b <= 16 else 5 if b <= 256 else 2
+        out = loc(rb)
+        err = np.linalg.norm(np.asarray(out.x) - xt[:b], axis=1)
+        t_call = median_time(lambda rb=rb: loc(rb), repeats)
+        t_jit = median_time(lambda rb=rb: jitted(rb), repeats)
+        row = dict(
+            batch=b,
+            locator_ms=1e3 * t_call / b,
+            jit_ms=1e3 * t_jit / b,
+            rmse_m=float(np.sqrt(np.mean(err**2))),
+            overflow=int(np.sum(np.asarray(out.overflow))),
+            fallback=int(np.sum(np.asarray(out.fallback))),
+        )
+        if b <= args.mle_max_batch:
+
+            def mle(rb=rb):
+                coarse = est.egs(rb, model, table)
+                return dj.refine_batch(coarse.x, rb, model).x
+
+            xm = mle()
+            row["mle_ms"] = 1e3 * median_time(mle, max(1, repeats // 4)) / b
+            row["mle_rmse_m"] = float(
+                np.sqrt(np.mean(np.linalg.norm(np.asarray(xm) - xt[:b], axis=1) ** 2))
+            )
+            row["mle_over_locator"] = row["mle_ms"] / row["locator_ms"]
+        rows.append(row)
+        print(f"batch {b}: {row}", flush=True)
+    largest = rows[-1]["locator_ms"]
+    for row in rows:
+        row["vs_largest_batch"] = row["locator_ms"] / largest
+        row["device"] = device_name()
+    print_table(
+        rows,
+        [
+            ("batch", "batch", "d"),
+            ("locator_ms", "Locator ms/snap", ".4f"),
+            ("jit_ms", "jit(loc) ms/snap", ".4f"),
+            ("vs_largest_batch", f"x batch {top}", ".2f"),
+            ("mle_ms", "MLE ms/snap", ".3f"),
+            ("mle_over_locator", "MLE / Locator", ".1f"),
+            ("rmse_m", "RMSE m", ".3e"),
+            ("overflow", "overflow", "d"),
+        ],
+    )
+    write_json(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()
