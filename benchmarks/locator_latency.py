@@ -4,7 +4,8 @@ The quickstart's world (the paper's scene, concrete, -10 dBm, L = 50 labeled sna
 the ``quick`` cell classifier, cached): for each batch size the median wall time of
 ``loc(r)`` (the checked call: one program, compiled before timing) per snapshot, its
 ratio to the batched cost of the largest batch, the same program under ``jax.jit`` (no
-host checks), and the lambda/8 MLE (table EGS + refinement) at the batch sizes it can
+host checks), and the lambda/8 MLE (``estimators.exact_mle``: table EGS + refinement + the gate's
+recheck, one program) at the batch sizes it can
 afford on this machine; the RMSE against the truth for each.
 
     python benchmarks/locator_latency.py --json out/locator_latency.json
@@ -75,9 +76,8 @@ def main(argv=None):
         )
         if b <= args.mle_max_batch:
 
-            def mle(rb=rb):
-                coarse = est.egs(rb, model, table)
-                return dj.refine_batch(coarse.x, rb, model).x
+            def mle(rb=rb):  # one program too (estimators.exact_mle)
+                return est.exact_mle(rb, model, table).x
 
             xm = mle()
             row["mle_ms"] = 1e3 * median_time(mle, max(1, repeats // 4)) / b
