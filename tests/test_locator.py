@@ -179,3 +179,56 @@ def test_export_runs_in_a_fresh_process(trained, tmp_path):
     assert _max_diff(np.load(tmp_path / "x.npy"), want) < 1e-9
     with pytest.raises(ValueError, match="no exported Locator"):
         pipeline.load_locator(tmp_path)
+
+
+_TWO_PROCESSES = """
+import sys, pathlib
+sys.path.insert(0, {root!r})
+pid, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+import jax
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(f"127.0.0.1:{{port}}", num_processes=2, process_id=pid)
+import numpy as np
+from jax.experimental import multihost_utils
+from dmimo_jax import pipeline
+from tests.test_offline_online import _labeled, _offline
+off = _offline(pathlib.Path({cache!r}), kinds=("popt", "cells"))
+loc = pipeline.Locator(off, "cells", num_cells=4, first_cells=2, capacity=1.0)
+r = np.asarray(_labeled(16, seed=3)[1])
+mine = loc(r[pid * 8 : (pid + 1) * 8])  # each process locates its shard
+gathered = multihost_utils.process_allgather(np.asarray(mine.x))
+assert jax.process_count() == 2
+if pid == 0:
+    np.save(out, np.asarray(gathered).reshape(-1, 3))
+"""
+
+
+@pytest.mark.slow  # two processes, each compiles the program
+def test_two_processes_through_jax_distributed_equal_one(trained, tmp_path):
+    import socket
+
+    tmp, off = trained
+    with socket.socket() as s:  # a free port on the loopback for the coordinator
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "two.py"
+    script.write_text(_TWO_PROCESSES.format(root=ROOT, cache=str(tmp)))
+    out = tmp_path / "x.npy"
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(i), port, str(out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    loc = pipeline.Locator(off, "cells", num_cells=4, first_cells=2, capacity=1.0)
+    want = loc(_labeled(16, seed=3)[1])
+    assert _max_diff(np.load(out), want.x) < 1e-9

@@ -135,8 +135,9 @@ def cost_gate_failed(cost: ArrayLike, num_aps: int, gate: float) -> np.ndarray:
 
 
 def device_mesh(devices: Any) -> Mesh | None:
-    """A 1-D mesh over ``devices`` (default: all), or None for a single device."""
-    devices = jax.devices() if devices is None else list(devices)
+    """A 1-D mesh over ``devices`` (default: this process's local devices; with several
+    processes, jax.distributed, each keeps its own copy), or None for a single device."""
+    devices = jax.local_devices() if devices is None else list(devices)
     if len(devices) == 0:
         raise ValueError("devices must name at least one device")
     return None if len(devices) == 1 else Mesh(np.asarray(devices), (GRID_AXIS,))
@@ -244,7 +245,7 @@ def phasor_table(
         model: PhaseModel or Scene (the float64 model; entries are rounded to float32).
         grid: the search grid.
         chunk_size: grid points per matrix product of the screen.
-        devices: devices to shard the rows over (default: all of ``jax.devices()``).
+        devices: devices to shard the rows over (default: this process's ``jax.local_devices()``).
         max_bytes: refuse tables larger than this (use the table-free
             :func:`~dmimo_jax.estimators.egs`).
 
