@@ -66,6 +66,12 @@ def check_phases(name: str, r: Any, num_aps: int, *, batched: bool | None | str 
         batched: ``False`` requires (M,), ``True`` requires (B, M), ``None`` accepts both,
             ``"any"`` accepts any leading axes (..., M) (the networks).
     """
+    if np.iscomplexobj(r):
+        raise ValueError(
+            f"{name} must be real wrapped phases (rad), got complex values: complex snapshots "
+            "h go to the complex-data functions (dj.estimators.complex_search, "
+            "dj.bounds.complex_peb, calibrate_receivers)"
+        )
     shape = tuple(np.shape(r))
     single, batch = shape == (num_aps,), len(shape) == 2 and shape[1] == num_aps
     if batched == "any":

@@ -563,3 +563,25 @@ def test_layout_objective_of_an_infinite_peb_is_infinite_and_wall_low_is_checked
             design.optimize_ap_positions(
                 SCENE, jax.random.key(0), surfaces="ceiling+walls", wall_low=wall_low
             )
+
+
+def test_every_phase_api_refuses_complex_snapshots_by_name():
+    """Complex snapshots h read as phases used their real part (the Locator answered
+    0.23-0.62 m off); the one snapshot validator refuses them, and so does the tracker."""
+    from dmimo_jax import tracking
+
+    scene = dj.paper_scene(-10.0)
+    model = dj.TwoRayModel(scene)
+    h = np.exp(1j * np.asarray(model.mean(jnp.array([6.5, 5.0, 2.0]))))
+    x0 = jnp.array([[6.5, 5.0, 2.0]])
+    calls = {
+        "refine_batch": lambda: dj.refine_batch(x0, h[None], model),
+        "refine": lambda: dj.refine(x0[0], h, model),
+        "window_search": lambda: dj.window_search(h[None], model, x0, radius=0.1),
+        "tracker": lambda: tracking.Tracker(
+            model, tracking.ConstantVelocity(1.0, region=scene), dt=0.01
+        ).update(None, h),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="must be real wrapped phases"):
+            call()  # name: which call, in the traceback

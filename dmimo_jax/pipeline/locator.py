@@ -560,11 +560,6 @@ class Locator:
 
     def _snapshots(self, r: ArrayLike) -> Array:
         """The one check of the Locator's input: (B, M) float (the stages' cores trust it)."""
-        if np.iscomplexobj(r):
-            raise ValueError(
-                "r must be real wrapped phases (rad), got complex values: for complex "
-                "snapshots h use dj.estimators.complex_search"
-            )
         r = as_snapshot_batch("r", r, self.num_aps)
         return r.astype(jnp.result_type(float))
 

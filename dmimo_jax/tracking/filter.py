@@ -369,6 +369,11 @@ class Tracker:
 
 
 def _check_snapshots(r: Any, num_aps: int, shape: str, ndim: int) -> None:
+    if np.iscomplexobj(r):  # a dtype: known under tracing too
+        raise ValueError(
+            "r must be real wrapped phases (rad), got complex values (complex snapshots h "
+            "are not phases: their real part would be read as one)"
+        )
     if not is_concrete(r):
         return
     arr = np.asarray(r)
