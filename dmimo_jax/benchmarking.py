@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from dmimo_jax._checks import check_int
 
@@ -30,6 +31,7 @@ PROVENANCE = ("command", "date", "machine")  # the keys a record adds around its
 __all__ = [
     "PROVENANCE",
     "machine",
+    "plain_json",
     "read_rows",
     "summarize",
     "time_call",
@@ -71,6 +73,10 @@ def summarize(times: Sequence[float]) -> dict[str, float]:
     """Median, standard deviation and minimum of a list of seconds."""
     if len(times) == 0:
         raise ValueError("times: expected at least one duration")
+    bad = [t for t in times if not (isinstance(t, int | float | np.number) and np.isfinite(t))]
+    if bad:
+        raise ValueError(f"times: expected finite real seconds, got {bad[0]!r}")
+    times = [float(t) for t in times]
     return {
         "median_s": statistics.median(times),
         "std_s": statistics.stdev(times) if len(times) > 1 else 0.0,
@@ -99,6 +105,14 @@ def write_json(path: str | pathlib.Path | None, rows: Any, *, command: str | Non
     if path is None:
         return
     path = pathlib.Path(path)
+    if isinstance(rows, dict):
+        clash = sorted(set(rows) & set(PROVENANCE))
+        if clash:
+            raise ValueError(
+                f"rows: a dict of results may not use the provenance keys {clash} "
+                f"(reserved: {list(PROVENANCE)}: they would be lost on read_rows); rename them"
+            )
+    rows = plain_json(rows, "rows")
     provenance = {
         "command": command or "python " + " ".join(sys.argv),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -106,14 +120,48 @@ def write_json(path: str | pathlib.Path | None, rows: Any, *, command: str | Non
     }
     record = provenance | (dict(rows) if isinstance(rows, dict) else {"rows": rows})
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, default=float))
+    path.write_text(json.dumps(record, indent=1))
     print(f"wrote {path}")
+
+
+def plain_json(value: Any, where: str = "value") -> Any:
+    """``value`` with NumPy and JAX scalars and arrays made plain Python (an integer stays an
+    integer, a bool a bool, an array a nested list), so a record reads back as it was
+    written. ``where`` names the value in the error.
+
+    Raises:
+        TypeError: a complex number, or a value JSON cannot hold, naming the row and key.
+    """
+    if isinstance(value, dict):
+        return {str(k): plain_json(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic | np.ndarray | jax.Array):
+        a = np.asarray(value)
+        if np.iscomplexobj(a):
+            raise TypeError(
+                f"{where}: a complex value cannot be recorded; store its real and imaginary parts"
+            )
+        if a.dtype.kind not in "biuf":
+            raise TypeError(f"{where}: an array of {a.dtype} cannot be recorded")
+        return a.tolist()
+    if isinstance(value, complex):
+        raise TypeError(
+            f"{where}: a complex value cannot be recorded; store its real and imaginary parts"
+        )
+    raise TypeError(f"{where}: {type(value).__name__} cannot be recorded as JSON")
 
 
 def read_rows(path: str | pathlib.Path) -> Any:
     """The rows of a record written by :func:`write_json` (its ``"rows"``, or the dict of
     results without the provenance keys); a file without provenance is returned as it is."""
-    record = json.loads(pathlib.Path(path).read_text())
+    path = pathlib.Path(path)
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a JSON record (truncated or corrupt): {e}") from None
     if isinstance(record, dict) and set(PROVENANCE) <= set(record):
         if set(record) == {*PROVENANCE, "rows"}:
             return record["rows"]

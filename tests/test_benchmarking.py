@@ -42,3 +42,28 @@ def test_timers_block_on_results_and_refuse_bad_counts():
         benchmarking.timed_passes(run, 0)
     with pytest.raises(ValueError, match="times"):
         benchmarking.summarize([])
+
+
+def test_records_read_back_as_written_or_are_refused_by_name(tmp_path):
+    import numpy as np
+
+    path = tmp_path / "r.json"
+    rows = [{"n": np.int64(5), "ok": np.bool_(True), "x": np.float32(0.5), "v": np.arange(3)}]
+    benchmarking.write_json(path, rows + [{"date": "mine", "machine": "theirs"}])
+    back = benchmarking.read_rows(path)
+    assert back[0] == {"n": 5, "ok": True, "x": 0.5, "v": [0, 1, 2]}
+    assert type(back[0]["n"]) is int and type(back[0]["ok"]) is bool
+    assert back[1] == {"date": "mine", "machine": "theirs"}  # inside a row: kept
+    with pytest.raises(ValueError, match=r"provenance keys \['date'\]"):
+        benchmarking.write_json(path, {"date": "mine", "rmse": 1.0})
+    with pytest.raises(TypeError, match=r"rows\[0\]\['z'\]: a complex"):
+        benchmarking.write_json(path, [{"z": 1 + 2j}])
+    with pytest.raises(TypeError, match=r"rows\[1\]\['w'\]: a complex"):
+        benchmarking.write_json(path, [{}, {"w": np.ones(2, complex)}])
+    with pytest.raises(TypeError, match=r"rows\[0\]\['f'\]: object cannot"):
+        benchmarking.write_json(path, [{"f": object()}])
+    path.write_text(path.read_text()[:-20])  # truncated
+    with pytest.raises(ValueError, match="r.json: not a JSON record"):
+        benchmarking.read_rows(path)
+    with pytest.raises(ValueError, match="times: expected finite"):
+        benchmarking.summarize([1.0, float("nan")])
