@@ -27,6 +27,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import (
+    check_finite,
     check_num_aps,
     check_positions,
     is_concrete,
@@ -384,11 +385,20 @@ def complex_fim(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayL
     alone; this one adds the amplitudes'.
 
     Raises:
-        ValueError: receivers for another number of APs.
+        ValueError: receivers for another number of APs; (concrete input) ``x`` not one
+            finite position (3,) in the model's domain (above the ground, off the APs, in
+            the room's air), ``s`` not a finite non-zero scalar.
     """
     model = as_phase_model(model)
-    x = jnp.asarray(x)
+    check_num_aps(model.num_aps)
     check_receivers(receivers, model)
+    _check_position(x, model)
+    if np.ndim(s) != 0:
+        raise ValueError(f"s must be one snapshot factor (a scalar), got shape {np.shape(s)}")
+    check_finite("s", s)
+    if is_concrete(s) and s == 0:
+        raise ValueError("s must be non-zero (a snapshot without pilot has no information)")
+    x = jnp.asarray(x)
     s = jnp.asarray(s, jnp.result_type(x.dtype, complex))
 
     def nu(eta):  # [Re, Im] of the mean snapshot, one trace for both

@@ -45,13 +45,14 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_finite, check_positions, is_concrete
+from dmimo_jax._checks import check_finite, check_positions, check_scalar, is_concrete
 from dmimo_jax.physics import PhaseModel, as_phase_model, check_in_domain
 from dmimo_jax.pytree import pytree_dataclass
 
 __all__ = [
     "ReceiverModel",
     "channel",
+    "check_noise_variances",
     "check_receivers",
     "expected_snapshot",
     "ideal_receivers",
@@ -111,12 +112,24 @@ class ReceiverModel:
     (:func:`~dmimo_jax.estimators.complex_search`).
 
     Attributes:
-        model: the PhaseModel of the channel.
-        receivers: the :class:`Receivers`.
+        model: the PhaseModel of the channel (not itself a ReceiverModel).
+        receivers: the :class:`Receivers`, one per AP of ``model``.
+
+    Raises:
+        ValueError: a ``model`` that is not a PhaseModel (or is a ReceiverModel: its gains
+            would apply twice), ``receivers`` that are not :class:`Receivers` for its M APs.
     """
 
     model: Any
     receivers: Receivers
+
+    def __post_init__(self) -> None:  # the constructor's checks (unflattening skips them)
+        if isinstance(self.model, ReceiverModel):
+            raise ValueError(
+                "model is already a ReceiverModel: its gains would apply twice; pass its .model"
+            )
+        as_phase_model(self.model)
+        check_receivers(self.receivers, self.model)
 
     @property
     def scene(self) -> Any:
@@ -156,7 +169,15 @@ def random_receivers(
     """Receivers as a deployment may have them: gains of uniform phase and log-normal modulus
     (``gain_db_std`` dB), and constants of uniform phase whose modulus is ``constant_ratio``
     times the median pilot amplitude over the UE region's centre (1: as strong as the pilot,
-    as measured on the Techtile receivers)."""
+    as measured on the Techtile receivers).
+
+    Raises:
+        ValueError: ``gain_db_std`` or ``constant_ratio`` negative or not finite.
+    """
+    for name, value in (("gain_db_std", gain_db_std), ("constant_ratio", constant_ratio)):
+        check_scalar(name, value)
+        if is_concrete(value) and value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value!r}")
     model = as_phase_model(model)
     m = model.num_aps
     k_ph, k_mod, k_b = jax.random.split(key, 3)
@@ -172,10 +193,12 @@ def random_receivers(
 def channel(model: PhaseModel, x: ArrayLike) -> Array:
     r""":math:`c_m(\mathbf x) = \sqrt{\sigma_w^2/(2\sigma_m^2)}\,e^{j\mu_m(\mathbf x)}` (M,)
     complex: eq. (9) read backwards for the amplitude (an AP with no signal, infinite
-    variance, gives 0). Traceable; one position."""
+    variance, gives 0, with a zero forward-mode derivative: its phase and variance have
+    none). Traceable; one position."""
     var = model.variance(x)
-    amp = jnp.sqrt(model.scene.noise_power / (2.0 * var))
-    return amp * jnp.exp(1j * model.mean(x))
+    heard = jnp.isfinite(var)
+    amp = jnp.sqrt(model.scene.noise_power / (2.0 * jnp.where(heard, var, 1.0)))
+    return jnp.where(heard, amp * jnp.exp(1j * model.mean(x)), 0.0)
 
 
 def expected_snapshot(
@@ -195,8 +218,14 @@ def simulate_snapshots(
 
     Raises:
         ValueError: positions not (N, 3) inside the model's domain, ``s`` not (N,) finite,
-            receivers for another number of APs.
+            receivers for another number of APs, a ``model`` that is a ReceiverModel (its
+            gains would apply twice: pass its ``.model`` and ``.receivers``).
     """
+    if isinstance(model, ReceiverModel):
+        raise ValueError(
+            "model is a ReceiverModel: its gains would apply twice with receivers; pass "
+            "model.model and model.receivers"
+        )
     model = as_phase_model(model)
     check_positions("xs", xs, batched=True)
     check_in_domain("xs", xs, model)
@@ -239,12 +268,45 @@ def profiled_residuals(
     :math:`\sigma_m^2`) the weighted one, :math:`\hat s = \mathbf v^H\Sigma^{-1}(\mathbf h
     - \mathbf b)/\mathbf v^H\Sigma^{-1}\mathbf v`: the maximum-likelihood factor under
     unequal variances, whose profiled residuals whitened by :math:`\sigma_m` are those of
-    :func:`whiten`'s pair. The residuals are returned unwhitened. Traceable."""
+    :func:`whiten`'s pair. The residuals are returned unwhitened. Traceable.
+
+    Raises:
+        ValueError: (concrete input) ``h`` and ``v`` of different shapes or a ``b`` that does
+            not broadcast to them, a ``noise_var`` that is complex, not finite, not positive
+            or does not broadcast to ``h``.
+    """
     h, v = jnp.asarray(h), jnp.asarray(v)
+    if h.shape != v.shape:
+        raise ValueError(f"h and v must have the same shape (..., M), got {h.shape} and {v.shape}")
+    try:
+        b_shape = np.broadcast_shapes(np.shape(b), h.shape)
+    except ValueError:
+        b_shape = None
+    if b_shape != h.shape:
+        raise ValueError(f"b must broadcast to h's shape {h.shape}, got {np.shape(b)}")
+    if noise_var is not None:
+        check_noise_variances("noise_var", noise_var, h.shape)
     y = h - jnp.broadcast_to(jnp.asarray(b), h.shape)
     w = 1.0 if noise_var is None else 1.0 / jnp.asarray(noise_var)
     s = jnp.sum(w * jnp.conj(v) * y, axis=-1) / jnp.sum(w * jnp.abs(v) ** 2, axis=-1)
     return y - s[..., None] * v, s
+
+
+def check_noise_variances(name: str, var: Any, shape: tuple[int, ...]) -> None:
+    """``ValueError`` unless ``var`` is real, broadcasts to ``shape`` and (when concrete) is
+    finite and positive: a variance of 0 would divide by zero, a complex one lose its
+    imaginary part."""
+    if jnp.iscomplexobj(jnp.asarray(var)):
+        raise ValueError(f"{name} must be real variances, got complex values")
+    try:
+        broadcast = np.broadcast_shapes(np.shape(var), shape)
+    except ValueError:
+        broadcast = None
+    if broadcast != tuple(shape):
+        raise ValueError(f"{name} must broadcast to {tuple(shape)}, got shape {np.shape(var)}")
+    check_finite(name, var)
+    if is_concrete(var) and np.any(np.asarray(var) <= 0):
+        raise ValueError(f"{name} must be positive, got min {float(np.min(np.asarray(var)))!r}")
 
 
 def whiten(model: ReceiverModel, h: ArrayLike, noise_var: ArrayLike) -> tuple[ReceiverModel, Array]:
@@ -280,12 +342,12 @@ def whiten(model: ReceiverModel, h: ArrayLike, noise_var: ArrayLike) -> tuple[Re
         raise ValueError(
             f"h must be complex snapshots of shape (..., {m}), got {h.dtype} {h.shape}"
         )
+    if np.shape(noise_var) != (m,):
+        raise ValueError(
+            f"noise_var must have shape ({m},) (one per receiver), got {np.shape(noise_var)}"
+        )
+    check_noise_variances("noise_var", noise_var, (m,))
     var = jnp.asarray(noise_var, model.scene.ap_positions.dtype)
-    if var.shape != (m,):
-        raise ValueError(f"noise_var must have shape ({m},) (one per receiver), got {var.shape}")
-    check_finite("noise_var", var)
-    if is_concrete(var) and np.any(np.asarray(var) <= 0):
-        raise ValueError(f"noise_var must be positive, got min {float(np.min(np.asarray(var)))}")
     scale = 1.0 / jnp.sqrt(var)
     rx = model.receivers
     whitened = ReceiverModel(model.model, Receivers(rx.gains * scale, rx.constants * scale))

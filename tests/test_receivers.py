@@ -396,3 +396,99 @@ def test_calibrate_receivers_and_spot_counts_reject_bad_input():
     with pytest.raises(ValueError, match="x"):
         dj.calibration.spot_counts(x[:, :2])
     np.testing.assert_array_equal(dj.calibration.spot_counts(np.r_[x, x[:1]]), [2, 1, 1, 1, 2])
+
+
+def test_receiver_models_and_their_arguments_are_refused_by_name():
+    """Each case once accepted silently (a broadcast error later, gains applied twice, a NaN,
+    plausible values from a negative variance or a dropped imaginary part)."""
+    recv = rx.random_receivers(jax.random.key(0), MODEL)
+    with pytest.raises(ValueError, match="receivers are for 16 APs, the model has 17"):
+        rx.ReceiverModel(MODEL, rx.Receivers(recv.gains[:16], recv.constants[:16]))
+    for bad in ("two-ray", (MODEL,)):
+        with pytest.raises(ValueError, match="model must be a Scene or a PhaseModel"):
+            rx.ReceiverModel(bad, recv)
+    model = rx.ReceiverModel(MODEL, recv)
+    with pytest.raises(ValueError, match="already a ReceiverModel"):
+        rx.ReceiverModel(model, recv)
+    for name in ("gain_db_std", "constant_ratio"):
+        with pytest.raises(ValueError, match=f"{name} must be >= 0"):
+            rx.random_receivers(jax.random.key(0), MODEL, **{name: -1.0})
+        with pytest.raises(ValueError, match=f"{name} must be finite"):
+            rx.random_receivers(jax.random.key(0), MODEL, **{name: float("nan")})
+    xs = dj.sample_positions(jax.random.key(1), 3, SCENE)
+    with pytest.raises(ValueError, match="gains would apply twice"):
+        rx.simulate_snapshots(jax.random.key(2), model, xs, recv, jnp.ones(3))
+    h = rx.simulate_snapshots(jax.random.key(2), MODEL, xs, recv, jnp.ones(3))
+    v = jax.vmap(model.channel)(xs)
+    for var, match in [
+        (0.0, "noise_var must be positive"),
+        (-1.0, "noise_var must be positive"),
+        (jnp.ones(17) * (1 + 1j), "noise_var must be real"),
+        (jnp.ones(16), r"noise_var must broadcast to \(3, 17\)"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            rx.profiled_residuals(h, v, recv.constants, var)
+    with pytest.raises(ValueError, match="h and v must have the same shape"):
+        rx.profiled_residuals(h, v[:, :16], recv.constants)
+    with pytest.raises(ValueError, match="b must broadcast"):
+        rx.profiled_residuals(h, v, recv.constants[:16])
+    with pytest.raises(ValueError, match="noise_var must be real"):
+        rx.whiten(model, h, jnp.ones(17) * (1 + 0.5j))
+    noise_var = jnp.ones((3, 17)) * 1e-6
+    with pytest.raises(ValueError, match="noise_var must be real"):
+        calibrate(MODEL, xs, h, noise_var * (1 + 1j), fit="receiver_gains")
+
+
+def test_a_dead_receiver_and_a_snapshot_without_pilot_are_named():
+    recv = rx.random_receivers(jax.random.key(0), MODEL)
+    model = rx.ReceiverModel(MODEL, recv)
+    xs = dj.sample_positions(jax.random.key(1), 20, SCENE)
+    h = np.array(rx.simulate_snapshots(jax.random.key(2), MODEL, xs, recv, jnp.ones(20)))
+    h[:, 5] = 0
+    var = np.ones((20, 17)) * float(SCENE.noise_power)
+    with pytest.raises(ValueError, match=r"r: the receivers of AP\(s\) \[5\] measured exactly 0"):
+        calibrate(MODEL, xs, h, var, fit="receiver_gains")
+    grid = dj.estimators.search_grid(SCENE, 0.2)
+    h = np.array(rx.simulate_snapshots(jax.random.key(2), MODEL, xs[:3], recv, jnp.ones(3)))
+    h[1] = np.asarray(recv.constants)  # no pilot: nothing but the constants
+    with pytest.raises(ValueError, match=r"h: snapshot\(s\) \[1\] carry no pilot"):
+        dj.estimators.complex_search(model, grid, h)
+
+
+def test_complex_peb_checks_its_position_and_survives_an_ap_that_sees_nothing():
+    """An AP the scene hides completely (a metal plate under it) drops out of the complex
+    bound as it does from the phase-only one (finite, and at most the phase-only PEB: the
+    amplitudes only add information); it was inf (a NaN Jacobian) before."""
+    from dmimo_jax.datasets.worlds import face_scene
+
+    ideal = rx.ideal_receivers(17)
+    for x, match in [
+        (jnp.zeros((2, 3)) + 1.0, r"x must have shape \(3,\)"),
+        (jnp.asarray([4.0, jnp.nan, 1.0]), "x must be finite"),
+        (jnp.asarray([4.0, 5.0, -1.5]), "above the ground"),
+        (SCENE.ap_positions[3], "x"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            dj.bounds.complex_peb(x, MODEL, ideal)
+    for s, match in [
+        (jnp.nan, "s must be finite"),
+        (0.0, "s must be non-zero"),
+        (jnp.ones(2), "s must be one"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            dj.bounds.complex_peb(X, MODEL, ideal, s)
+    base = face_scene(SCENE)
+    with pytest.raises(ValueError, match="x"):  # inside the pillar
+        dj.bounds.complex_peb(jnp.asarray([6.0, 4.5, 1.0]), base, ideal)
+    ap = np.asarray(SCENE.ap_positions)[3]
+    z = ap[2] - 0.3
+    corners = [[-3, -2.5], [3, -2.5], [3, 2.5], [-3, 2.5]]
+    plate = dj.Face([[ap[0] + a, ap[1] + b, z] for a, b in corners], None, name="plate")
+    model = dj.MeshModel(SCENE, [*base.faces, plate.flipped()])
+    x = jnp.asarray([4.0, 5.0, 1.0])
+    assert not np.isfinite(float(model.variance(x)[3]))  # AP 3 hears nothing there
+    jac = jax.jacfwd(lambda p: rx.channel(model, p))(x)
+    assert np.all(np.isfinite(np.asarray(jac))) and np.all(np.asarray(jac[3]) == 0)
+    complex_bound = float(dj.bounds.complex_peb(x, model, ideal))
+    phase_bound = float(dj.peb(x, model))
+    assert np.isfinite(complex_bound) and complex_bound <= phase_bound

@@ -31,6 +31,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_positions, check_scalar
 from dmimo_jax.calibration.deployment import Calibration, calibrate
+from dmimo_jax.physics import as_phase_model
 from dmimo_jax.receivers import ReceiverModel
 
 SPOT_RADIUS = 0.02
@@ -107,6 +108,7 @@ def calibrate_receivers(
             the model's domain), ``x`` not (L, 3), ``h`` not complex (L, M),
             ``position_prior`` or ``spot_radius`` not positive.
     """
+    as_phase_model(model)  # a name or anything else without mean/variance: refused by name
     if not np.iscomplexobj(h):
         raise ValueError(
             f"h must be complex snapshots (L, M) (the CSI with its amplitudes), got "

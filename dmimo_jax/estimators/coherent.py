@@ -424,8 +424,9 @@ def complex_search(
         :math:`|\mathbf v^H\mathbf y|/(\|\mathbf v\|\|\mathbf y\|)` in [0, 1].
 
     Raises:
-        ValueError: ``model`` not a ReceiverModel, ``h`` not (N, M) finite complex, bad
-            settings (as :func:`coherent_search`).
+        ValueError: ``model`` not a ReceiverModel, ``h`` not (N, M) finite complex, a
+            snapshot without pilot (``h`` equal to the constants), bad settings (as
+            :func:`coherent_search`).
     """
     if not isinstance(model, ReceiverModel):
         raise ValueError(f"model must be a ReceiverModel, got {type(model).__name__}")
@@ -439,6 +440,12 @@ def complex_search(
     if not np.all(np.isfinite(y)):
         raise ValueError("h must be finite")
     a = np.abs(y)
+    empty = np.flatnonzero(np.all(a == 0, axis=1))
+    if empty.size:
+        raise ValueError(
+            f"h: snapshot(s) {empty.tolist()[:10]} carry no pilot (equal to the receivers' "
+            "constants at every AP): they have no position"
+        )
     coarse = coherent_search(
         model, grid, np.angle(y), np.where(a > 0, a, 1e-300), refine_steps=refine_steps, table=table
     )
