@@ -131,3 +131,98 @@ def test_loaders_refuse_bad_files(tmp_path):
     )
     with pytest.raises(ValueError, match="transform"):
         load_mitsuba(tmp_path / "t.xml")
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("v 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n", r"m.obj:1: a vertex needs three numbers"),
+        ("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 x\n", r"m.obj:4: 'x' is not a vertex index"),
+        ("v 0 0 a\n", r"m.obj:1: a vertex needs three numbers"),
+    ],
+)
+def test_obj_errors_name_the_file_and_line(tmp_path, text, match):
+    (tmp_path / "m.obj").write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_obj(tmp_path / "m.obj", frequency_hz=FREQ)
+
+
+def test_a_binary_obj_is_refused_by_name(tmp_path):
+    (tmp_path / "m.obj").write_bytes(b"v 0 0 0\n\xff\xfe\x00\x81 binary")
+    with pytest.raises(ValueError, match="m.obj: not a text OBJ file"):
+        load_obj(tmp_path / "m.obj")
+
+
+def test_ply_headers_and_bodies_that_do_not_hold_are_refused(tmp_path):
+    v, tris = _box_triangles((0, 0, 0), (1, 1, 1), inward=False)
+    for binary in (False, True):
+        _write_ply(tmp_path / "ok.ply", v, tris, binary)
+        data = (tmp_path / "ok.ply").read_bytes()
+        (tmp_path / "cut.ply").write_bytes(data[: len(data) - 7])
+        with pytest.raises(ValueError, match="cut.ply: the file ends inside element 'face'"):
+            read_ply(tmp_path / "cut.ply")
+        # a comment that mentions end_header is a comment
+        (tmp_path / "c.ply").write_bytes(data.replace(b"comment test", b"comment end_header x"))
+        vv, polys = read_ply(tmp_path / "c.ply")
+        assert_allclose(vv, v, atol=0) and len(polys) == len(tris)
+    head = data[: data.index(b"end_header")]
+    for old, new, match in [
+        (b"element vertex 24", b"element vertex four", r"b.ply:4: expected 'element NAME COUNT'"),
+        (b"property float nx", b"property half nx", r"b.ply:8: unknown PLY type 'half'"),
+        (b"property double z", b"property double", r"b.ply:7: expected 'property TYPE NAME'"),
+    ]:
+        assert old in head
+        (tmp_path / "b.ply").write_bytes(data.replace(old, new, 1))
+        with pytest.raises(ValueError, match=match):
+            read_ply(tmp_path / "b.ply")
+    _write_ply(tmp_path / "a.ply", v, tris, False)
+    text = (tmp_path / "a.ply").read_text().replace("\n3 0 1 2\n", "\n3 0 1 x\n", 1)
+    (tmp_path / "a.ply").write_text(text)
+    with pytest.raises(
+        ValueError, match="a.ply: element 'face' holds a value that is not a number"
+    ):
+        read_ply(tmp_path / "a.ply")
+
+
+@pytest.mark.parametrize("text", ["", "<scene><shape>", "not xml at all"])
+def test_malformed_mitsuba_xml_is_refused_with_its_path(tmp_path, text):
+    (tmp_path / "s.xml").write_text(text)
+    with pytest.raises(ValueError, match="s.xml: not a Mitsuba XML scene"):
+        load_mitsuba(tmp_path / "s.xml")
+
+
+def test_a_concave_polygon_loads_as_its_own_area_with_its_normal():
+    """An L-shaped floor of 3 m^2 (a fan from the first vertex covered 5 m^2, one triangle
+    flipped): the triangles cover it once, every normal up."""
+    from dmimo_jax.datasets.meshes import faces_from_mesh
+
+    v = np.array([[0, 0, 0], [2, 0, 0], [2, 1, 0], [1, 1, 0], [1, 2, 0], [0, 2, 0]], float)
+    order = [2, 3, 4, 5, 0, 1]  # a fan from (2, 1) covers the notch and flips a triangle
+    faces = faces_from_mesh(v, [order], "wood", frequency_hz=FREQ, merge=False)
+
+    def area(f):
+        p = np.asarray(f.vertices)
+        return 0.5 * np.linalg.norm(np.cross(p[1:-1] - p[0], p[2:] - p[0]).sum(0))
+
+    assert sum(area(f) for f in faces) == pytest.approx(3.0)
+    assert all(np.allclose(np.asarray(f.normal), [0, 0, 1]) for f in faces)
+    merged = faces_from_mesh(v, [order], "wood", frequency_hz=FREQ)
+    assert sum(area(f) for f in merged) == pytest.approx(3.0)
+
+
+def test_duplicate_faces_complex_vertices_and_oversized_scenes_are_refused():
+    room = box_faces(SCENE.room_size, floor="concrete", walls="concrete", frequency_hz=FREQ)
+    with pytest.raises(
+        ValueError, match=rf"faces\[0\] and faces\[{len(room)}\] .* the same polygon"
+    ):
+        MeshModel(SCENE, [*room, room[0].flipped()])
+    with pytest.raises(ValueError, match="must be real coordinates"):
+        dj.Face(np.eye(3) * (1 + 1j), "concrete", frequency_hz=FREQ)
+    # a city block of small faces all able to block: refused with its size, not run out of memory
+    tiles = [
+        dj.Face([[x, y, 0.5], [x + 0.1, y, 0.5], [x + 0.1, y + 0.1, 0.5]], None, name="t")
+        for x in np.arange(0.5, 8.0, 0.25)
+        for y in np.arange(0.5, 8.0, 0.08)
+    ]
+    with pytest.raises(ValueError, match=r"a scene of \d+ faces .* needs about [\d.]+ GiB"):
+        MeshModel(SCENE, [*room, *tiles])

@@ -32,7 +32,7 @@ import numpy as np
 
 from dmimo_jax.materials import ITU_MATERIALS
 from dmimo_jax.physics import Face
-from dmimo_jax.physics.faces import check_polygon
+from dmimo_jax.physics.faces import check_polygon, newell_normal
 
 _PLY_TYPES = MappingProxyType({
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
@@ -42,35 +42,106 @@ _PLY_TYPES = MappingProxyType({
 })  # fmt: skip
 
 
+def _ply_header(path: Any, data: bytes) -> tuple[str, list[list[Any]], int]:
+    """``(format, elements, body offset)`` of a PLY file's header, each line checked (the
+    header ends at the first line that is exactly ``end_header``: a comment may mention it).
+    Elements are ``[name, count, [(property, type, list count type | None)]]``."""
+    if not data.startswith(b"ply"):
+        raise ValueError(f"{path} is not a PLY file (no 'ply' magic)")
+    fmt, elements, pos, lineno = None, [], 0, 0
+    while True:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            raise ValueError(f"{path} is not a PLY file (no 'end_header' line)")
+        line = data[pos:nl].decode("ascii", "replace").strip()
+        pos, lineno = nl + 1, lineno + 1
+        words = line.split()
+        where = f"{path}:{lineno}"
+        if line == "end_header":
+            break
+        if not words or words[0] in ("ply", "comment", "obj_info"):
+            continue
+        if words[0] == "format":
+            if len(words) < 2 or words[1] not in (
+                "ascii",
+                "binary_little_endian",
+                "binary_big_endian",
+            ):
+                raise ValueError(f"{where}: unknown PLY format {line!r}")
+            fmt = words[1]
+        elif words[0] == "element":
+            if len(words) != 3 or not words[2].isdigit():
+                raise ValueError(f"{where}: expected 'element NAME COUNT', got {line!r}")
+            elements.append([words[1], int(words[2]), []])
+        elif words[0] == "property":
+            if not elements:
+                raise ValueError(f"{where}: a property before any element")
+            if words[1:2] == ["list"]:
+                if len(words) != 5:
+                    raise ValueError(f"{where}: expected 'property list COUNT_TYPE TYPE NAME'")
+                types, prop = (words[2], words[3]), (words[4], words[3], words[2])
+            else:
+                if len(words) != 3:
+                    raise ValueError(f"{where}: expected 'property TYPE NAME', got {line!r}")
+                types, prop = (words[1],), (words[2], words[1], None)
+            unknown = [t for t in types if t not in _PLY_TYPES]
+            if unknown:
+                raise ValueError(
+                    f"{where}: unknown PLY type {unknown[0]!r} (known: {sorted(_PLY_TYPES)})"
+                )
+            elements[-1][2].append(prop)
+        else:
+            raise ValueError(f"{where}: unexpected header line {line!r}")
+    if fmt is None:
+        raise ValueError(f"{path}: no 'format' line in the PLY header")
+    return fmt, elements, pos
+
+
 def read_ply(path: str | pathlib.Path) -> tuple[np.ndarray, list[np.ndarray]]:
     """``(vertices (V, 3) float64, polygons: list of index arrays)`` of a PLY file (ASCII,
     binary little or big endian; other vertex properties and elements are skipped).
 
     Raises:
-        ValueError: not a PLY file, no x/y/z vertex properties, or an index out of range.
+        ValueError: not a PLY file, a malformed header line (with the file and line), an
+            unknown type, a body shorter than its header announces or with a value that is
+            not a number, no x/y/z vertex properties, or an index out of range.
     """
     data = pathlib.Path(path).read_bytes()
-    end = data.find(b"end_header")
-    if not data.startswith(b"ply") or end < 0:
-        raise ValueError(f"{path} is not a PLY file (no 'ply' magic or 'end_header')")
-    header = data[:end].decode("ascii", "replace").splitlines()
-    body = data[data.index(b"\n", end) + 1 :]
-    fmt = next((ln.split()[1] for ln in header if ln.startswith("format")), None)
-    if fmt not in ("ascii", "binary_little_endian", "binary_big_endian"):
-        raise ValueError(f"{path}: unknown PLY format {fmt!r}")
-    elements: list[list[Any]] = []  # [name, count, [(prop, type, list_count_type | None)]]
-    for ln in header:
-        words = ln.split()
-        if words[:1] == ["element"]:
-            elements.append([words[1], int(words[2]), []])
-        elif words[:1] == ["property"] and elements:
-            if words[1] == "list":
-                elements[-1][2].append((words[4], words[3], words[2]))
-            else:
-                elements[-1][2].append((words[2], words[1], None))
+    fmt, elements, start = _ply_header(path, data)
+    body = data[start:]
     order = "<" if fmt == "binary_little_endian" else ">"
     tokens = body.decode("ascii", "replace").split() if fmt == "ascii" else None
     pos = 0
+
+    def short(name: str) -> ValueError:
+        return ValueError(
+            f"{path}: the file ends inside element {name!r}: shorter than its header announces "
+            "(truncated?)"
+        )
+
+    def binary(typ: str, n: int, name: str) -> np.ndarray:
+        nonlocal pos
+        dt = np.dtype(order + _PLY_TYPES[typ])
+        if pos + n * dt.itemsize > len(body):
+            raise short(name)
+        out = np.frombuffer(body, dt, n, pos)
+        pos += n * dt.itemsize
+        return out
+
+    def text(n: int, name: str, cast: Any) -> list[Any]:
+        nonlocal pos
+        if pos + n > len(tokens):
+            raise short(name)
+        try:
+            out = [cast(t) for t in tokens[pos : pos + n]]
+        except ValueError:
+            raise ValueError(
+                f"{path}: element {name!r} holds a value that is not a number among "
+                f"{tokens[pos : pos + n]}"
+            ) from None
+        pos += n
+        return out
+
     vertices, polygons = None, []
     for name, count, props in elements:
         rows: list[dict[str, Any]] = []
@@ -79,24 +150,15 @@ def read_ply(path: str | pathlib.Path) -> tuple[np.ndarray, list[np.ndarray]]:
             for prop, typ, list_type in props:
                 if tokens is not None:
                     if list_type is None:
-                        row[prop] = float(tokens[pos])
-                        pos += 1
+                        row[prop] = text(1, name, float)[0]
                     else:
-                        n = int(tokens[pos])
-                        row[prop] = np.array(tokens[pos + 1 : pos + 1 + n], int)
-                        pos += 1 + n
-                    continue
-                if list_type is None:
-                    dt = np.dtype(order + _PLY_TYPES[typ])
-                    row[prop] = float(np.frombuffer(body, dt, 1, pos)[0])
-                    pos += dt.itemsize
+                        n = text(1, name, int)[0]
+                        row[prop] = np.array(text(n, name, int), int)
+                elif list_type is None:
+                    row[prop] = float(binary(typ, 1, name)[0])
                 else:
-                    ct = np.dtype(order + _PLY_TYPES[list_type])
-                    n = int(np.frombuffer(body, ct, 1, pos)[0])
-                    pos += ct.itemsize
-                    dt = np.dtype(order + _PLY_TYPES[typ])
-                    row[prop] = np.frombuffer(body, dt, n, pos).astype(int)
-                    pos += n * dt.itemsize
+                    n = int(binary(list_type, 1, name)[0])
+                    row[prop] = binary(typ, n, name).astype(int)
             rows.append(row)
         if name == "vertex":
             if not rows or not all(k in rows[0] for k in "xyz"):
@@ -111,6 +173,56 @@ def read_ply(path: str | pathlib.Path) -> tuple[np.ndarray, list[np.ndarray]]:
         if p.size and (p.min() < 0 or p.max() >= len(vertices)):
             raise ValueError(f"{path}: face {i} indexes a vertex out of range")
     return vertices, polygons
+
+
+def triangulate(poly: np.ndarray) -> list[np.ndarray]:
+    """The triangles (each (3, 3)) of a simple polygon (K, 3), concave or not, by ear
+    clipping in its plane: they cover the polygon exactly once and keep its orientation
+    (a fan from the first vertex covers a concave polygon's outside and flips triangles).
+
+    Raises:
+        ValueError: a polygon of zero area or one that crosses itself.
+    """
+    v = np.asarray(poly, float)
+    n = newell_normal(v)
+    norm = float(np.linalg.norm(n))
+    if not norm > 0:
+        raise ValueError("a mesh polygon has zero area: a degenerate face")
+    n = n / norm
+    e1 = np.cross(n, [1.0, 0, 0] if abs(n[0]) < 0.9 else [0, 1.0, 0])
+    e1 /= np.linalg.norm(e1)
+    uv = np.c_[v @ e1, v @ np.cross(n, e1)]  # counter-clockwise (Newell's normal)
+    scale = float(np.ptp(uv, axis=0).max()) or 1.0
+    tol = 1e-12 * scale * scale
+
+    def cross(a: int, b: int, c: int) -> float:
+        (ax, ay), (bx, by), (cx, cy) = uv[a], uv[b], uv[c]
+        return float((bx - ax) * (cy - ay) - (by - ay) * (cx - ax))
+
+    idx, out = list(range(len(v))), []
+    while len(idx) > 3:
+        for k in range(len(idx)):
+            a, b, c = idx[k - 1], idx[k], idx[(k + 1) % len(idx)]
+            turn = cross(a, b, c)
+            if abs(turn) <= tol:  # b on the edge a-c: drop it
+                idx.pop(k)
+                break
+            if turn < 0:  # a reflex vertex is no ear
+                continue
+            others = (j for j in idx if j not in (a, b, c))
+            if any(
+                cross(a, b, j) >= -tol and cross(b, c, j) >= -tol and cross(c, a, j) >= -tol
+                for j in others
+            ):
+                continue
+            out.append(v[[a, b, c]])
+            idx.pop(k)
+            break
+        else:
+            raise ValueError("a mesh polygon crosses itself: it has no triangulation")
+    if abs(cross(*idx)) > tol:
+        out.append(v[idx])
+    return out
 
 
 def _merge_coplanar(polys: list[np.ndarray]) -> list[np.ndarray]:
@@ -187,11 +299,13 @@ def faces_from_mesh(
     convention: str = "itu",
     merge: bool = True,
 ) -> tuple[Face, ...]:
-    """Faces of one mesh of one material ``name``: each polygon (fan-triangulated when not
-    a convex planar polygon), coplanar triangles merged where their union is convex.
+    """Faces of one mesh of one material ``name``: each polygon (split into triangles by
+    :func:`triangulate` when it is not a convex planar polygon), coplanar triangles merged
+    where their union is convex.
 
     Raises:
-        ValueError: a degenerate polygon, a material that is not known (see module).
+        ValueError: a degenerate polygon, one that is not simple, a material that is not
+            known (see module).
     """
     v = np.asarray(vertices, float)
     polys = []
@@ -203,7 +317,7 @@ def faces_from_mesh(
         except ValueError:
             if len(poly) == 3:
                 raise
-            polys.extend(np.array([poly[0], poly[i], poly[i + 1]]) for i in range(1, len(poly) - 1))
+            polys.extend(triangulate(poly))
     if merge:
         polys = _merge_coplanar(polys)
     spec = _spec(name, materials)
@@ -220,17 +334,32 @@ def read_obj(path: str | pathlib.Path) -> tuple[np.ndarray, dict[str, list[list[
     ``usemtl`` material, else their ``o`` / ``g`` name, else ``"face"``.
 
     Raises:
-        ValueError: an index out of range or a face with fewer than 3 vertices.
+        ValueError: (with the file and line) a vertex without three numbers, an index that
+            is not an integer or is out of range, a face with fewer than 3 vertices; a file
+            that is not text.
     """
     verts: list[list[float]] = []
     groups: dict[str, list[list[int]]] = {}
     current, fallback = None, "face"
-    for lineno, raw in enumerate(pathlib.Path(path).read_text().splitlines(), 1):
+    try:
+        lines = pathlib.Path(path).read_text().splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text OBJ file (byte {e.start} is not text)") from None
+    for lineno, raw in enumerate(lines, 1):
         words = raw.split("#", 1)[0].split()
         if not words:
             continue
+        where = f"{path}:{lineno}"
         if words[0] == "v":
-            verts.append([float(w) for w in words[1:4]])
+            try:
+                xyz = [float(w) for w in words[1:4]]
+            except ValueError:
+                raise ValueError(
+                    f"{where}: a vertex needs three numbers, got {raw.strip()!r}"
+                ) from None
+            if len(xyz) != 3:
+                raise ValueError(f"{where}: a vertex needs three numbers, got {raw.strip()!r}")
+            verts.append(xyz)
         elif words[0] in ("o", "g") and len(words) > 1:
             fallback = words[1]
         elif words[0] == "usemtl" and len(words) > 1:
@@ -238,13 +367,16 @@ def read_obj(path: str | pathlib.Path) -> tuple[np.ndarray, dict[str, list[list[
         elif words[0] == "f":
             idx = []
             for w in words[1:]:
-                i = int(w.split("/")[0])
+                try:
+                    i = int(w.split("/")[0])
+                except ValueError:
+                    raise ValueError(f"{where}: {w!r} is not a vertex index") from None
                 i = i - 1 if i > 0 else len(verts) + i
                 if not 0 <= i < len(verts):
-                    raise ValueError(f"{path}:{lineno}: vertex index {w} out of range")
+                    raise ValueError(f"{where}: vertex index {w} out of range")
                 idx.append(i)
             if len(idx) < 3:
-                raise ValueError(f"{path}:{lineno}: a face needs at least 3 vertices")
+                raise ValueError(f"{where}: a face needs at least 3 vertices")
             groups.setdefault(current or fallback, []).append(idx)
     return np.asarray(verts, float).reshape(-1, 3), groups
 
@@ -294,11 +426,15 @@ def load_mitsuba(
     the module docstring); mesh paths are relative to the XML file.
 
     Raises:
-        ValueError: a shape without a material or a file, a ``to_world`` transform, an
-            unknown shape type, or what :func:`read_ply` / :func:`load_obj` refuse.
+        ValueError: malformed or empty XML (with the file), a shape without a material or a
+            file, a ``to_world`` transform, an unknown shape type, or what :func:`read_ply` /
+            :func:`load_obj` refuse.
     """
     path = pathlib.Path(path)
-    root = ET.parse(path).getroot()
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as e:
+        raise ValueError(f"{path}: not a Mitsuba XML scene ({e})") from None
     bsdfs = {b.get("id"): _bsdf_material(b) for b in root.iter("bsdf") if b.get("id")}
     out: list[Face] = []
     for i, shape in enumerate(root.iter("shape")):

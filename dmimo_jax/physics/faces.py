@@ -75,7 +75,7 @@ PLANARITY_TOLERANCE = 1e-6
 """Metres: the largest distance of a face's vertex from the face's plane."""
 
 
-def _newell(v: np.ndarray) -> np.ndarray:
+def newell_normal(v: np.ndarray) -> np.ndarray:
     """Newell's normal (unnormalized; length twice the area) of a polygon (K, 3)."""
     w = np.roll(v, -1, axis=0)
     return np.array(
@@ -91,7 +91,10 @@ def check_polygon(name: str, vertices: np.ndarray) -> np.ndarray:
     """The unit normal of a planar convex polygon (K, 3), or ``ValueError`` naming ``name``
     (fewer than 3 vertices, non-finite, repeated or collinear vertices, zero area,
     non-planar beyond ``PLANARITY_TOLERANCE``, or not convex)."""
-    v = np.asarray(vertices, float)
+    v = np.asarray(vertices)
+    if np.iscomplexobj(v) or v.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must be real coordinates in metres, got {v.dtype} values")
+    v = v.astype(float)
     if v.ndim != 2 or v.shape[1] != 3 or v.shape[0] < 3:
         raise ValueError(f"{name} must have shape (K, 3) with K >= 3 vertices, got {v.shape}")
     if not np.all(np.isfinite(v)):
@@ -101,7 +104,7 @@ def check_polygon(name: str, vertices: np.ndarray) -> np.ndarray:
     scale = max(float(np.max(lengths)), 1e-300)
     if np.any(lengths <= 1e-12 * scale):
         raise ValueError(f"{name} repeats a vertex (a zero-length edge): a degenerate face")
-    area2 = _newell(v)
+    area2 = newell_normal(v)
     norm = float(np.linalg.norm(area2))
     if not norm > 1e-12 * scale * scale:
         raise ValueError(f"{name} has zero area (collinear vertices): a degenerate face")
@@ -176,7 +179,7 @@ class Face:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         fdt = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
         cdt = jnp.result_type(fdt, jnp.complex64)
-        n = check_polygon(f"vertices of face {name!r}", np.asarray(vertices, float))
+        n = check_polygon(f"vertices of face {name!r}", vertices)
         if eps_r is None:
             eps, pec = 1.0 + 0.0j, True
         else:
@@ -565,6 +568,42 @@ def _solid_around(point: np.ndarray, st: _Stacked) -> int:
     return behind[0] if len(behind) >= 2 else -1
 
 
+MAX_PATH_BYTES = 4 * 2**30
+"""The most memory one position's paths may ask for (:func:`check_path_memory`), bytes."""
+
+
+def check_distinct_faces(faces: Sequence[Face]) -> None:
+    """``ValueError`` naming two faces that are the same polygon (the same vertices in any
+    cyclic order or direction): its bounce would be counted twice."""
+    seen: dict[tuple, int] = {}
+    for i, f in enumerate(faces):
+        key = tuple(sorted(map(tuple, np.round(np.asarray(f.vertices, float), 9).tolist())))
+        if key in seen:
+            raise ValueError(
+                f"faces[{seen[key]}] and faces[{i}] ({f.name!r}) are the same polygon: its "
+                "bounce would count twice; drop one"
+            )
+        seen[key] = i
+
+
+def check_path_memory(
+    num_aps: int, num_faces: int, num_blockers: int, faces: Sequence[Face], order: int
+) -> None:
+    """``ValueError`` when evaluating one position would ask for more than
+    :data:`MAX_PATH_BYTES`: every path (M F first-order, M F (F - 1) second-order) is tested
+    against every blocker's K edges, a few float64 arrays of M x paths x blockers x K."""
+    k = max(int(f.vertices.shape[0]) for f in faces)
+    paths = num_faces + (num_faces * (num_faces - 1) if order == 2 else 0)
+    need = 8 * 4 * num_aps * paths * max(num_blockers, 1) * (k + 1)
+    if need > MAX_PATH_BYTES:
+        raise ValueError(
+            f"a scene of {num_faces} faces ({num_blockers} that can block, up to {k} vertices "
+            f"each, order {order}) for {num_aps} APs needs about {need / 2**30:.1f} GiB for "
+            f"one position (at most {MAX_PATH_BYTES / 2**30:.0f} GiB): keep the faces near "
+            "the UE region, merge coplanar triangles, or pass fewer blockers"
+        )
+
+
 @pytree_dataclass(init=False)
 class MeshModel(PhasorSumModel):
     r"""LoS plus specular bounces on finite faces, as a **PhaseModel** (beyond the paper).
@@ -584,9 +623,10 @@ class MeshModel(PhasorSumModel):
             most of the cost; a model rebuilt from traced APs passes its nominal's).
 
     Raises:
-        ValueError: no faces or not :class:`Face` s, ``order`` not 1 or 2, ``blockers`` not
-            face indices, or an AP inside a solid (see the module docstring's orientation
-            rule).
+        ValueError: no faces or not :class:`Face` s, two faces that are the same polygon,
+            ``order`` not 1 or 2, ``blockers`` not face indices, a scene whose paths need
+            more than :data:`MAX_PATH_BYTES` for one position (:func:`check_path_memory`),
+            or an AP inside a solid (see the module docstring's orientation rule).
 
     Examples:
         >>> import jax.numpy as jnp
@@ -634,6 +674,9 @@ class MeshModel(PhasorSumModel):
             raise ValueError(
                 f"blockers must be distinct face indices in [0, {len(faces)}), got {blockers}"
             )
+        if is_concrete([f.vertices for f in faces]):
+            check_distinct_faces(faces)
+        check_path_memory(scene.num_aps, len(faces), len(blockers), faces, order)
         object.__setattr__(self, "scene", scene)
         object.__setattr__(self, "faces", faces)
         object.__setattr__(self, "order", order)
