@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
@@ -21,6 +22,7 @@ from dmimo_jax._checks import (
     check_int,
     check_positions,
     check_scalar,
+    is_concrete,
 )
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import (
@@ -142,13 +144,18 @@ def labeled_snapshots(
     ``key`` is split into three, for the positions (uniform in the scene's UE box,
     :func:`~dmimo_jax.scene.sample_positions`), the CPOs (uniform, :func:`random_cpos`) and the
     noise (:func:`simulate_phases_batch`, eq. (8)); a given ``x`` ((3,) or (num, 3)) or ``cpo``
-    (scalar or (num,)) replaces its draw and leaves the other draws unchanged.
+    (scalar or (num,)) replaces its draw and leaves the other draws unchanged. For a model
+    with solids (``model.in_air``, a :class:`~dmimo_jax.physics.MeshModel`: a pillar, a
+    cabinet) the positions drawn inside them are drawn again.
     """
     check_int("num", num, minimum=1)
     model = as_phase_model(model)
     k_x, k_cpo, k_noise = jax.random.split(key, 3)
     if x is None:
         xs = sample_positions(k_x, num, model.scene)
+        in_air = getattr(model, "in_air", None)  # a scene of faces: not inside its solids
+        if in_air is not None and is_concrete(xs):
+            xs = _redraw_outside_solids(k_x, xs, in_air, model.scene)
     else:
         x = jnp.asarray(x)
         if x.shape not in ((3,), (num, 3)):
@@ -163,6 +170,22 @@ def labeled_snapshots(
         cpos = jnp.broadcast_to(cpo, (num,))
     r = simulate_phases_batch(k_noise, model, xs, cpos)
     return LabeledSnapshots(xs, r, jax.vmap(model.variance)(xs), cpos)
+
+
+def _redraw_outside_solids(key: Array, xs: Array, in_air: Any, scene: Scene) -> Array:
+    """``xs`` with every position inside a solid (``in_air`` False) drawn again, uniformly
+    in the UE box, until all are in the air (positions already in the air are kept)."""
+    xs = np.array(xs)
+    for attempt in range(100):
+        bad = np.flatnonzero(~in_air(xs))
+        if bad.size == 0:
+            return jnp.asarray(xs)
+        new = sample_positions(jax.random.fold_in(key, attempt + 1), bad.size, scene)
+        xs[bad] = np.asarray(new)
+    raise ValueError(
+        "x: the UE region is (almost) all inside the scene's solids: no position in the air "
+        "was drawn in 100 tries"
+    )
 
 
 def received_signal(key: Array, scene: Scene, x: ArrayLike, cpo: ArrayLike) -> Array:

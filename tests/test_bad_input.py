@@ -585,3 +585,85 @@ def test_every_phase_api_refuses_complex_snapshots_by_name():
     for call in calls.values():
         with pytest.raises(ValueError, match="must be real wrapped phases"):
             call()
+
+
+def test_round_four_arguments_are_refused_by_name():
+    """Each was accepted until an answer failed later, or silently wrong."""
+    from dmimo_jax.datasets.worlds import SEED_MAX
+
+    with pytest.raises(ValueError, match="seed must be an int in"):
+        dj.synthetic_deployment(seed=2**64)
+    with pytest.raises(ValueError, match="seed must be an int in"):
+        dj.synthetic_deployment(seed=SEED_MAX + 1)
+    with pytest.raises(ValueError, match="power_dbm must be finite"):
+        dj.synthetic_deployment(float("nan"))
+    scene = dj.paper_scene(-10.0, convention="itu")
+    model = dj.TwoRayModel(scene)
+    r = dj.simulate_phases_batch(
+        jax.random.key(0), model, jnp.asarray([[4.0, 5.0, 1.5]]), jnp.zeros(1)
+    )
+    result = estimators.refine_batch(jnp.asarray([[4.0, 5.0, 1.5]]), r, model, num_steps=2)
+    for kwargs, match in [
+        (dict(radius=-1.0), "radius must be > 0"),
+        (dict(spacing=0.0), "spacing must be > 0"),
+        (dict(radius=0.01, spacing=0.02), "spacing .* must not exceed radius"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            estimators.recheck_costly(r, model, result, **kwargs)
+    with pytest.raises(ValueError, match="model must be a Scene or a PhaseModel"):
+        dj.calibration.calibrate_receivers("two-ray", jnp.ones((3, 3)), jnp.ones((3, 17), complex))
+
+
+def test_run_offline_refuses_another_carrier_and_a_calibration_of_receivers():
+    from dmimo_jax import receivers as rx
+    from dmimo_jax.pipeline.offline import calibrated_model
+
+    scene = dj.paper_scene(-10.0, convention="itu")
+    data = dj.measure.labeled_snapshots(jax.random.key(0), scene, 20)
+    other = dj.TwoRayModel(scene.replace(wavelength=2 * scene.wavelength))
+    with pytest.raises(ValueError, match="model's wavelength .* differs from the scene's"):
+        dj.run_offline(data.x, data.r, data.variance, scene, model=other, kinds=("cells",))
+    model = dj.TwoRayModel(scene)
+    recv = rx.random_receivers(jax.random.key(1), model)
+    h = rx.simulate_snapshots(jax.random.key(2), model, data.x, recv, jnp.ones(20))
+    var = jnp.full((20, 17), float(scene.noise_power))
+    cal = dj.calibrate(model, data.x, h, var, fit="receiver_gains", receivers=recv, warn=False)
+    assert cal.receivers is not None
+    with pytest.raises(ValueError, match="this calibration fitted receivers"):
+        calibrated_model(cal)
+
+
+def test_a_tracker_refuses_another_models_table_and_a_start_outside_its_region():
+    from dmimo_jax import tracking
+
+    scene = dj.paper_scene(-10.0, convention="itu")
+    model = dj.TwoRayModel(scene)
+    grid = estimators.search_grid(scene, 0.25)
+    motion = tracking.ConstantVelocity(0.5, region=scene)
+    other = dj.TwoRayModel(scene.replace(ap_phase_offsets=jnp.linspace(0.0, 1.0, 17)))
+    with pytest.raises(ValueError, match="table does not tabulate this model"):
+        dj.Tracker(model, motion, dt=0.1, table=estimators.phasor_table(other, grid))
+    small = dj.paper_scene(-10.0, convention="itu").replace(ue_high=jnp.asarray([4.0, 4.0, 2.0]))
+    with pytest.raises(ValueError, match="table covers .* not the model's UE region"):
+        dj.Tracker(
+            model,
+            motion,
+            dt=0.1,
+            table=estimators.phasor_table(model, estimators.search_grid(small, 0.25, "ue")),
+        )
+    tracker = dj.Tracker(model, motion, dt=0.1, table=estimators.phasor_table(model, grid))
+    high = float(np.asarray(scene.ue_high)[2])
+    init = lambda x0: tracker.init(x0, position_std=0.01, velocity_std=0.1)  # noqa: E731
+    state = jax.vmap(init)(jnp.asarray([[4.0, 5.0, 1.5], [4.0, 5.0, high + 0.3]]))
+    r = jnp.zeros((3, 2, 17))
+    with pytest.raises(ValueError, match=r"state: UE\(s\) \[1\] start outside"):
+        tracking.run_tracker(tracker, state, r)
+
+
+def test_labeled_snapshots_of_a_scene_of_faces_are_drawn_in_the_air():
+    from dmimo_jax.datasets.worlds import face_scene
+
+    model = face_scene(dj.paper_scene(-10.0, convention="itu"))
+    data = dj.measure.labeled_snapshots(jax.random.key(3), model, 400)
+    assert np.all(model.in_air(np.asarray(data.x)))
+    assert np.all(np.isfinite(np.asarray(data.r)))

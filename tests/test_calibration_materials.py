@@ -94,8 +94,14 @@ def test_material_posterior_covers_the_truth():
 def test_bad_input_raises_clear_errors():
     scene = dj.paper_scene(-20.0, convention="itu")
     x, r, var = _labeled(scene, num=4)
-    with pytest.raises(ValueError, match="at least L = 2"):
-        calibration.fit_material(x[:1], r[:1], var[:1], scene)
+    # one label identifies the permittivity (M - 1 phase differences, two unknowns): fitted,
+    # not refused by the GP's L >= 2 rule; none is refused
+    one = calibration.fit_material(x[:1], r[:1], var[:1], scene.replace(eps_r=3.0 + 0j))
+    assert abs(complex(one.eps_r) - complex(scene.eps_r)) < 10 * float(
+        one.stderr_real + one.stderr_imag
+    )
+    with pytest.raises(ValueError, match="at least L = 1"):
+        calibration.fit_material(x[:0], r[:0], var[:0], scene)
     with pytest.raises(ValueError, match="r must be finite"):
         calibration.fit_material(x, r.at[0, 0].set(jnp.nan), var, scene)
     with pytest.raises(ValueError, match="noise_var must have shape"):

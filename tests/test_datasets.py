@@ -178,6 +178,15 @@ def test_held_labels_are_the_exact_repeats_of_the_previous_position(tmp_path):
     )
 
 
+def test_a_frame_held_after_a_dropped_cycle_is_a_held_label(tmp_path):
+    """Cycle 10 repeats cycle 9's position, and cycle 9 is dropped (a NaN CSI entry): the
+    frame is still held (compared with the kept cycle 8 it looked measured)."""
+    write_folder(tmp_path, {"EXP902": 20}, held_rows=(10,), nan_rows=(9,))
+    d = load_techtile(tmp_path, "EXP902")
+    kept = np.setdiff1d(np.arange(20), [9])
+    np.testing.assert_array_equal(np.flatnonzero(d.held_labels), np.searchsorted(kept, [10]))
+
+
 def test_loader_errors(tmp_path):
     write_folder(tmp_path / "a", {"EXP901": 10}, geometry_tiles=TILES[:-1])
     with pytest.raises(ValueError, match="E09"):

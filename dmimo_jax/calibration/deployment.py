@@ -1268,7 +1268,9 @@ def calibrate(
     """
     _check_model(model)
     fit = _check_fit(fit)
-    check_training_data(x, r, noise_var, model.num_aps)
+    # one label may do (e.g. offsets alone); the count of residuals is checked against the
+    # unknowns below
+    check_training_data(x, r, noise_var, model.num_aps, min_labels=1)
     check_int("num_steps", num_steps, minimum=1)
     check_int("max_steps", max_steps, minimum=num_steps)
     if jacobian not in ("auto", "autodiff"):
@@ -1290,6 +1292,13 @@ def calibrate(
     dtype = model.scene.ap_positions.dtype
     check_in_domain("x", np.asarray(x, float), model)
     complex_data = np.iscomplexobj(r)
+    if complex_data:
+        dead = np.flatnonzero(np.all(np.asarray(r) == 0, axis=0))
+        if dead.size:
+            raise ValueError(
+                f"r: the receivers of AP(s) {dead.tolist()} measured exactly 0 in every "
+                "snapshot (dead receivers): leave those APs out of the model and the data"
+            )
     x, noise_var = jnp.asarray(x, dtype), jnp.asarray(noise_var, dtype)
     r = jnp.asarray(r, jnp.result_type(dtype, complex) if complex_data else dtype)
     rx_fit = [f for f in fit if f.startswith("receiver_")]

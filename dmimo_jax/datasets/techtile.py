@@ -54,6 +54,8 @@ class TechtileExperiment:
         room_size: (3,) the room [0, Lx] x [0, Ly] x [0, Lz], m.
         materials: the room file's materials (``walls``, ``floor``, ``ceiling``).
         num_dropped: cycles dropped for a NaN CSI entry or a missing position.
+        held_after_dropped: (N,) bool: the snapshot's position is bit-for-bit that of the
+            file's previous cycle, which was dropped (part of :attr:`held_labels`).
     """
 
     experiment: str
@@ -69,6 +71,7 @@ class TechtileExperiment:
     room_size: np.ndarray
     materials: dict[str, str]
     num_dropped: int
+    held_after_dropped: np.ndarray | None = None
 
     @property
     def wavelength(self) -> float:
@@ -86,9 +89,13 @@ class TechtileExperiment:
         motion-capture frame held rather than measured (a live tracker's coordinates differ
         in their last digits from frame to frame, even with the rover still). The CSI of such
         a snapshot need not be where its label says: score and train with care
-        (docs/real_data.md measures it on EXP002)."""
-        held = np.all(np.diff(self.positions, axis=0) == 0, axis=1)
-        return np.concatenate([[False], held])
+        (docs/real_data.md measures it on EXP002). The previous snapshot is the file's
+        previous cycle, also when that cycle was dropped for a NaN CSI entry (its frame
+        was still captured)."""
+        held = np.concatenate([[False], np.all(np.diff(self.positions, axis=0) == 0, axis=1)])
+        if self.held_after_dropped is not None:
+            held = held | self.held_after_dropped
+        return held
 
     @property
     def num_snapshots(self) -> int:
@@ -232,6 +239,9 @@ def load_techtile(
         room_size=size,
         materials={k: str(v) for k, v in room.get("materials", {}).items()},
         num_dropped=int((~keep).sum()),
+        held_after_dropped=(
+            np.concatenate([[False], np.all(np.diff(xyz, axis=0) == 0, axis=1) & ~keep[:-1]])
+        )[keep],
     )
 
 

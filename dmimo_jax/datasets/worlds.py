@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from dmimo_jax._checks import check_int
+from dmimo_jax._checks import check_int, check_scalar
 from dmimo_jax.antenna import CosinePattern
 from dmimo_jax.physics import (
     Face,
@@ -154,6 +154,11 @@ def sample_world_positions(key: Any, num: int, model: Any, *, clearance: float =
     return jax.numpy.asarray(np.concatenate(kept)[:num])
 
 
+SEED_MAX = 2**32 - 1 - 1000
+"""The largest ``seed`` of :func:`synthetic_deployment` (its key is ``seed + 1000``, and a
+seed past 32 bits would silently wrap onto another world's)."""
+
+
 def synthetic_deployment(
     power_dbm: float = -10.0,
     *,
@@ -189,12 +194,14 @@ def synthetic_deployment(
     without ``random_materials`` has the same APs).
 
     Raises:
-        ValueError: an unknown ``world``, a non-integer ``seed``, a negative or non-finite
+        ValueError: an unknown ``world``, a ``seed`` that is not an integer in [0,
+            :data:`SEED_MAX`], a non-finite ``power_dbm``, a negative or non-finite
             ``position_std``, ``random_materials`` for the two-ray world.
     """
     if world not in ("room", "two-ray", "faces"):
         raise ValueError(f"world must be 'room', 'two-ray' or 'faces', got {world!r}")
-    check_int("seed", seed)
+    check_int("seed", seed, maximum=SEED_MAX)  # seed + 1000 is a 32-bit key (larger wrap)
+    check_scalar("power_dbm", power_dbm)
     if random_materials and world == "two-ray":
         raise ValueError("random_materials draws a room's surfaces: use world='room' or 'faces'")
     surveyed = paper_scene(power_dbm, "concrete", convention="itu")

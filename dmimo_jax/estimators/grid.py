@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_finite, check_int, is_concrete
+from dmimo_jax._checks import check_finite, check_int, check_table_aps, is_concrete
 from dmimo_jax.estimators.phasors import phasor_rows
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
@@ -268,6 +268,37 @@ def phasor_table(
     if mesh is not None:
         data = jax.device_put(data, NamedSharding(mesh, P(GRID_AXIS)))
     return PhasorTable(data, grid, chunk_size, num_chunks, mesh)
+
+
+def check_table_of(table: PhasorTable, model: PhaseModel | Scene, name: str = "table") -> None:
+    """``ValueError`` unless ``table`` tabulates ``model`` over its UE region: its grid
+    covers the region (to one spacing), and its rows at eight grid points spread over the
+    table equal the model's phasors there (to float32 rounding of the table: 1e-3). A table
+    of another deployment, another material or another region is refused by name. Concrete
+    tables only (a traced one passes)."""
+    model = as_phase_model(model)
+    check_table_aps(table, model)
+    if not is_concrete(table.data, table.grid.low):
+        return
+    grid, scene = table.grid, model.scene
+    low = np.asarray(grid.low, float)
+    high = low + np.asarray(grid.shape) * grid.spacing
+    ue_low, ue_high = np.asarray(scene.ue_low, float), np.asarray(scene.ue_high, float)
+    if np.any(low > ue_low + grid.spacing) or np.any(high < ue_high - grid.spacing):
+        raise ValueError(
+            f"{name} covers {low.round(3).tolist()} to {high.round(3).tolist()} m, not the "
+            f"model's UE region {ue_low.round(3).tolist()} to {ue_high.round(3).tolist()} m: "
+            "build it with estimators.phasor_table(model, estimators.search_grid(...))"
+        )
+    index = jnp.asarray(np.linspace(0, grid.size - 1, 8).round().astype(np.int32))
+    rows = np.asarray(table.data[index], float)
+    expected = np.asarray(phasor_rows(jax.vmap(model.mean)(grid_points(grid, index))), float)
+    worst = float(np.max(np.abs(rows - expected)))
+    if not worst <= 1e-3:
+        raise ValueError(
+            f"{name} does not tabulate this model: its phasors differ from the model's by up to "
+            f"{worst:.3g} at its own grid points (another deployment, material or offsets?)"
+        )
 
 
 @partial(jax.jit, static_argnames=("rows", "chunk_size"))

@@ -240,6 +240,10 @@ def recheck_costly(
     lam = float(model.scene.wavelength)
     radius = lam / 4 if radius is None else radius
     spacing = lam / 16 if spacing is None else spacing
+    check_scalar("radius", radius, positive=True)
+    check_scalar("spacing", spacing, positive=True)
+    if spacing > radius:
+        raise ValueError(f"spacing ({spacing!r} m) must not exceed radius ({radius!r} m)")
     failed = cost_gate_failed(cost, model.num_aps, gate)
     rows = np.flatnonzero(failed)
     if rows.size == 0 or rows.size > max_fraction * r.shape[0]:

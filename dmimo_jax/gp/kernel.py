@@ -184,13 +184,19 @@ def check_covariance_size(num_locations: int, num_aps: int, max_bytes: float) ->
         )
 
 
-def check_training_data(x: Any, r: Any, noise_var: Any, num_aps: int) -> None:
-    """Validate L labeled snapshots: x (L, 3) above ground with L >= 2, r and noise_var (L, M)
-    finite, noise_var > 0 (``ValueError`` naming the argument otherwise)."""
+def check_training_data(
+    x: Any, r: Any, noise_var: Any, num_aps: int, *, min_labels: int = 2
+) -> None:
+    """Validate L labeled snapshots: x (L, 3) above ground with L >= ``min_labels`` (the GP
+    needs 2; a calibration checks its own count of residuals against its unknowns), r and
+    noise_var (L, M) finite, noise_var real and > 0 (``ValueError`` naming the argument
+    otherwise)."""
     check_positions("x", x, batched=True)
     x = np.asarray(x)
-    if x.shape[0] < 2:
-        raise ValueError(f"need at least L = 2 training locations, got x with shape {x.shape}")
+    if x.shape[0] < min_labels:
+        raise ValueError(
+            f"need at least L = {min_labels} training locations, got x with shape {x.shape}"
+        )
     for name, v in (("r", r), ("noise_var", noise_var)):
         v = np.asarray(v)
         if v.shape != (x.shape[0], num_aps):
@@ -198,5 +204,7 @@ def check_training_data(x: Any, r: Any, noise_var: Any, num_aps: int) -> None:
                 f"{name} must have shape {(x.shape[0], num_aps)} (L, M), got {v.shape}"
             )
         check_finite(name, v)
+    if np.iscomplexobj(noise_var):
+        raise ValueError("noise_var must be real variances (rad^2), got complex values")
     if np.any(np.asarray(noise_var) <= 0):
         raise ValueError("noise_var must be positive (rad^2)")

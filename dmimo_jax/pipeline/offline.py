@@ -21,6 +21,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
+from dmimo_jax._checks import is_concrete
 from dmimo_jax.calibration import Calibration
 from dmimo_jax.estimators import (
     CellTable,
@@ -214,6 +215,13 @@ def calibrated_model(cal: Calibration) -> PhaseModel:
             UserWarning,
             stacklevel=3,
         )
+    if cal.receivers is not None:
+        raise ValueError(
+            "model: this calibration fitted receivers (gains and constants of complex "
+            "snapshots); the offline stage learns from phases, and its model would drop them. "
+            "Train on the phases of the snapshots with the constants removed, under "
+            "ReceiverModel(cal.model, cal.receivers) as the model"
+        )
     return cal.model
 
 
@@ -232,6 +240,13 @@ def _check_model(model: Any, scene: Scene, num_aps: int) -> None:
         raise ValueError(
             f"model has {model.num_aps} APs and scene {scene.num_aps}, the snapshots r have "
             f"{num_aps} columns: they must agree"
+        )
+    if is_concrete(model.scene.wavelength, scene.wavelength) and not np.isclose(
+        float(model.scene.wavelength), float(scene.wavelength), rtol=1e-9
+    ):
+        raise ValueError(
+            f"model's wavelength {float(model.scene.wavelength):.6g} m differs from the scene's "
+            f"{float(scene.wavelength):.6g} m: they describe different carriers"
         )
     leaves = jax.tree_util.tree_leaves(model)
     if not leaves or not all(

@@ -74,12 +74,11 @@ from dmimo_jax._checks import (
     check_num_aps,
     check_positions,
     check_scalar,
-    check_table_aps,
     is_concrete,
     warn_if_float32,
 )
 from dmimo_jax.bounds import linearize
-from dmimo_jax.estimators.grid import PhasorTable
+from dmimo_jax.estimators.grid import PhasorTable, check_table_of
 from dmimo_jax.estimators.phasors import cube_offsets
 from dmimo_jax.estimators.search import egs_table_search
 from dmimo_jax.likelihood import compressed_residuals
@@ -232,7 +231,7 @@ class Tracker:
                     f"table must be a PhasorTable (estimators.phasor_table of the model over "
                     f"the region) or None, got {type(table).__name__}"
                 )
-            check_table_aps(table, model)
+            check_table_of(table, model)
         for name, value in [("false_alarm", false_alarm), ("gate_false_alarm", gate_false_alarm)]:
             check_scalar(name, value, positive=True)
             if not float(value) < 1:
@@ -747,6 +746,15 @@ def run_tracker(
             f"state must hold B = {b} UEs to match r (a leading axis, from "
             f"jax.vmap(tracker.init)), got mean of shape {state.mean.shape}"
         )
+    if is_concrete(state.mean):  # jax.vmap(tracker.init) skipped init's check of x0
+        pos = np.asarray(state.mean, float)[:, :3]
+        low, high = (np.asarray(v, float) for v in (tracker.motion.low, tracker.motion.high))
+        out = np.flatnonzero(~np.all((pos >= low) & (pos <= high), axis=1))
+        if out.size:
+            raise ValueError(
+                f"state: UE(s) {out.tolist()[:10]} start outside the motion model's region "
+                f"[{low.tolist()}, {high.tolist()}] (e.g. {pos[out[0]].tolist()})"
+            )
     if valid is None:
         valid = jnp.ones((t, b), bool)
     else:
