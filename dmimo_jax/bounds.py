@@ -60,6 +60,8 @@ __all__ = [
     "jacobian_analytic",
     "linearize",
     "peb_from_fim",
+    "subset_peb",
+    "subset_peb_unchecked",
 ]
 
 
@@ -326,6 +328,38 @@ def peb(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     warn_if_float32("peb")
     _check_position(x, model)
     return _peb_compiled(jnp.asarray(x), model)
+
+
+def subset_peb(x: ArrayLike, model: PhaseModel | Scene, excluded: ArrayLike) -> Array:
+    r"""The PEB of the APs that are left: eq. (14) with the APs of the (M,) bool mask
+    ``excluded`` at infinite variance (their rows and columns of the EFIM, eq. 13b, are
+    zero: the bound of a deployment without them; the CPO is still estimated from the
+    rest). ``inf`` when fewer than four APs are left or the rest cannot see a direction.
+
+    Raises:
+        ValueError: as :func:`peb`, and ``excluded`` not an (M,) bool mask.
+    """
+    model = as_phase_model(model)
+    check_num_aps(model.num_aps)
+    _check_position(x, model)
+    mask = np.asarray(excluded) if is_concrete(excluded) else excluded
+    if np.shape(mask) != (model.num_aps,) or jnp.asarray(mask).dtype != bool:
+        raise ValueError(
+            f"excluded must be a bool mask of shape ({model.num_aps},), got "
+            f"{jnp.asarray(mask).dtype} {np.shape(mask)}"
+        )
+    return subset_peb_unchecked(jnp.asarray(x), model, jnp.asarray(mask))
+
+
+@jax.jit
+def subset_peb_unchecked(x: Array, model: PhaseModel, excluded: Array) -> Array:
+    """:func:`subset_peb`'s traced core (one position; batch with ``jax.vmap``)."""
+    _, h, variance = linearize(x, model)
+    left = jnp.sum(~excluded)
+    w = jnp.where(excluded, 0.0, 1.0 / jnp.where(excluded, 1.0, variance))
+    efim = jnp.diag(w) - jnp.outer(w, w) / jnp.sum(w)
+    bound = peb_from_fim(h.T @ efim @ h)
+    return jnp.where(left >= 4, bound, jnp.inf)
 
 
 def peb_from_fim(fim: ArrayLike) -> Array:

@@ -37,6 +37,8 @@ from dmimo_jax.pytree import jit_or_eager
 from dmimo_jax.scene import Scene, sample_positions
 
 __all__ = [
+    "FAULT_KINDS",
+    "inject_faults",
     "LabeledSnapshots",
     "labeled_snapshots",
     "received_signal",
@@ -51,6 +53,61 @@ def random_cpos(key: Array, num: int, dtype: Any = None) -> Array:
     check_int("num", num)
     dtype = jnp.result_type(float) if dtype is None else dtype
     return jax.random.uniform(key, (num,), dtype, minval=-jnp.pi, maxval=jnp.pi)
+
+
+FAULT_KINDS = ("random", "stuck", "jump", "blocked")
+"""The AP faults :func:`inject_faults` simulates."""
+
+
+def inject_faults(
+    key: Array, r: ArrayLike, faulty: ArrayLike, kind: str, *, jump: ArrayLike | None = None
+) -> Array:
+    r"""Snapshots ``r`` (N, M) with faulty APs (beyond the paper): wrapped phases, the
+    entries where ``faulty`` ((N, M) or (M,) for every snapshot, bool) holds replaced by
+
+    * ``"random"``: a dead receiver or lost lock, uniform on :math:`[-\pi, \pi)`;
+    * ``"stuck"``: a stale value, one phase per AP (uniform) held in every snapshot;
+    * ``"jump"``: lost phase synchronisation, the AP's phase offset changed by
+      :math:`\delta_m` (``jump`` (M,), rad; default :math:`|\delta_m|` uniform on
+      :math:`[\pi/2, \pi]` with a random sign), the same in every snapshot;
+    * ``"blocked"``: a body in the line of sight, each snapshot's phase moved by a few
+      radians (uniform on :math:`\pm[1, 3]`).
+
+    Raises:
+        ValueError: an unknown ``kind``, ``r`` not (N, M) real, ``faulty`` not a bool mask
+            of shape (M,) or (N, M), ``jump`` not (M,) finite.
+    """
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"kind must be one of {FAULT_KINDS}, got {kind!r}")
+    r = jnp.asarray(r)
+    if r.ndim != 2 or jnp.iscomplexobj(r):
+        raise ValueError(f"r must be (N, M) wrapped phases, got {r.dtype} {r.shape}")
+    mask = jnp.asarray(faulty)
+    if mask.dtype != bool or mask.shape not in (r.shape[1:], r.shape):
+        raise ValueError(
+            f"faulty must be a bool mask of shape ({r.shape[1]},) or {r.shape}, got "
+            f"{mask.dtype} {mask.shape}"
+        )
+    mask = jnp.broadcast_to(mask, r.shape)
+    n, m = r.shape
+    k_a, k_b, k_c = jax.random.split(key, 3)
+    if kind == "random":
+        new = jax.random.uniform(k_a, r.shape, r.dtype, -jnp.pi, jnp.pi)
+    elif kind == "stuck":
+        new = jnp.broadcast_to(jax.random.uniform(k_a, (m,), r.dtype, -jnp.pi, jnp.pi), r.shape)
+    elif kind == "jump":
+        if jump is None:
+            size = jax.random.uniform(k_a, (m,), r.dtype, jnp.pi / 2, jnp.pi)
+            jump = jnp.where(jax.random.bernoulli(k_b, 0.5, (m,)), size, -size)
+        jump = jnp.asarray(jump, r.dtype)
+        if jump.shape != (m,):
+            raise ValueError(f"jump must have shape ({m},) (one per AP), got {jump.shape}")
+        check_finite("jump", jump)
+        new = wrap(r + jump[None, :])
+    else:
+        size = jax.random.uniform(k_a, r.shape, r.dtype, 1.0, 3.0)
+        new = wrap(r + jnp.where(jax.random.bernoulli(k_c, 0.5, r.shape), size, -size))
+    return jnp.where(mask, new, r)
 
 
 def simulate_phases(key: Array, model: PhaseModel | Scene, x: ArrayLike, cpo: ArrayLike) -> Array:

@@ -38,9 +38,11 @@ from dmimo_jax.estimators.coherent import (
     knn_locate,
 )
 from dmimo_jax.estimators.exact import MLEResult, exact_mle
+from dmimo_jax.estimators.faults import ExclusionResult, exclude_faults
 from dmimo_jax.estimators.grid import (
     Grid,
     PhasorTable,
+    check_table_of,
     grid_points,
     phasor_table,
     search_grid,
@@ -97,4 +99,7 @@ __all__ = [
     "capacities",
     "capacity_for",
     "on_rows",
+    "ExclusionResult",
+    "exclude_faults",
+    "check_table_of",
 ]

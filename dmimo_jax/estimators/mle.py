@@ -15,6 +15,7 @@ function called once with a default left out and once with it passed compiles tw
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
@@ -115,7 +116,16 @@ def refine_batch(
 
 
 @partial(jax.jit, static_argnums=(3,))
-def _refine(x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: float) -> RefineResult:
+def _refine(
+    x0: Array,
+    r: Array,
+    model: PhaseModel,
+    num_steps: int,
+    damping: float,
+    excluded: Array | None = None,
+) -> RefineResult:
+    variance = model.variance if excluded is None else excluded_variance(model, excluded)
+
     def weighted_residual(x: Array, var: Array) -> Array:
         return compressed_residuals(r, model.mean(x), var) / jnp.sqrt(var)
 
@@ -124,15 +134,30 @@ def _refine(x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: flo
         x0,
         num_steps=num_steps,
         damping=damping,
-        aux_fn=model.variance,  # weights held constant within a step
+        aux_fn=variance,  # weights held constant within a step
         feasible=lambda x: x[2] > 0,
     )
     x = fit.x
-    mean, var = model.mean(x), model.variance(x)
+    mean, var = model.mean(x), variance(x)
     cost = jnp.sum(compressed_residuals(r, mean, var) ** 2 / var)
     return RefineResult(
         x=x, cpo=wrap(cpo_estimate(r, mean, var)), cost=cost, num_accepted=fit.num_accepted
     )
+
+
+def excluded_variance(model: PhaseModel, excluded: Array) -> Callable[[Array], Array]:
+    """``x -> model.variance(x)`` with the APs of the (M,) bool mask ``excluded`` at infinite
+    variance: they drop out of the CPO estimate (eq. 15, weight 0), of the ML cost (eq. 17)
+    and of the Fisher information (eq. 14) exactly, as an AP that hears nothing does."""
+    return lambda x: jnp.where(excluded, jnp.inf, model.variance(x))
+
+
+def refine_excluding(
+    x0: Array, r: Array, model: PhaseModel, excluded: Array, num_steps: int
+) -> RefineResult:
+    """:func:`refine` of one snapshot (unchecked, traceable) with the APs of the (M,) bool
+    mask ``excluded`` left out (:func:`excluded_variance`); ``num_steps`` static."""
+    return _refine(x0, r, model, num_steps, 1e-3, excluded)
 
 
 def refine_batch_unchecked(

@@ -30,6 +30,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, is_concrete
 from dmimo_jax.estimators import CellTable, PhasorTable, window_covers_table
+from dmimo_jax.estimators.faults import exclude_faults, pick_excluding, region_candidates
 from dmimo_jax.estimators.hyperbola import estimate as hyperbola_estimate
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
 from dmimo_jax.estimators.rows import capacity_for, gate_limit, on_rows
@@ -48,6 +49,10 @@ from dmimo_jax.pipeline.online import (
 )
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
+EXCLUSION_STEPS = 5  # LM steps of each re-fit without a faulty AP (at least the fine stage's)
+REGION_STARTS, REGION_STEPS = 8, 25  # the whole-region screen's (whole_region_screen_unchecked)
+EXCLUSION_STARTS = 24  # the whole-region starts tried with fault exclusion (its top 8 included)
+
 
 class LocatorResult(NamedTuple):
     """Output of :class:`Locator` (leading batch axis B; none for one (M,) snapshot)."""
@@ -61,6 +66,7 @@ class LocatorResult(NamedTuple):
     recovered: Array  # (B,) bool: the first answer failed the cost gate and was re-screened
     rejected: Array  # (B,) bool: the answer still fails the cost gate (or is not finite)
     overflow: Array  # (B,) bool: a rare step of this row did not fit the program's capacity
+    excluded: Array  # (B, M) bool: the APs left out as faulty (their phases contradict the rest)
 
 
 class WindowScreen(NamedTuple):
@@ -85,6 +91,7 @@ class LocatorSettings(NamedTuple):
     cost_gate: float | None
     capacity: float
     recheck_fraction: float
+    max_excluded: int
 
     @property
     def screen(self) -> ScreenSettings:
@@ -318,6 +325,13 @@ class Locator:
             handles in one program (0: one row); rows beyond it are re-run by the call
             (``overflow`` under tracing).
         recheck_fraction: see ``cost_gate``.
+        max_excluded: faulty APs (an offset jump, random or stale phases, a body in the
+            LoS) an answer that fails the cost gate may leave out, one at a time, before
+            it is re-screened (:func:`~dmimo_jax.estimators.faults.exclude_faults`: the
+            AP of largest residual from a robust CPO, re-fitted without it, the gate at
+            ``cost_gate * (M - k - 4)``); the result's ``excluded`` names them. 0 turns
+            fault exclusion off. An answer under the gate is never touched, so without
+            faults the answers are those of ``max_excluded=0``.
 
     Raises:
         ValueError: an ``offline`` that is not :func:`run_offline`'s, a ``kind`` it did not
@@ -349,6 +363,7 @@ class Locator:
         cost_gate: float | None = 100.0,
         capacity: float = 1 / 16,
         recheck_fraction: float = 0.05,
+        max_excluded: int = 3,
     ):
         estimators = getattr(offline, "estimators", None)
         if estimators is None:
@@ -400,6 +415,7 @@ class Locator:
             cost_gate=cost_gate,
             capacity=capacity,
             recheck_fraction=recheck_fraction,
+            max_excluded=max_excluded,
         )
         object.__setattr__(self, "settings", self._checked(settings))
 
@@ -418,6 +434,7 @@ class Locator:
                 s[name] = default
             check_int(name, s[name], minimum=1)
         check_int("num_cells", s["num_cells"], minimum=1)
+        check_int("max_excluded", s["max_excluded"], maximum=max(self.num_aps - 5, 0))
         if isinstance(self.stage, CellStage):
             own = self.stage.cells.cells.num_cells
             if s["num_cells"] > own:
@@ -493,7 +510,9 @@ class Locator:
         found, over = self.stage.screen(self, r, coarse, capacity, whole=False)
         fine = self.refine(r, found.x)
         redo = found.fallback if isinstance(found, CandidateScreen) else None
-        screened, fine, recovered, rejected, lost = self.gate(r, found.x, fine, capacity, redo)
+        screened, fine, recovered, rejected, lost, excluded = self.gate(
+            r, found.x, fine, capacity, redo
+        )
         return LocatorResult(
             fine.x,
             found.fallback | recovered,
@@ -504,6 +523,7 @@ class Locator:
             recovered,
             rejected,
             over | lost,
+            excluded,
         )
 
     def refine(self, r: Array, screened: Array) -> RefineResult:
@@ -518,6 +538,50 @@ class Locator:
         screened = whole_region_screen_unchecked(r, self.screen_model, self.table).astype(r.dtype)
         return screened, self.refine(r, screened)
 
+    def exclude(
+        self, r: Array, fine: RefineResult, excluded: Array | None = None
+    ) -> tuple[RefineResult, Array]:
+        """Fault exclusion of answers ``fine`` (B rows), traced
+        (:func:`~dmimo_jax.estimators.faults.exclude_faults` under :attr:`fine_model`):
+        the answers with up to ``max_excluded`` APs left out, and the (B, M) mask of them."""
+        settings = self.settings
+        out = jax.vmap(
+            lambda ri, fi, ei: exclude_faults(
+                ri,
+                fi,
+                self.fine_model,
+                settings.cost_gate,
+                settings.max_excluded,
+                max(settings.fine_steps, EXCLUSION_STEPS),
+                ei,
+            )
+        )(r, fine, jnp.zeros(r.shape, bool) if excluded is None else excluded)
+        return out.fine, out.excluded
+
+    def region_search_excluding(self, r: Array) -> tuple[Array, RefineResult, Array]:
+        """:meth:`region_search` with fault exclusion, traced: every one of the whole-region
+        screen's starts (:func:`~dmimo_jax.estimators.faults.region_candidates`) through
+        the fine stage and :meth:`exclude`, then
+        :func:`~dmimo_jax.estimators.faults.pick_excluding` (the answer of
+        :meth:`region_search` where it passes the gate with no AP excluded)."""
+        batch, k = r.shape[0], min(EXCLUSION_STARTS, self.table.grid.size)
+        xs, cost = region_candidates(r, self.screen_model, self.table, k, REGION_STEPS)
+        # the top REGION_STARTS are region_search's starts: its pick is among them
+        first = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf)[:, :REGION_STARTS], axis=1)
+        rk = jnp.repeat(r, k, axis=0)
+        fine, excluded = self.exclude(rk, self.refine(rk, xs.reshape(batch * k, 3)))
+        passed = self.passes(fine.cost, excluded).reshape(batch, k)
+        count = jnp.sum(excluded, axis=1).reshape(batch, k)
+        pick = pick_excluding(fine.cost.reshape(batch, k), first, passed, count)
+        flat = jnp.arange(batch) * k + pick
+        return xs.reshape(batch * k, 3)[flat], jax.tree.map(lambda a: a[flat], fine), excluded[flat]
+
+    def passes(self, cost: Array, excluded: Array) -> Array:
+        """(B,) whether costs pass the gate of the APs left: ``cost_gate * (M - k - 4)`` for
+        k excluded (``cost_gate * (M - 4)`` with none); NaN fails."""
+        left = self.num_aps - jnp.sum(excluded, axis=-1)
+        return cost <= self.settings.cost_gate * jnp.maximum(left - 4, 1)
+
     def gate(
         self,
         r: Array,
@@ -525,36 +589,64 @@ class Locator:
         fine: RefineResult,
         capacity: int,
         redo: Array | None = None,
-    ) -> tuple[Array, RefineResult, Array, Array, Array]:
+    ) -> tuple[Array, RefineResult, Array, Array, Array, Array]:
         """The cost gate, traced. Returns ``(screened, fine, recovered, rejected,
-        overflow)``: the answers whose cost failed the gate (and the rows of ``redo``, the
-        screen's unsure rows) searched over the whole region (:meth:`region_search`), those
-        still failing searched in a dense window when they are few, the (B,) masks of the
-        re-screened answers that failed (``recovered``), of the answers that still fail,
-        and of the rows whose whole-region search did not fit ``capacity``."""
+        overflow, excluded)``: the answers whose cost failed the gate first have faulty APs
+        left out (:meth:`exclude`, up to ``max_excluded``); those still failing (and the
+        rows of ``redo``, the screen's unsure rows) are searched over the whole region
+        (:meth:`region_search`, then the exclusion again); those still failing without an
+        exclusion are searched in a dense window when they are few. Masks (B,): the
+        re-screened answers that failed (``recovered``), the answers that still fail, the
+        rows whose rare steps did not fit ``capacity``; and (B, M) the excluded APs."""
         none = jnp.zeros(r.shape[0], bool)
         redo = none if redo is None else redo
         gate = self.settings.cost_gate
+        excluded = jnp.zeros(r.shape, bool)
         limit = gate_limit(self.num_aps, gate if gate is not None else 1.0)
         failed = ~(fine.cost <= limit) & (gate is not None)  # NaN fails
-        (screened, fine), lost = on_rows(
+        if gate is None:
+            (screened, fine), lost = on_rows(
+                redo, capacity, self.region_search, (screened, fine), r
+            )
+            return screened, fine, none, ~jnp.isfinite(fine.cost), lost, excluded
+        lost = none
+        if self.settings.max_excluded:
+            (fine, excluded), lost = on_rows(
+                failed & ~redo, capacity, self.exclude, (fine, excluded), r, fine
+            )
+            failed = failed & ~self.passes(fine.cost, excluded)
+        # the re-screen of every AP first: without faults the answers are those of
+        # max_excluded=0 to the bit; the rows it leaves failing are searched with exclusion
+        (screened, fine), lost_region = on_rows(
             failed | redo, capacity, self.region_search, (screened, fine), r
         )
-        if gate is None:
-            return screened, fine, none, ~jnp.isfinite(fine.cost), lost
-        still = ~(fine.cost <= limit)
+        excluded = excluded & ~(failed | redo)[:, None]
+        lost = lost | lost_region
+        if self.settings.max_excluded:
+            again = (failed | redo) & ~self.passes(fine.cost, excluded)
+            (screened, fine, excluded), lost_again = on_rows(
+                again, capacity, self.region_search_excluding, (screened, fine, excluded), r
+            )
+            lost = lost | lost_again
+        still = ~self.passes(fine.cost, excluded)
         recovered = ((failed & ~redo) | (redo & still)) & ~lost
-        fine, rejected = gate_recheck(
+        # the dense recheck searches with every AP: rows with APs excluded keep their answer
+        some = jnp.any(excluded, axis=1)
+        checked, rejected = gate_recheck(
             r,
             self.fine_model,
-            fine,
+            fine._replace(cost=jnp.where(some, 0.0, fine.cost)),
             gate,
             self.recheck_offsets,
             self.region_low,
             self.region_high,
             self.settings.recheck_fraction,
         )
-        return screened, fine, recovered, rejected, lost
+        fine = jax.tree.map(
+            lambda a, b: jnp.where(some.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), fine, checked
+        )
+        rejected = jnp.where(some, still, rejected)
+        return screened, fine, recovered, rejected, lost, excluded
 
     # ------------------------------------------------------------------ the checked shell
 
@@ -596,7 +688,7 @@ class Locator:
 
     def _empty(self, dtype: Any) -> LocatorResult:
         z3, z, f = jnp.zeros((0, 3), dtype), jnp.zeros((0,), dtype), jnp.zeros((0,), bool)
-        return LocatorResult(z3, f, z3, z3, z, z, f, f, f)
+        return LocatorResult(z3, f, z3, z3, z, z, f, f, f, jnp.zeros((0, self.num_aps), bool))
 
     # ------------------------------------------------------------------ stage by stage
 
@@ -633,7 +725,7 @@ class Locator:
         """The cost gate (:meth:`gate`, every failing row fitted). Returns ``(screened,
         fine, recovered)`` with the failing rows replaced and the (B,) mask of them."""
         r = self._snapshots(r)
-        screened, fine, recovered, _, _ = _gate(self, r, screened, fine, max(r.shape[0], 1))
+        screened, fine, recovered, _, _, _ = _gate(self, r, screened, fine, max(r.shape[0], 1))
         return screened, fine, np.asarray(recovered)
 
     # ------------------------------------------------------------------ export

@@ -1,0 +1,146 @@
+"""The Locator through faulty APs: k of 17 APs faulty, each fault model, next to the same
+Locator without faults, in one run.
+
+The quickstart's world (the paper's scene, concrete, L = 50 labeled snapshots, the ``quick``
+cell classifier, cached) at each power. For each fault model of
+:func:`dmimo_jax.measure.inject_faults` and k faulty APs (drawn at random per snapshot for
+``random`` and ``blocked``; the same k APs in every snapshot for ``stuck`` and ``jump``,
+as a lost synchronisation is a property of the AP), on the same test snapshots:
+
+* the RMSE of the answers not rejected over the mean PEB of the healthy APs
+  (:func:`dmimo_jax.bounds.subset_peb` of the true model), and p99 / max of every answer;
+* the rejected fraction (answers the Locator flags), the answers both accepted and more
+  than 1 mm off (confident wrong answers), detection recall (the faulty APs all excluded)
+  and the false-exclusion rate (healthy APs excluded / healthy APs);
+* seconds per snapshot relative to the fault-free batch (k = 0) of the same run, and for
+  the fault-free batch its cost with fault exclusion on against ``max_excluded=0`` (median
+  of five interleaved passes).
+
+    python benchmarks/fault_tolerance.py --json out/fault_tolerance.json
+    python benchmarks/fault_tolerance.py --quick     # 128 snapshots, -10 dBm
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # physics in float64; the networks stay float32
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _common import labeled_snapshots, print_table, write_json  # noqa: E402
+
+import dmimo_jax as dj  # noqa: E402
+from dmimo_jax import bounds, pipeline  # noqa: E402
+from dmimo_jax.measure import FAULT_KINDS, inject_faults  # noqa: E402
+
+
+def fault_mask(rng, n, k, kind):
+    mask = np.zeros((n, 17), bool)
+    if kind in ("stuck", "jump"):
+        mask[:, rng.choice(17, k, replace=False)] = True
+    else:
+        for i in range(n):
+            mask[i, rng.choice(17, k, replace=False)] = True
+    return mask
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    return out, time.perf_counter() - t0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="128 snapshots at -10 dBm only")
+    ap.add_argument("--num", type=int, default=None, help="test snapshots per row (1280)")
+    ap.add_argument("--powers", type=float, nargs="*", default=None, help="dBm (-10 -20)")
+    ap.add_argument("--faulty", type=int, nargs="*", default=[1, 2, 3], help="k values")
+    ap.add_argument("--json", default=None, help="write the rows here")
+    args = ap.parse_args(argv)
+    num = args.num or (128 if args.quick else 1280)
+    powers = args.powers or ([-10.0] if args.quick else [-10.0, -20.0])
+    rows = []
+    for power in powers:
+        scene = dj.paper_scene(power, "concrete")
+        truth = dj.TwoRayModel(scene)
+        x, r, nv = labeled_snapshots(scene, 50, 0)
+        off = pipeline.run_offline(x, r, nv, scene, kinds=("cells",), preset="quick", seed=0)
+        loc = dj.Locator(off, "cells")
+        xt, rt = labeled_snapshots(scene, num, 1, salt=10_000)[:2]
+        xt = np.asarray(xt)
+        off_loc = loc.replace(max_excluded=0)  # the same Locator without fault exclusion
+        for each in (loc, off_loc):
+            each(rt)  # compile
+        passes = [
+            (timed(lambda rt=rt, loc=loc: loc(rt)), timed(lambda rt=rt, o=off_loc: o(rt))[1])
+            for _ in range(5)
+        ]  # interleaved: both saw the machine alike
+        (clean, t_clean), t_off = sorted(passes, key=lambda p: p[0][1])[2]
+        t_off = sorted(p[1] for p in passes)[2]
+        rng = np.random.default_rng(0)
+        cases = [("none", 0)] + [(kind, k) for kind in FAULT_KINDS for k in args.faulty]
+        for kind, k in cases:
+            mask = fault_mask(rng, num, k, kind)
+            rf = rt if k == 0 else inject_faults(jax.random.key(k), rt, jnp.asarray(mask), kind)
+            if k == 0:
+                out, seconds = clean, t_clean
+            else:
+                loc(rf[:2])  # compile the exclusion paths
+                out, seconds = timed(lambda rf=rf, loc=loc: loc(rf))
+            err = np.linalg.norm(np.asarray(out.x) - xt, axis=1)
+            peb = np.asarray(
+                jax.vmap(bounds.subset_peb_unchecked, in_axes=(0, None, 0))(
+                    jnp.asarray(xt), truth, jnp.asarray(mask)
+                )
+            )
+            rejected = np.asarray(out.rejected)
+            excluded = np.asarray(out.excluded)
+            ok = ~rejected
+            healthy = ~mask
+            row = dict(
+                power_dbm=power,
+                fault=kind,
+                k=k,
+                num=num,
+                rmse_over_peb=float(np.sqrt(np.mean(err[ok] ** 2)) / np.mean(peb[ok]))
+                if ok.any()
+                else None,
+                p99_m=float(np.quantile(err, 0.99)),
+                max_m=float(err.max()),
+                rejected=float(rejected.mean()),
+                confident_wrong=float(np.mean(ok & (err > 1e-3))),
+                recall=float(np.mean(np.all(excluded >= mask, axis=1))) if k else None,
+                false_exclusion=float(np.sum(excluded & healthy) / np.sum(healthy)),
+                cost_ratio=seconds / t_clean,
+            )
+            if k == 0:
+                row["ms_per_snapshot"] = 1e3 * t_clean / num
+                row["off_ms_per_snapshot"] = 1e3 * t_off / num
+                row["cost_vs_no_exclusion"] = t_clean / t_off
+            rows.append(row)
+            print(row, flush=True)
+    print_table(
+        rows,
+        [
+            ("power_dbm", "P dBm", ".0f"),
+            ("fault", "fault", "s"),
+            ("k", "k", "d"),
+            ("rmse_over_peb", "RMSE/PEB", ".2f"),
+            ("p99_m", "p99 m", ".2e"),
+            ("rejected", "rejected", ".3f"),
+            ("confident_wrong", "wrong, kept", ".3f"),
+            ("recall", "recall", ".3f"),
+            ("false_exclusion", "false excl", ".4f"),
+            ("cost_ratio", "cost x", ".1f"),
+        ],
+    )
+    write_json(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()

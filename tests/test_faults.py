@@ -1,0 +1,112 @@
+"""Faulty APs: the simulator's fault models (measure.inject_faults), the bound of the APs left
+(bounds.subset_peb), fault exclusion (estimators.faults) and the Locator with it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax import bounds, estimators
+from dmimo_jax.measure import FAULT_KINDS, inject_faults
+from tests.test_offline_online import MODEL, SCENE, _labeled, _offline
+
+
+def test_subset_peb_is_the_bound_of_the_deployment_without_those_aps():
+    """Excluding APs equals removing their rows and columns of the EFIM: the PEB of the
+    scene with only the other APs."""
+    x = jnp.asarray([4.0, 5.0, 1.5])
+    mask = np.zeros(17, bool)
+    mask[[2, 9, 11]] = True
+    keep = ~mask
+    sub = SCENE.replace(
+        ap_positions=SCENE.ap_positions[keep], ap_phase_offsets=SCENE.ap_phase_offsets[keep]
+    )
+    expected = float(dj.peb(x, dj.TwoRayModel(sub)))
+    got = float(bounds.subset_peb(x, MODEL, mask))
+    assert got == pytest.approx(expected, rel=1e-9)
+    assert float(bounds.subset_peb(x, MODEL, np.zeros(17, bool))) == pytest.approx(
+        float(dj.peb(x, MODEL)), rel=1e-12
+    )
+    assert got > float(dj.peb(x, MODEL))  # fewer APs, a larger bound
+    few = np.ones(17, bool)
+    few[:3] = False
+    assert float(bounds.subset_peb(x, MODEL, few)) == np.inf  # 3 APs cannot fix x and a CPO
+    with pytest.raises(ValueError, match=r"excluded must be a bool mask of shape \(17,\)"):
+        bounds.subset_peb(x, MODEL, np.zeros(16, bool))
+
+
+def test_fault_models_change_only_the_faulty_entries():
+    x, r, _ = _labeled(num=6)
+    mask = np.zeros((6, 17), bool)
+    mask[:, 4] = True
+    for kind in FAULT_KINDS:
+        rf = np.asarray(inject_faults(jax.random.key(0), r, jnp.asarray(mask), kind))
+        np.testing.assert_array_equal(rf[~mask], np.asarray(r)[~mask])
+        assert np.all(np.abs(rf) <= np.pi) and np.all(rf[mask] != np.asarray(r)[mask])
+    stuck = np.asarray(inject_faults(jax.random.key(0), r, jnp.asarray(mask[0]), "stuck"))
+    assert np.ptp(stuck[:, 4]) == 0  # a stale value, held
+    jump = np.asarray(inject_faults(jax.random.key(0), r, jnp.asarray(mask[0]), "jump"))
+    step = np.angle(np.exp(1j * (jump[:, 4] - np.asarray(r)[:, 4])))
+    assert np.ptp(step) < 1e-12 and np.pi / 2 <= abs(step[0]) <= np.pi
+    with pytest.raises(ValueError, match="kind must be one of"):
+        inject_faults(jax.random.key(0), r, jnp.asarray(mask), "dead")
+    with pytest.raises(ValueError, match="faulty must be a bool mask"):
+        inject_faults(jax.random.key(0), r, jnp.asarray(mask[:, :16]), "random")
+
+
+def test_exclusion_from_the_right_lobe_names_the_faulty_aps():
+    """Two APs with an offset jump: the answer of every AP fails the gate by orders of
+    magnitude; the exclusion leaves out exactly those two and the re-fit is back within
+    micrometres."""
+    x, r, _ = _labeled(num=8, seed=3)
+    faulty = np.zeros(17, bool)
+    faulty[[3, 12]] = True
+    rf = inject_faults(jax.random.key(1), r, jnp.asarray(faulty), "jump")
+    fine = estimators.mle.refine_batch_unchecked(jnp.asarray(x), rf, MODEL, 10)
+    assert np.all(np.asarray(fine.cost) > 1e4 * 13)
+    out = jax.vmap(lambda ri, fi: estimators.exclude_faults(ri, fi, MODEL, 100.0, 3, 10))(rf, fine)
+    assert np.all(np.asarray(out.passed))
+    np.testing.assert_array_equal(np.asarray(out.excluded), np.broadcast_to(faulty, (8, 17)))
+    err = np.linalg.norm(np.asarray(out.fine.x) - np.asarray(x), axis=1)
+    assert np.all(err < 1e-3)
+    # an answer under the gate is left as it was
+    clean = estimators.mle.refine_batch_unchecked(jnp.asarray(x), r, MODEL, 10)
+    same = jax.vmap(lambda ri, fi: estimators.exclude_faults(ri, fi, MODEL, 100.0, 3, 10))(r, clean)
+    assert not np.any(np.asarray(same.excluded))
+    np.testing.assert_array_equal(np.asarray(same.fine.x), np.asarray(clean.x))
+
+
+@pytest.fixture(scope="module")
+def locator(tmp_path_factory):
+    return dj.Locator(_offline(tmp_path_factory.mktemp("cache"), kinds=("cells",)), "cells")
+
+
+def test_without_faults_the_locator_is_unchanged(locator):
+    _, r, _ = _labeled(num=24, seed=5)
+    out = locator(r)
+    off = locator.replace(max_excluded=0)(r)
+    assert not np.any(np.asarray(out.excluded)) and out.excluded.shape == (24, 17)
+    np.testing.assert_allclose(np.asarray(out.x), np.asarray(off.x), atol=1e-9, rtol=0)
+    with pytest.raises(ValueError, match="max_excluded"):
+        locator.replace(max_excluded=13)
+
+
+@pytest.mark.slow  # compiles the exclusion paths of the program for each fault model
+@pytest.mark.parametrize("kind", FAULT_KINDS)
+def test_each_fault_model_is_detected_and_excluded(locator, kind):
+    """One faulty AP of 17 on 16 snapshots: every answer is either within a millimetre
+    with the faulty AP excluded or rejected (flagged), never a confident wrong answer;
+    at least 14 of 16 are found."""
+    x, r, _ = _labeled(num=16, seed=7)
+    faulty = np.zeros((16, 17), bool)
+    faulty[np.arange(16), np.random.default_rng(0).integers(0, 17, 16)] = True
+    if kind in ("stuck", "jump"):
+        faulty[:] = False
+        faulty[:, 6] = True
+    out = locator(inject_faults(jax.random.key(2), r, jnp.asarray(faulty), kind))
+    err = np.linalg.norm(np.asarray(out.x) - np.asarray(x), axis=1)
+    found = np.all(np.asarray(out.excluded) >= faulty, axis=1) & (err < 1e-3)
+    rejected = np.asarray(out.rejected)
+    assert np.all(found | rejected)
+    assert found.sum() >= 14
