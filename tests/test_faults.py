@@ -110,3 +110,34 @@ def test_each_fault_model_is_detected_and_excluded(locator, kind):
     rejected = np.asarray(out.rejected)
     assert np.all(found | rejected)
     assert found.sum() >= 14
+
+
+@pytest.mark.slow  # compiles the exclusion paths of the program
+def test_an_offset_jump_is_healed_from_twenty_snapshots(locator):
+    """AP 6's phase jumps by 2 rad: the Locator excludes it in every snapshot; heal()
+    estimates the jump from those 20 answers (to well within its standard error's scale)
+    and corrects it, after which AP 6 rejoins and the errors on new snapshots with the same
+    jump equal the fault-free ones; a dead AP (random phases) is reported, not healed."""
+    faulty = np.zeros(17, bool)
+    faulty[6] = True
+    jump = jnp.where(jnp.asarray(faulty), 2.0, 0.0)
+    x, r, _ = _labeled(num=20, seed=11)
+    out = locator(inject_faults(jax.random.key(0), r, jnp.asarray(faulty), "jump", jump=jump))
+    assert np.all(np.asarray(out.excluded)[:, 6] | np.asarray(out.rejected))
+    healed, report = locator.heal(
+        inject_faults(jax.random.key(0), r, jnp.asarray(faulty), "jump", jump=jump), out
+    )
+    assert bool(report.healed[6]) and int(np.sum(report.healed)) == 1
+    assert abs(float(report.offsets[6]) - 2.0) < 1e-3 and float(report.stderr[6]) < 1e-3
+    x2, r2, _ = _labeled(num=32, seed=12)
+    after = healed(inject_faults(jax.random.key(1), r2, jnp.asarray(faulty), "jump", jump=jump))
+    clean = locator(r2)
+    assert not np.any(np.asarray(after.excluded))
+    e_after = np.linalg.norm(np.asarray(after.x) - np.asarray(x2), axis=1)
+    e_clean = np.linalg.norm(np.asarray(clean.x) - np.asarray(x2), axis=1)
+    assert np.sqrt(np.mean(e_after**2)) <= 1.05 * np.sqrt(np.mean(e_clean**2))
+    dead = inject_faults(jax.random.key(2), r, jnp.asarray(faulty), "random")
+    _, report = locator.heal(dead, locator(dead))
+    assert bool(report.dead[6]) and not np.any(np.asarray(report.healed))
+    with pytest.raises(ValueError, match="min_coherence"):
+        locator.heal(r, out, min_coherence=0.0)

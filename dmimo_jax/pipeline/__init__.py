@@ -40,6 +40,7 @@ from dmimo_jax.pipeline.cache import CACHE_ENV, cache_key, default_cache_dir
 from dmimo_jax.pipeline.locator import (
     CellStage,
     ExportedLocator,
+    HealReport,
     LocatorResult,
     LocatorSettings,
     WindowScreen,
@@ -90,6 +91,7 @@ __all__ = [
     "LocatorResult",
     "LocatorSettings",
     "ExportedLocator",
+    "HealReport",
     "load_locator",
     "sharded",
     "cell_screen",

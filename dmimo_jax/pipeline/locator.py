@@ -38,6 +38,7 @@ from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.estimators.window import gate_recheck, window_offsets, window_search_unchecked
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.learning.hi import HIEstimator
+from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel
 from dmimo_jax.pipeline.online import (
     CandidateScreen,
@@ -67,6 +68,16 @@ class LocatorResult(NamedTuple):
     rejected: Array  # (B,) bool: the answer still fails the cost gate (or is not finite)
     overflow: Array  # (B,) bool: a rare step of this row did not fit the program's capacity
     excluded: Array  # (B, M) bool: the APs left out as faulty (their phases contradict the rest)
+
+
+class HealReport(NamedTuple):
+    """What :meth:`Locator.heal` found, per AP (M,)."""
+
+    offsets: Array  # the phase change estimated and corrected, rad (0 where not healed)
+    stderr: Array  # its circular standard error, rad (inf where not healed)
+    healed: Array  # bool: a persistent offset jump, now corrected (the AP rejoins)
+    dead: Array  # bool: persistently excluded with no one offset (random, stale, blocked)
+    count: Array  # int: the accepted snapshots that excluded it
 
 
 class WindowScreen(NamedTuple):
@@ -343,6 +354,7 @@ class Locator:
     fine_model: PhaseModel
     table: PhasorTable
     recheck_offsets: Array
+    phase_corrections: Array
     region_low: Array
     region_high: Array
     settings: LocatorSettings = static_field()
@@ -391,6 +403,7 @@ class Locator:
             recheck_offsets=jnp.asarray(window_offsets(recheck_radius, lam / 16), low.dtype),
             region_low=low,
             region_high=high,
+            phase_corrections=jnp.zeros(offline.screen.num_aps, low.dtype),
         )
         mesh = offline.table.mesh
         if mesh is not None:  # the table is sharded over several devices: the rest replicated
@@ -466,7 +479,7 @@ class Locator:
         new = object.__new__(Locator)
         for name in ("stage", "screen_model", "fine_model", "table"):
             object.__setattr__(new, name, getattr(self, name))
-        for name in ("recheck_offsets", "region_low", "region_high"):
+        for name in ("recheck_offsets", "region_low", "region_high", "phase_corrections"):
             object.__setattr__(new, name, getattr(self, name))
         if "fine" in changes and changes["fine"] != self.settings.fine:
             raise ValueError("replace: fine= changes the model; build a new Locator(offline, ...)")
@@ -506,6 +519,8 @@ class Locator:
     def program(self, r: Array, capacity: int) -> LocatorResult:
         """The traced core: ``r`` (B, M) checked snapshots in the working float dtype, the
         rare steps on ``capacity`` rows (static). One program: no host in the loop."""
+        c = self.phase_corrections.astype(r.dtype)[None, :]
+        r = jnp.where(c == 0, r, wrap(r - c))  # healed offsets (:meth:`heal`); 0: untouched
         coarse = self.stage.coarse(self, r)
         found, over = self.stage.screen(self, r, coarse, capacity, whole=False)
         fine = self.refine(r, found.x)
@@ -648,6 +663,66 @@ class Locator:
         rejected = jnp.where(some, still, rejected)
         return screened, fine, recovered, rejected, lost, excluded
 
+    # ------------------------------------------------------------------ healing
+
+    def heal(
+        self,
+        r: ArrayLike,
+        out: LocatorResult,
+        *,
+        min_count: int = 10,
+        min_coherence: float = 0.9,
+    ) -> tuple[Locator, HealReport]:
+        r"""Repair the faults that persist: for each AP excluded in at least ``min_count``
+        of the located snapshots ``r`` (N, M) (their answers ``out``, accepted ones only),
+        its phase change in closed form, :math:`\hat\delta_m = \arg\sum_n
+        e^{j(r_{nm} - \mu_m(\hat{\mathbf x}_n) - \hat\phi_n)}` (the CPO
+        :math:`\hat\phi_n` estimated without it), with the circular standard error
+        :math:`\sqrt{-2\ln R_m / n_m}` (:math:`R_m` the mean resultant length). Where
+        :math:`R_m \ge` ``min_coherence`` the fault is an offset jump: the returned Locator
+        subtracts :math:`\hat\delta_m` from AP m's phases before its program (and the AP
+        rejoins); elsewhere (random, stale or blocked phases: no one offset) the AP is
+        reported ``dead`` and left to the exclusion.
+
+        Returns:
+            ``(locator, report)``: the Locator with its phase corrections updated, and a
+            :class:`HealReport`.
+
+        Raises:
+            ValueError: ``r`` not (N, M) or ``out`` not a LocatorResult of N rows, bad
+                ``min_count`` or ``min_coherence``.
+        """
+        rb = self._snapshots(r)
+        if not isinstance(out, LocatorResult) or np.shape(out.excluded) != rb.shape:
+            raise ValueError(
+                f"out must be this Locator's LocatorResult for the {rb.shape[0]} snapshots r"
+            )
+        check_int("min_count", min_count, minimum=1)
+        check_scalar("min_coherence", min_coherence)
+        if not 0 < min_coherence <= 1:
+            raise ValueError(f"min_coherence must be in (0, 1], got {min_coherence!r}")
+        c = self.phase_corrections.astype(rb.dtype)[None, :]
+        rc = jnp.where(c == 0, rb, wrap(rb - c))
+        use = jnp.asarray(out.excluded) & ~jnp.asarray(out.rejected)[:, None]
+        mean = jax.vmap(self.fine_model.mean)(jnp.asarray(out.x, rb.dtype))
+        z = jnp.where(use, jnp.exp(1j * (rc - mean - jnp.asarray(out.cpo)[:, None])), 0.0)
+        count = jnp.sum(use, axis=0)
+        resultant = jnp.abs(jnp.sum(z, axis=0)) / jnp.maximum(count, 1)
+        delta = jnp.angle(jnp.sum(z, axis=0))
+        stderr = jnp.sqrt(-2.0 * jnp.log(jnp.clip(resultant, 1e-300, 1.0)) / jnp.maximum(count, 1))
+        often = count >= min_count
+        healed = often & (resultant >= min_coherence)
+        dead = often & ~healed
+        corrections = jnp.where(healed, wrap(c[0] + delta), c[0])
+        new = object.__new__(Locator)
+        for name in self.__dataclass_fields__:
+            value = corrections if name == "phase_corrections" else getattr(self, name)
+            object.__setattr__(new, name, value)
+        report = HealReport(
+            jnp.where(healed, delta, 0.0), jnp.where(healed, stderr, jnp.inf), healed, dead, count
+        )
+        return new, report
+
     # ------------------------------------------------------------------ the checked shell
 
     def _snapshots(self, r: ArrayLike) -> Array:
@@ -683,8 +758,12 @@ class Locator:
         rows = np.flatnonzero(np.asarray(out.overflow))
         if rows.size == 0:
             return out
-        again = _program(self, r[rows], rows.size)  # every rare row fits
-        return jax.tree.map(lambda a, b: a.at[rows].set(b), out, again)
+        # every rare row fits; padded to a power of two (repeats of the first row, dropped)
+        # so that batches with different counts share a few compiled programs
+        size = 1 << (int(rows.size) - 1).bit_length()
+        padded = np.concatenate([rows, np.full(size - rows.size, rows[0])])
+        again = _program(self, r[padded], size)
+        return jax.tree.map(lambda a, b: a.at[rows].set(b[: rows.size]), out, again)
 
     def _empty(self, dtype: Any) -> LocatorResult:
         z3, z, f = jnp.zeros((0, 3), dtype), jnp.zeros((0,), dtype), jnp.zeros((0,), bool)
