@@ -12,7 +12,8 @@ as a lost synchronisation is a property of the AP), on the same test snapshots:
 * the rejected fraction (answers the Locator flags), the answers both accepted and more
   than 1 mm off (confident wrong answers), detection recall (the faulty APs all excluded)
   and the false-exclusion rate (healthy APs excluded / healthy APs);
-* seconds per snapshot relative to the fault-free batch (k = 0) of the same run, and for
+* seconds per snapshot relative to the fault-free batch (k = 0) of the same run (each
+  batch run once before it is timed: compilation excluded), and for
   the fault-free batch its cost with fault exclusion on against ``max_excluded=0`` (median
   of five interleaved passes).
 
@@ -90,7 +91,7 @@ def main(argv=None):
             if k == 0:
                 out, seconds = clean, t_clean
             else:
-                loc(rf[:2])  # compile the exclusion paths
+                loc(rf)  # compile the exclusion paths (and the re-run of overflowing rows)
                 out, seconds = timed(lambda rf=rf, loc=loc: loc(rf))
             err = np.linalg.norm(np.asarray(out.x) - xt, axis=1)
             peb = np.asarray(
