@@ -315,8 +315,11 @@ class Locator:
     Args:
         offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
         kind: ``"cells"``, ``"popt"``, ``"mlp"`` or ``"hi"`` (one of ``offline.estimators``).
-        num_cells, first_cells, first_mass, min_mass: the candidate screen's tiers (cells,
-            :func:`screen_candidates`).
+        num_cells: the classifier's candidate cells screened at most (cells,
+            :func:`screen_candidates`, as the next three).
+        first_cells: the cells of the screen's first tier.
+        first_mass: the probability mass the first tier must hold, else the second runs.
+        min_mass: below it, the row is unsure and re-screened over the whole region.
         num_starts: refinement starts of the screen (default 4 for cells, 8 for a window).
         screen_steps: LM steps of each start (default 2 for cells, 15 for a window).
         fine_steps: LM steps of the fine stage (default 3 for cells, 15 for a window).
