@@ -52,7 +52,7 @@ from dmimo_jax.estimators.mle import (
     MultiStartResult,
     RefineResult,
 )
-from dmimo_jax.estimators.rows import capacities, capacity_for, on_rows
+from dmimo_jax.estimators.rows import capacity_for, chunk_for, on_rows
 from dmimo_jax.estimators.search import CoarseToFineResult, EgsResult
 from dmimo_jax.estimators.window import recheck_costly, window_covers_table
 
@@ -96,8 +96,8 @@ __all__ = [
     "window_covers_table",
     "MLEResult",
     "exact_mle",
-    "capacities",
     "capacity_for",
+    "chunk_for",
     "on_rows",
     "ExclusionResult",
     "exclude_faults",

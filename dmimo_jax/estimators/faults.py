@@ -42,6 +42,7 @@ from dmimo_jax.estimators.mle import (
     refine_batch_unchecked,
     refine_excluding,
 )
+from dmimo_jax.estimators.rows import passes_gate
 from dmimo_jax.estimators.search import screen
 from dmimo_jax.likelihood import compressed_residuals, wrap_corrected_residuals
 from dmimo_jax.phase import wrap
@@ -87,21 +88,21 @@ def exclude_faults(
         var = excluded_variance(model, mask)(fit.x)
         return jnp.sum(compressed_residuals(r, model.mean(fit.x), var) ** 2 / var)
 
-    def limit(mask: Array) -> Array:
-        return gate * jnp.maximum(m - jnp.sum(mask) - 4, 1)
-
-    passed = fine.cost <= limit(excluded)
-    for _ in range(max_excluded):
+    def step(_: int, carry: ExclusionResult) -> ExclusionResult:
+        fine, excluded, passed = carry
         mean, var = model.mean(fine.x), model.variance(fine.x)
         score = robust_residuals(r, mean, var, excluded)
         trial = excluded.at[jnp.argmax(score)].set(True)
         fit = refine_excluding(fine.x, r, model, trial, num_steps)
         fit = fit._replace(cost=cost_of(fit, trial))
         take = ~passed & (jnp.sum(trial) <= m - 4)
-        fine = jax.tree.map(lambda a, b, t=take: jnp.where(t, a, b), fit, fine)
+        fine = jax.tree.map(lambda a, b: jnp.where(take, a, b), fit, fine)
         excluded = jnp.where(take, trial, excluded)
-        passed = fine.cost <= limit(excluded)
-    return ExclusionResult(fine, excluded, passed)
+        return ExclusionResult(fine, excluded, passes_gate(fine.cost, gate, m, excluded))
+
+    # a loop, not unrolled: one re-fit in the program whatever max_excluded (compile time)
+    start = ExclusionResult(fine, excluded, passes_gate(fine.cost, gate, m, excluded))
+    return jax.lax.fori_loop(0, max_excluded, step, start)
 
 
 def region_candidates(

@@ -7,9 +7,10 @@ rows on the host and stay one program. Here they run on a fixed **capacity** of 
 MLE (:func:`~dmimo_jax.estimators.exact_mle`) trace into one program that ``jax.jit``,
 ``jax.vmap``, ``jax.sharding`` and ``jax.export`` take as it is (diffrax's ``diffeqsolve``
 is the model: a static bound on the work, the outcome as a value):
-``jnp.nonzero(mask, size=capacity)`` gathers them, a ``lax.switch`` over a few capacities
-runs only the smallest that holds them (nothing when no row needs it), and the rows beyond
-the capacity are reported in an ``overflow`` mask, never skipped silently.
+``jnp.nonzero(mask, size=capacity)`` gathers them, a ``lax.while_loop`` runs them a chunk at
+a time and stops after the last (nothing runs when no row needs it; the work is compiled
+once, whatever the capacity), and the rows beyond the capacity are reported in an
+``overflow`` mask, never skipped silently.
 """
 
 from __future__ import annotations
@@ -30,15 +31,12 @@ def capacity_for(batch: int, fraction: float, minimum: int = 8) -> int:
     return int(min(max(math.ceil(fraction * batch), minimum, 1), max(batch, 1)))
 
 
-def capacities(capacity: int) -> tuple[int, ...]:
-    """The capacities :func:`on_rows` switches between, up to ``capacity``: 1, 8, 64, ...
-    (powers of 8) and ``capacity`` itself, so a batch with a few rare rows runs a program of
-    a few rows, not of ``capacity``; a capacity of at most 8 is the only one (fewer
-    programs to compile)."""
-    if capacity <= 8:
-        return (capacity,)
-    sizes = [c for c in (8**i for i in range(12)) if c < capacity]
-    return (*sizes, capacity)
+def chunk_for(capacity: int) -> int:
+    """The rows :func:`on_rows` runs at a time for a ``capacity``: ``capacity // 16``, at
+    least 1 (static). One rare row then costs one row's work for the capacities of batches
+    up to 256 (the Locator's default capacity is a sixteenth of the batch), and a batch of
+    4,096 takes its rare rows 16 at a time, at most 17 steps."""
+    return max(1, int(capacity) // 16)
 
 
 def on_rows(
@@ -47,15 +45,17 @@ def on_rows(
     fn: Callable[..., Any],
     current: Any,
     *arrays: Array,
+    chunk: int | None = None,
 ) -> tuple[Any, Array]:
     """``current`` with the rows where ``mask`` holds replaced by ``fn`` of those rows, at
     most ``capacity`` of them; and the (B,) mask of the rows that did not fit.
 
     ``fn(*(a[rows] for a in arrays))`` (each of ``arrays`` may be a pytree of (B, ...)
-    arrays) returns a pytree shaped like ``current`` with
-    ``len(rows)`` rows. Rows are taken in order (the first ``capacity`` marked rows); the
-    program runs ``fn`` on the smallest of :func:`capacities` that holds them (padding rows
-    repeat the first marked row and are dropped), and nothing when no row is marked.
+    arrays) returns a pytree shaped like ``current`` with ``len(rows)`` rows. Rows are taken
+    in order (the first ``capacity`` marked rows), ``chunk`` at a time in a
+    ``lax.while_loop`` that stops after the last marked row: nothing runs when no row is
+    marked, and ``fn`` is compiled once, whatever the capacity (padding rows of the last
+    chunk repeat its first row and are dropped).
 
     Args:
         mask: (B,) bool, the rows that need ``fn``.
@@ -63,31 +63,35 @@ def on_rows(
         fn: a traceable function of row-gathered ``arrays``.
         current: a pytree of (B, ...) arrays, the rows' present values.
         arrays: (B, ...) inputs of ``fn``.
+        chunk: rows per step (static; default :func:`chunk_for` of ``capacity``).
 
     Returns:
         ``(updated, overflow)``: ``overflow`` (B,) bool marks the rows of ``mask`` beyond
         the capacity (they keep their ``current`` values).
     """
     batch = mask.shape[0]
-    sizes = capacities(capacity)
-    count = jnp.sum(mask, dtype=jnp.int32)
+    chunk = min(chunk_for(capacity) if chunk is None else int(chunk), capacity)
+    steps = -(-capacity // chunk)
+    count = jnp.minimum(jnp.sum(mask, dtype=jnp.int32), capacity)
+    (idx,) = jnp.nonzero(mask, size=steps * chunk, fill_value=batch)
+    idx = jnp.where(jnp.arange(steps * chunk) < capacity, idx, batch)
 
-    def run(size: int) -> Callable[[Any], Any]:
-        def branch(cur: Any) -> Any:
-            (idx,) = jnp.nonzero(mask, size=size, fill_value=batch)
-            safe = jnp.where(idx < batch, idx, idx[0])
-            out = fn(*jax.tree.map(lambda a: a[safe], arrays))
-            return jax.tree.map(
-                lambda c, o: c.at[idx].set(o.astype(c.dtype), mode="drop"), cur, out
-            )
+    def body(state: tuple[Array, Any]) -> tuple[Array, Any]:
+        i, cur = state
+        rows = jax.lax.dynamic_slice(idx, (i * chunk,), (chunk,))
+        # padding repeats rows[0], marked while i * chunk < count (vmap may run a finished
+        # row's body once more, its result discarded: clamped, so it reads a real row)
+        safe = jnp.where(rows < batch, rows, jnp.minimum(rows[0], batch - 1))
+        out = fn(*jax.tree.map(lambda a: a[safe], arrays))
+        cur = jax.tree.map(lambda c, o: c.at[rows].set(o.astype(c.dtype), mode="drop"), cur, out)
+        return i + 1, cur
 
-        return branch
+    def loop(cur: Any) -> Any:
+        return jax.lax.while_loop(lambda s: s[0] * chunk < count, body, (jnp.int32(0), cur))[1]
 
-    branches = [lambda cur: cur] + [run(s) for s in sizes]
-    which = jnp.where(
-        count == 0, 0, 1 + jnp.searchsorted(jnp.asarray(sizes, jnp.int32), count, side="left")
-    )
-    updated = jax.lax.switch(jnp.minimum(which, len(sizes)), branches, current)
+    # the loop under a cond: XLA hoists the loop-invariant part of fn (its work on tables)
+    # out of a while loop, which would then run even when no row is marked
+    updated = jax.lax.cond(count > 0, loop, lambda cur: cur, current)
     rank = jnp.cumsum(mask.astype(jnp.int32))  # 1-based rank of each marked row
     return updated, mask & (rank > capacity)
 
@@ -96,3 +100,11 @@ def gate_limit(num_aps: int, gate: float) -> float:
     """The cost gate's threshold ``gate * (M - 4)`` (eq. 17: about chi-square with M - 4
     degrees of freedom at the right position)."""
     return float(gate) * max(num_aps - 4, 1)
+
+
+def passes_gate(cost: Array, gate: float, num_aps: int, excluded: Array) -> Array:
+    """Whether ML costs ``cost`` (...) pass the cost gate of the APs left: ``gate * (M - k
+    - 4)`` (at least ``gate``) for k of the ``num_aps`` APs ``excluded`` (..., M) (eq. 17
+    over the APs left: one fewer degree of freedom per AP out); NaN fails. Traced."""
+    left = num_aps - jnp.sum(excluded, axis=-1)
+    return cost <= gate * jnp.maximum(left - 4, 1)

@@ -33,7 +33,7 @@ from dmimo_jax.estimators import CellTable, PhasorTable, window_covers_table
 from dmimo_jax.estimators.faults import exclude_faults, pick_excluding, region_candidates
 from dmimo_jax.estimators.hyperbola import estimate as hyperbola_estimate
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
-from dmimo_jax.estimators.rows import capacity_for, gate_limit, on_rows
+from dmimo_jax.estimators.rows import capacity_for, gate_limit, on_rows, passes_gate
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.estimators.window import gate_recheck, window_offsets, window_search_unchecked
 from dmimo_jax.learning.cells import CellClassifier
@@ -479,22 +479,27 @@ class Locator:
         unknown = (set(changes) - set(LocatorSettings._fields)) | ({"kind"} & set(changes))
         if unknown:
             raise ValueError(f"replace: not a setting of a Locator: {sorted(unknown)}")
-        new = object.__new__(Locator)
-        for name in ("stage", "screen_model", "fine_model", "table"):
-            object.__setattr__(new, name, getattr(self, name))
-        for name in ("recheck_offsets", "region_low", "region_high", "phase_corrections"):
-            object.__setattr__(new, name, getattr(self, name))
         if "fine" in changes and changes["fine"] != self.settings.fine:
             raise ValueError("replace: fine= changes the model; build a new Locator(offline, ...)")
-        object.__setattr__(new, "settings", new._checked({**self.settings._asdict(), **changes}))
-        return new
+        return self._with(settings=self._checked({**self.settings._asdict(), **changes}))
 
     def with_table(self, table: PhasorTable) -> Locator:
         """The same Locator over another copy of its phasor table (e.g. on other devices)."""
+        return self._with(table=table)
+
+    def _with(self, **fields: Any) -> Locator:
+        """This Locator with some of its fields (leaves or settings) replaced, unchecked
+        (``__init__`` builds from an offline result: this copies)."""
         new = object.__new__(Locator)
         for name in self.__dataclass_fields__:
-            object.__setattr__(new, name, table if name == "table" else getattr(self, name))
+            object.__setattr__(new, name, fields.get(name, getattr(self, name)))
         return new
+
+    def corrected(self, r: Array) -> Array:
+        """Snapshots ``r`` (..., M) with the healed phase offsets (:meth:`heal`) subtracted;
+        an AP whose correction is 0 is left untouched, bit for bit. Traced."""
+        c = self.phase_corrections.astype(r.dtype).reshape((1,) * (r.ndim - 1) + (-1,))
+        return jnp.where(c == 0, r, wrap(r - c))
 
     def __getattr__(self, name: str) -> Any:
         # the settings read as attributes (loc.num_cells, loc.cost_gate, ...)
@@ -522,8 +527,7 @@ class Locator:
     def program(self, r: Array, capacity: int) -> LocatorResult:
         """The traced core: ``r`` (B, M) checked snapshots in the working float dtype, the
         rare steps on ``capacity`` rows (static). One program: no host in the loop."""
-        c = self.phase_corrections.astype(r.dtype)[None, :]
-        r = jnp.where(c == 0, r, wrap(r - c))  # healed offsets (:meth:`heal`); 0: untouched
+        r = self.corrected(r)  # healed offsets (:meth:`heal`); 0: untouched
         coarse = self.stage.coarse(self, r)
         found, over = self.stage.screen(self, r, coarse, capacity, whole=False)
         fine = self.refine(r, found.x)
@@ -597,8 +601,7 @@ class Locator:
     def passes(self, cost: Array, excluded: Array) -> Array:
         """(B,) whether costs pass the gate of the APs left: ``cost_gate * (M - k - 4)`` for
         k excluded (``cost_gate * (M - 4)`` with none); NaN fails."""
-        left = self.num_aps - jnp.sum(excluded, axis=-1)
-        return cost <= self.settings.cost_gate * jnp.maximum(left - 4, 1)
+        return passes_gate(cost, self.settings.cost_gate, self.num_aps, excluded)
 
     def gate(
         self,
@@ -704,8 +707,7 @@ class Locator:
         check_scalar("min_coherence", min_coherence)
         if not 0 < min_coherence <= 1:
             raise ValueError(f"min_coherence must be in (0, 1], got {min_coherence!r}")
-        c = self.phase_corrections.astype(rb.dtype)[None, :]
-        rc = jnp.where(c == 0, rb, wrap(rb - c))
+        rc = self.corrected(rb)
         use = jnp.asarray(out.excluded) & ~jnp.asarray(out.rejected)[:, None]
         mean = jax.vmap(self.fine_model.mean)(jnp.asarray(out.x, rb.dtype))
         z = jnp.where(use, jnp.exp(1j * (rc - mean - jnp.asarray(out.cpo)[:, None])), 0.0)
@@ -716,11 +718,9 @@ class Locator:
         often = count >= min_count
         healed = often & (resultant >= min_coherence)
         dead = often & ~healed
-        corrections = jnp.where(healed, wrap(c[0] + delta), c[0])
-        new = object.__new__(Locator)
-        for name in self.__dataclass_fields__:
-            value = corrections if name == "phase_corrections" else getattr(self, name)
-            object.__setattr__(new, name, value)
+        c = self.phase_corrections.astype(rb.dtype)
+        corrections = jnp.where(healed, wrap(c + delta), c)
+        new = self._with(phase_corrections=corrections)
         report = HealReport(
             jnp.where(healed, delta, 0.0), jnp.where(healed, stderr, jnp.inf), healed, dead, count
         )
