@@ -73,7 +73,7 @@ from dmimo_jax.scene import (
     sample_positions,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place (pyproject.toml reads it; CHANGELOG.md)
 
 _LAZY = (
     "learning",

@@ -92,24 +92,15 @@ def test_quickstart_tiny(tmp_path, monkeypatch):
     argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "o"), "--json", str(out)]
     _run("examples/quickstart.py", argv, monkeypatch)
     rows = {r["method"].split()[0]: r for r in read_rows(out)}
-    keys = {
-        "coarse_rmse_m",
-        "fine_rmse_m",
-        "p99_m",
-        "max_m",
-        "ms_per_snapshot",
-        "mean_peb_m",
-        "wall_s",
-    }
+    keys = {"fine_rmse_m", "p99_m", "max_m", "ms_per_snapshot", "mean_peb_m", "wall_s"}
     assert all(keys <= set(r) for r in rows.values())
     assert rows["MLE"]["fine_rmse_m"] < 3 * rows["MLE"]["mean_peb_m"]
     # a 2000-sample classifier is unsure: the fallback screen still finds the basin
     learned = rows["cells"]
     assert learned["max_m"] < 1e-3
-    assert {"cell_recall", "fallback_fraction", "ms_coarse", "ms_safeguard", "ms_fine"} <= set(
-        learned
-    )
-    assert 0.0 <= learned["fallback_fraction"] <= 1.0
+    assert 0.0 <= learned["fallback_fraction"] <= 1.0 and 0.0 <= learned["cell_recall"] <= 1.0
+    # the figure is named by its options: another run's does not overwrite it
+    assert (tmp_path / "o" / "error_cdf_concrete_-10dBm_L20.png").is_file()
     (spec,) = (tmp_path / "cache").glob("*/cells-*/model/spec.json")
     # the smoke run's own settings reach the offline stage (not the preset's 600k samples)
     assert read_rows(spec.parent.parent / "config.json")["num_samples"] == 2000

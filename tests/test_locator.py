@@ -47,6 +47,10 @@ def test_jit_vmap_and_the_plain_call_agree(trained, kind):
     single = loc(r[5])
     assert single.x.shape == (3,) and single.cost.shape == ()
     assert _max_diff(single.x, out.x[5]) < 1e-9
+    if kind == "cells":  # vmap over Locators (batched leaves): each its own program
+        two = jax.tree.map(lambda a: jnp.stack([a, a]), loc)
+        both = jax.vmap(lambda lo: lo(r[5]))(two)
+        assert both.x.shape == (2, 3) and _max_diff(both.x, np.stack([out.x[5]] * 2)) < 1e-9
 
 
 def test_a_device_resident_batch_never_touches_the_host(trained):

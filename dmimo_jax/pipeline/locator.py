@@ -742,12 +742,14 @@ class Locator:
         (``jax.jit(loc)``, ``jax.vmap(loc)``) are trusted, and ``overflow`` reports them.
         """
         single = np.ndim(r) == 1
-        if not is_concrete(r):
+        if not is_concrete(r, self):  # traced snapshots or a traced Locator (vmap over them)
             if np.shape(r)[-1:] != (self.num_aps,) or np.ndim(r) not in (1, 2):
                 raise ValueError(
                     f"r must have shape ({self.num_aps},) or (B, {self.num_aps}), got {np.shape(r)}"
                 )
-            rb = jnp.atleast_2d(r).astype(jnp.result_type(float))
+            if single:  # jax.vmap(loc) of batches: one batched program (_locate_one)
+                return _locate_one(self, jnp.asarray(r).astype(jnp.result_type(float)))
+            rb = jnp.asarray(r).astype(jnp.result_type(float))
             out = _program(self, rb, self.capacity_for(rb.shape[0]))
         else:
             rb = self._snapshots(r)
@@ -842,6 +844,34 @@ class Locator:
 
 
 _program = jax.jit(Locator.program, static_argnums=2)
+
+
+def _locate_one_plain(loc: Locator, r: Array) -> LocatorResult:
+    return jax.tree.map(lambda a: a[0], _program(loc, r[None], loc.capacity_for(1)))
+
+
+@jax.custom_batching.custom_vmap
+def _locate_one(loc: Locator, r: Array) -> LocatorResult:
+    """One traced (M,) snapshot. Under ``jax.vmap`` over snapshots it is the batched program
+    (:meth:`Locator.program` on the (B, M) batch, its capacity that of B rows): vmapped
+    naively, every ``lax.cond`` of the rare steps would become a select and run them for
+    every snapshot. Vmapped over Locators (batched leaves), the plain rule."""
+    return _locate_one_plain(loc, r)
+
+
+@_locate_one.def_vmap
+def _locate_one_vmap(
+    axis_size: int, in_batched: list, loc: Locator, r: Array
+) -> tuple[LocatorResult, LocatorResult]:
+    loc_batched, r_batched = in_batched
+    if r_batched and not any(jax.tree.leaves(loc_batched)):
+        out = _program(loc, r, loc.capacity_for(axis_size))
+    else:
+        axes = jax.tree.map(lambda b: 0 if b else None, loc_batched)
+        out = jax.vmap(_locate_one_plain, in_axes=(axes, 0 if r_batched else None))(loc, r)
+    return out, jax.tree.map(lambda _: True, out)
+
+
 _coarse = jax.jit(lambda loc, r: loc.stage.coarse(loc, r))
 _screen = jax.jit(lambda loc, r, c, cap: loc.stage.screen(loc, r, c, cap), static_argnums=3)
 _refine = jax.jit(Locator.refine)

@@ -2,7 +2,8 @@
 JSON records under docs/measurements/<machine>-<date>/ (written by
 ``dmimo_jax.benchmarking.write_json``: command, date, machine and rows).
 
-The marker ``<!-- measurements -->`` in results.md is replaced by one section per record.
+The marker ``<!-- measurements -->`` in results.md is replaced by one section per folder
+(heading "Measurements <folder>", anchor ``#measurements-<folder>``) and one per record.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _section(path: pathlib.Path, root: pathlib.Path) -> list[str]:
         machine = ", ".join(f"{k} {v}" for k, v in machine.items())
     rows, rest = _rows(record)
     lines = [
-        f"### `{path.relative_to(root).as_posix()}`",
+        f"#### `{path.relative_to(root).as_posix()}`",
         "",
         f"`{command}`; {meta.get('date', date_dir)}; {machine}.",
         "",
@@ -98,7 +99,11 @@ def generate(root: pathlib.Path) -> str:
     """The recorded measurements as Markdown, newest folder first."""
     base = root / "docs" / "measurements"
     out = []
-    for folder in sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.name[-10:], reverse=True):
+    for folder in sorted(
+        (p for p in base.iterdir() if p.is_dir()), key=lambda p: p.name[-10:], reverse=True
+    ):
+        # a heading per folder: other pages link to results.md#measurements-<folder>
+        out += [f"### Measurements {folder.name}", ""]
         for path in sorted(folder.glob("*.json")):
             out += _section(path, root)
     return "\n".join(out)
