@@ -1,5 +1,6 @@
 """Check the built documentation site: every public name (``__all__`` of ``dmimo_jax`` and of
-each module with a page under docs/api/) has an entry in the API reference.
+each module with a page under docs/api/) has an entry in the API reference, and no page shows a
+raw Sphinx role (``:func:``, ``:math:``, ...: the build renders them).
 
     python .ci/check_api_reference.py SITE_DIR
 """
@@ -27,11 +28,16 @@ def main(site: str) -> int:
             # a function that shares its module's name is documented as module.name.name
             if f"{module}.{n}" not in ids and f"{module}.{n}.{n}" not in ids:
                 missing.append(f"{module}.{n}")
+    raw = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc|math):`?")
+    for html_file in sorted(site_dir.rglob("*.html")):
+        found = raw.findall(html_file.read_text())
+        if found:
+            missing.append(f"{html_file.relative_to(site_dir)}: {len(found)} raw roles ({found[0]})")
     if missing:
-        print(f"{len(missing)} public names have no entry in the API reference:")
+        print(f"{len(missing)} public names without an entry or pages with raw roles:")
         print("\n".join(f"  {m}" for m in missing))
         return 1
-    print(f"API reference: every public name of {len(pages)} modules has an entry")
+    print(f"API reference: every public name of {len(pages)} modules has an entry; no raw role")
     return 0
 
 

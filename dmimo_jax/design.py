@@ -341,7 +341,7 @@ def optimize_ap_positions(
             ``steps // 2`` for ``"max"`` (the smooth maximum descends poorly from a random
             layout; the attempts with and without the warm-up are measured in
             docs/calibration_design.md), 0 for ``"mean"``.
-        progress: a tqdm bar.
+        progress: a tqdm bar (in a terminal; quiet when stderr is not one).
 
     Returns:
         A :class:`DesignResult`; its ``scene`` has the optimized APs.
@@ -390,7 +390,11 @@ def optimize_ap_positions(
     ]
     select = _ue_batch(k_select, scene, 2048, objective)  # one fixed batch ranks the starts
     best = None
-    bar = tqdm(total=(mean_steps + steps) * num_starts, desc="AP layout", disable=not progress)
+    bar = tqdm(
+        total=(mean_steps + steps) * num_starts,
+        desc="AP layout",
+        disable=None if progress else True,
+    )
     shared = (scene, rects, min_separation, penalty)
     for st in starts:
         st, history = _descend(st, phases, k_steps, shared, num_ue, p, bar)

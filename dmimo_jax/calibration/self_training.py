@@ -148,7 +148,7 @@ def self_train_field(
         max_coherence: see ``max_step``.
         length_scale: :func:`fit_residual_field`.
         noise: see ``length_scale``.
-        progress: a tqdm bar over the rounds.
+        progress: a tqdm bar over the rounds (in a terminal only).
 
     Raises:
         ValueError: bad shapes or values (as :func:`fit_residual_field`,
@@ -174,7 +174,7 @@ def self_train_field(
     x_all = np.concatenate([x, np.repeat(x[:1], len(r_unlabeled), 0)])
     keep = np.zeros(len(r_unlabeled), bool)
     counts = []
-    for _ in tqdm(range(rounds), desc="self-training", disable=not progress):
+    for _ in tqdm(range(rounds), desc="self-training", disable=None if progress else True):
         field = fit_residual_field(model, x_all, r_all, mask=np.r_[labels, keep], **settings)
         xe = np.asarray(coherent_search(field, grid, r_unlabeled, amplitudes).x)
         keep = _confirmed(xe, r_unlabeled, t, max_step, max_gap, max_coherence)

@@ -239,7 +239,11 @@ def write_dataset(
     if meta["done"] == 0:
         write_json_atomic(meta_path, meta)
     with tqdm(
-        total=num, initial=meta["done"], desc="synthesize", unit="sample", disable=not progress
+        total=num,
+        initial=meta["done"],
+        desc="synthesize",
+        unit="sample",
+        disable=None if progress else True,
     ) as bar:
         while meta["done"] < num:
             n = min(chunk_size, num - meta["done"])

@@ -246,7 +246,7 @@ def train(
         config: :class:`TrainConfig`.
         checkpoint_dir: where to keep per-epoch checkpoints and resume from.
         devices: devices for data parallelism (default ``jax.devices()``).
-        progress: show a tqdm bar.
+        progress: a tqdm bar (in a terminal; quiet when stderr is not one).
         on_epoch_end: called as ``fn(epoch, row)`` after each epoch's checkpoint (a
             benchmark times epochs with it).
         resident: keep the training samples in device memory and scan over minibatches
@@ -297,7 +297,7 @@ def train(
     bar = tqdm(
         total=total,
         initial=start_epoch * steps_per_epoch,
-        disable=not progress,
+        disable=None if progress else True,
         desc=f"train {type(model).__name__}",
         unit="step",
     )

@@ -305,7 +305,7 @@ def run_offline(
         num_samples: synthetic set size (default: the preset's).
         cache_dir: root of the cache (default :func:`~dmimo_jax.pipeline.cache.default_cache_dir`).
         seed: seeds the synthetic set and the initializations.
-        progress: tqdm bars.
+        progress: tqdm bars (in a terminal; quiet when stderr is not one).
         on_epoch_end: passed to :func:`~dmimo_jax.learning.train` (e.g. to stop at an
             epoch boundary when a time budget is spent; the next call resumes).
         cells: the cell classifier's settings (default: the preset's ``cells``).
