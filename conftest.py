@@ -104,3 +104,7 @@ LONGEST_FILES = (
 def pytest_collection_modifyitems(config, items):
     rank = {path: i for i, path in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+# docs/hooks/ holds the docs build's MkDocs hooks and griffe extension: they import the docs
+# extra (griffe), which the test command does not install, and hold no doctests
+collect_ignore = ["docs/hooks"]
