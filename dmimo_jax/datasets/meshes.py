@@ -391,6 +391,22 @@ def load_obj(
 ) -> tuple[Face, ...]:
     """The faces of a Wavefront OBJ file (:func:`read_obj`), one material per name.
 
+    Args:
+        path: the ``.obj`` file (text; its groups or ``usemtl`` names name the materials).
+        materials: a material for a name of the file: a complex relative permittivity, an
+            ITU-R P.2040 name (``"concrete"``; ``"metal"``) or None (a perfect conductor). Names not given
+            here must be ITU names themselves (``"concrete"``, ``"itu_concrete"``,
+            ``"mat-itu_concrete"``).
+        frequency_hz: the carrier at which ITU material names are evaluated (needed when a
+            material is a name).
+        convention: ``"itu"`` (f in GHz, the correct one) or ``"paper"`` (f in Hz: the
+            paper's permittivity, :func:`~dmimo_jax.materials.relative_permittivity`).
+        merge: merge coplanar triangles where their union is convex (fewer faces, the same
+            surfaces).
+
+    Returns:
+        The faces (``Face``), ready for :class:`~dmimo_jax.physics.MeshModel`.
+
     Raises:
         ValueError: what :func:`read_obj` refuses, a degenerate polygon, a material that
             is not known.
