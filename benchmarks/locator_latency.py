@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import jax
 
 jax.config.update("jax_enable_x64", True)  # physics in float64; the networks stay float32
 
 import numpy as np  # noqa: E402
-from _common import device_name, labeled_snapshots, print_table, write_json  # noqa: E402
+from _common import device_name, labeled_snapshots, print_table, time_call, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
@@ -31,13 +30,8 @@ from dmimo_jax import pipeline  # noqa: E402
 
 
 def median_time(fn, repeats):
-    jax.block_until_ready(fn())  # compile
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of ``repeats`` calls after the first (compilation): time_call's."""
+    return statistics.median(time_call(fn, repeats)[1])
 
 
 def main(argv=None):
@@ -62,11 +56,11 @@ def main(argv=None):
     for b in batches:
         rb = jax.device_put(rt[:b])
         repeats = 20 if b <= 16 else 5 if b <= 256 else 2
-        t0 = time.perf_counter()
-        out = jax.block_until_ready(loc(rb))  # the first call: compilation and one run
-        first = time.perf_counter() - t0
+        # the first call (compilation and one run), then the timed ones
+        first, times = time_call(lambda rb=rb: loc(rb), repeats)
+        t_call = statistics.median(times)
+        out = loc(rb)
         err = np.linalg.norm(np.asarray(out.x) - xt[:b], axis=1)
-        t_call = median_time(lambda rb=rb: loc(rb), repeats)
         t_jit = median_time(lambda rb=rb: jitted(rb), repeats)
         row = dict(
             batch=b,

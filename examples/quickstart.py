@@ -21,15 +21,14 @@ jax.config.update("jax_enable_x64", True)  # physics and estimation in float64 (
 import numpy as np  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from dmimo_jax.benchmarking import write_json  # noqa: E402
+from dmimo_jax.benchmarking import timed_passes, write_json  # noqa: E402
 from dmimo_jax.estimators import phasor_table, search_grid  # noqa: E402
 from dmimo_jax.learning import get_preset  # noqa: E402
 
 
 def timed(fn):  # (result, seconds): compiled first, then one timed call
     jax.block_until_ready(fn())
-    t0 = time.perf_counter()
-    return jax.block_until_ready(fn()), time.perf_counter() - t0
+    return timed_passes(fn, 1)
 
 
 def row(method, x, fine, seconds, pebs, **extra):  # one table row: errors (m), time (ms)
@@ -103,8 +102,7 @@ def main(argv=None) -> list[dict]:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for rw in rows:
-        e = np.sort(rw["errors_m"])
-        ax.step(e, np.arange(1, len(e) + 1) / len(e), where="post", label=rw["method"])
+        ax.step(*dj.metrics.ecdf(rw["errors_m"]), where="post", label=rw["method"])
     ax.axvline(rows[0]["mean_peb_m"], color="k", ls=":", label="mean PEB")
     ax.set(xscale="log", xlabel="position error [m]", ylabel="empirical CDF")
     ax.legend(title=f"{args.material}, P = {args.power_dbm:g} dBm, L = {args.num_train}")

@@ -73,10 +73,8 @@ def on_rows(
     chunk = min(chunk_for(capacity) if chunk is None else int(chunk), capacity)
     steps = -(-capacity // chunk)
     count = jnp.minimum(jnp.sum(mask, dtype=jnp.int32), capacity)
-    (idx,) = jnp.nonzero(mask, size=steps * chunk, fill_value=batch)
-    idx = jnp.where(jnp.arange(steps * chunk) < capacity, idx, batch)
 
-    def body(state: tuple[Array, Any]) -> tuple[Array, Any]:
+    def body(state: tuple[Array, Any], idx: Array) -> tuple[Array, Any]:
         i, cur = state
         rows = jax.lax.dynamic_slice(idx, (i * chunk,), (chunk,))
         # padding repeats rows[0], marked while i * chunk < count (vmap may run a finished
@@ -86,8 +84,12 @@ def on_rows(
         cur = jax.tree.map(lambda c, o: c.at[rows].set(o.astype(c.dtype), mode="drop"), cur, out)
         return i + 1, cur
 
-    def loop(cur: Any) -> Any:
-        return jax.lax.while_loop(lambda s: s[0] * chunk < count, body, (jnp.int32(0), cur))[1]
+    def loop(cur: Any) -> Any:  # the marked rows gathered here: nothing when none is marked
+        (idx,) = jnp.nonzero(mask, size=steps * chunk, fill_value=batch)
+        idx = jnp.where(jnp.arange(steps * chunk) < capacity, idx, batch)
+        return jax.lax.while_loop(
+            lambda s: s[0] * chunk < count, lambda s: body(s, idx), (jnp.int32(0), cur)
+        )[1]
 
     # the loop under a cond: XLA hoists the loop-invariant part of fn (its work on tables)
     # out of a while loop, which would then run even when no row is marked

@@ -33,7 +33,7 @@ from dmimo_jax.estimators import CellTable, PhasorTable, window_covers_table
 from dmimo_jax.estimators.faults import exclude_faults, pick_excluding, region_candidates
 from dmimo_jax.estimators.hyperbola import estimate as hyperbola_estimate
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
-from dmimo_jax.estimators.rows import capacity_for, gate_limit, on_rows, passes_gate
+from dmimo_jax.estimators.rows import capacity_for, on_rows, passes_gate
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.estimators.window import gate_recheck, window_offsets, window_search_unchecked
 from dmimo_jax.learning.cells import CellClassifier
@@ -623,13 +623,12 @@ class Locator:
         redo = none if redo is None else redo
         gate = self.settings.cost_gate
         excluded = jnp.zeros(r.shape, bool)
-        limit = gate_limit(self.num_aps, gate if gate is not None else 1.0)
-        failed = ~(fine.cost <= limit) & (gate is not None)  # NaN fails
         if gate is None:
             (screened, fine), lost = on_rows(
                 redo, capacity, self.region_search, (screened, fine), r
             )
             return screened, fine, none, ~jnp.isfinite(fine.cost), lost, excluded
+        failed = ~self.passes(fine.cost, excluded)  # no AP out yet: gate * (M - 4); NaN fails
         lost = none
         if self.settings.max_excluded:
             (fine, excluded), lost = on_rows(
@@ -742,21 +741,22 @@ class Locator:
         (``jax.jit(loc)``, ``jax.vmap(loc)``) are trusted, and ``overflow`` reports them.
         """
         single = np.ndim(r) == 1
-        if not is_concrete(r, self):  # traced snapshots or a traced Locator (vmap over them)
-            if np.shape(r)[-1:] != (self.num_aps,) or np.ndim(r) not in (1, 2):
-                raise ValueError(
-                    f"r must have shape ({self.num_aps},) or (B, {self.num_aps}), got {np.shape(r)}"
-                )
-            if single:  # jax.vmap(loc) of batches: one batched program (_locate_one)
-                return _locate_one(self, jnp.asarray(r).astype(jnp.result_type(float)))
-            rb = jnp.asarray(r).astype(jnp.result_type(float))
-            out = _program(self, rb, self.capacity_for(rb.shape[0]))
-        else:
+        if is_concrete(r):
             rb = self._snapshots(r)
             if rb.shape[0] == 0:
                 return self._empty(rb.dtype)
             out = _program(self, rb, self.capacity_for(rb.shape[0]))
-            out = self._rerun_overflow(rb, out)
+            if is_concrete(out.overflow):  # traced under a vmap over Locators: reported only
+                out = self._rerun_overflow(rb, out)
+        else:
+            if np.shape(r)[-1:] != (self.num_aps,) or np.ndim(r) not in (1, 2):
+                raise ValueError(
+                    f"r must have shape ({self.num_aps},) or (B, {self.num_aps}), got {np.shape(r)}"
+                )
+            rb = jnp.asarray(r).astype(jnp.result_type(float))
+            if single:  # jax.vmap(loc) of batches: one batched program (_locate_one)
+                return _locate_one(self, rb)
+            out = _program(self, rb, self.capacity_for(rb.shape[0]))
         return jax.tree.map(lambda a: a[0], out) if single else out
 
     def _rerun_overflow(self, r: Array, out: LocatorResult) -> LocatorResult:
