@@ -1,10 +1,20 @@
-"""Dtype-keyed tolerances in one place (as in tinygp's test_utils), and the XLA setting
-for the few long computations in the suite."""
+"""Dtype-keyed tolerances in one place (as in tinygp's test_utils), the XLA setting for
+the few long computations in the suite, and the Locator settings its tests share."""
 
 import contextlib
 
 import jax
 import numpy as np
+
+# The Locator's program takes about 20 s to compile with the suite's XLA settings, and its
+# tests would compile it dozens of times. They share what they can through the persistent
+# compilation cache (conftest.py): the same settings and batch size compile to the same
+# program in every test file, worker and subprocess. LOCATOR_LIGHT leaves fault exclusion
+# out (half the compile time) for tests of a transformation or of composition, where no AP
+# is faulty (fault-free answers are the same with or without it: tests/test_faults.py).
+LOCATOR_SHARED = {"num_cells": 4, "first_cells": 2, "capacity": 1.0}
+LOCATOR_LIGHT = {**LOCATOR_SHARED, "max_excluded": 0}
+LOCATOR_BATCH = 16
 
 _RTOL = {np.dtype("float32"): 5e-4, np.dtype("float64"): 1e-10}
 

@@ -9,6 +9,8 @@ import pytest
 import dmimo_jax as dj
 from dmimo_jax import bounds, estimators
 from dmimo_jax.measure import FAULT_KINDS, inject_faults
+from tests.helpers import LOCATOR_BATCH as BATCH
+from tests.helpers import LOCATOR_SHARED as SHARED
 from tests.test_offline_online import MODEL, SCENE, _labeled, _offline
 
 
@@ -79,14 +81,17 @@ def test_exclusion_from_the_right_lobe_names_the_faulty_aps():
 
 @pytest.fixture(scope="module")
 def locator(tmp_path_factory):
-    return dj.Locator(_offline(tmp_path_factory.mktemp("cache"), kinds=("cells",)), "cells")
+    # the settings and batch size of tests/test_locator.py: one program, compiled once
+    return dj.Locator(
+        _offline(tmp_path_factory.mktemp("cache"), kinds=("cells",)), "cells", **SHARED
+    )
 
 
 def test_without_faults_the_locator_is_unchanged(locator):
-    _, r, _ = _labeled(num=24, seed=5)
+    _, r, _ = _labeled(num=BATCH, seed=5)
     out = locator(r)
     off = locator.replace(max_excluded=0)(r)
-    assert not np.any(np.asarray(out.excluded)) and out.excluded.shape == (24, 17)
+    assert not np.any(np.asarray(out.excluded)) and out.excluded.shape == (BATCH, 17)
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(off.x), atol=1e-9, rtol=0)
     with pytest.raises(ValueError, match="max_excluded"):
         locator.replace(max_excluded=13)
@@ -98,9 +103,9 @@ def test_each_fault_model_is_detected_and_excluded(locator, kind):
     """One faulty AP of 17 on 16 snapshots: every answer is either within a millimetre
     with the faulty AP excluded or rejected (flagged), never a confident wrong answer;
     at least 14 of 16 are found."""
-    x, r, _ = _labeled(num=16, seed=7)
-    faulty = np.zeros((16, 17), bool)
-    faulty[np.arange(16), np.random.default_rng(0).integers(0, 17, 16)] = True
+    x, r, _ = _labeled(num=BATCH, seed=7)
+    faulty = np.zeros((BATCH, 17), bool)
+    faulty[np.arange(BATCH), np.random.default_rng(0).integers(0, 17, BATCH)] = True
     if kind in ("stuck", "jump"):
         faulty[:] = False
         faulty[:, 6] = True
@@ -113,15 +118,15 @@ def test_each_fault_model_is_detected_and_excluded(locator, kind):
 
 
 @pytest.mark.slow  # compiles the exclusion paths of the program
-def test_an_offset_jump_is_healed_from_twenty_snapshots(locator):
+def test_an_offset_jump_is_healed_from_sixteen_snapshots(locator):
     """AP 6's phase jumps by 2 rad: the Locator excludes it in every snapshot; heal()
-    estimates the jump from those 20 answers (to well within its standard error's scale)
+    estimates the jump from those 16 answers (to well within its standard error's scale)
     and corrects it, after which AP 6 rejoins and the errors on new snapshots with the same
     jump equal the fault-free ones; a dead AP (random phases) is reported, not healed."""
     faulty = np.zeros(17, bool)
     faulty[6] = True
     jump = jnp.where(jnp.asarray(faulty), 2.0, 0.0)
-    x, r, _ = _labeled(num=20, seed=11)
+    x, r, _ = _labeled(num=BATCH, seed=11)
     out = locator(inject_faults(jax.random.key(0), r, jnp.asarray(faulty), "jump", jump=jump))
     assert np.all(np.asarray(out.excluded)[:, 6] | np.asarray(out.rejected))
     healed, report = locator.heal(
@@ -129,7 +134,7 @@ def test_an_offset_jump_is_healed_from_twenty_snapshots(locator):
     )
     assert bool(report.healed[6]) and int(np.sum(report.healed)) == 1
     assert abs(float(report.offsets[6]) - 2.0) < 1e-3 and float(report.stderr[6]) < 1e-3
-    x2, r2, _ = _labeled(num=32, seed=12)
+    x2, r2, _ = _labeled(num=BATCH, seed=12)
     after = healed(inject_faults(jax.random.key(1), r2, jnp.asarray(faulty), "jump", jump=jump))
     clean = locator(r2)
     assert not np.any(np.asarray(after.excluded))

@@ -12,6 +12,7 @@ import dmimo_jax as dj
 from dmimo_jax import pipeline
 from dmimo_jax.learning import CellConfig, POPTConfig, TrainConfig
 from dmimo_jax.learning.presets import CellsPreset, Preset
+from tests.helpers import LOCATOR_BATCH, LOCATOR_SHARED
 
 # a 0.6 m x 0.6 m x 0.4 m UE region: small tables, 0.2 m cells
 SCENE = dj.paper_scene(-10.0, convention="itu").replace(
@@ -73,8 +74,8 @@ def test_run_offline_trains_every_kind_under_the_given_model(trained):
 
 def test_cells_locator_equals_the_composed_stages(trained):
     _, off = trained
-    x, r, _ = _labeled(16, seed=3)
-    loc = pipeline.Locator(off, "cells", num_cells=4, first_cells=2)
+    x, r, _ = _labeled(LOCATOR_BATCH, seed=3)
+    loc = pipeline.Locator(off, "cells", **LOCATOR_SHARED)  # tests/test_faults.py's program
     out = loc(r)
     ref = pipeline.locate_candidates(
         r,
@@ -90,7 +91,7 @@ def test_cells_locator_equals_the_composed_stages(trained):
     # five orders of magnitude below the PEB)
     np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.fine), rtol=0, atol=1e-9)
     np.testing.assert_array_equal(np.asarray(out.fallback), np.asarray(ref.fallback))
-    assert out.x.shape == (16, 3) and out.coarse.shape == (16, 3)
+    assert out.x.shape == (LOCATOR_BATCH, 3) and out.coarse.shape == (LOCATOR_BATCH, 3)
     # stage by stage, as a benchmark times them
     coarse = loc.coarse(r)
     found = loc.screen(r, coarse)
@@ -104,7 +105,8 @@ def test_cells_locator_equals_the_composed_stages(trained):
 def test_window_locator_equals_locate(trained, kind):
     _, off = trained
     r = _labeled(8, seed=4)[1]
-    out = pipeline.Locator(off, kind, fine="model")(r)
+    # fault exclusion in one kind's program only (a fault-free answer is the same without it)
+    out = pipeline.Locator(off, kind, fine="model", max_excluded=3 if kind == "popt" else 0)(r)
     ref = pipeline.locate(
         r,
         off.estimators[kind],
