@@ -87,6 +87,7 @@ def locator(tmp_path_factory):
     )
 
 
+@pytest.mark.slow  # two compiles of the program (the slow tests' own, so cached for them)
 def test_without_faults_the_locator_is_unchanged(locator):
     _, r, _ = _labeled(num=BATCH, seed=5)
     out = locator(r)
