@@ -164,23 +164,25 @@ def test_per_ap_normal_equations_equal_autodiffs():
     gains, constants and phase centres, a prior, unequal variances) are those of jax.jacfwd's
     Jacobian; a group that moves every AP (phase offsets) or phase data gets no structure."""
     from dmimo_jax.calibration import deployment as dep
+    from dmimo_jax.calibration import groups as grp
+    from dmimo_jax.calibration import solver
 
     real, truth, recv, x, s = _world()
     h = rx.simulate_snapshots(jax.random.key(6), truth, x[:20], recv, s[:20])
     model = rx.ReceiverModel(MODEL, recv)
     groups = (
-        *dep._receiver_groups(model, ("receiver_gains", "receiver_constants")),
-        dep._positions_group(model, None, 0.05, np.asarray(real.ap_positions)),
+        *grp.receiver_groups(model, ("receiver_gains", "receiver_constants")),
+        grp.positions_group(model, None, 0.05, np.asarray(real.ap_positions)),
     )
     u0 = jnp.concatenate([g.u0 for g in groups])
     u = u0 + 1e-3 * jax.random.normal(jax.random.key(9), u0.shape)
     nv = float(SCENE.noise_power) * jnp.broadcast_to(jnp.linspace(0.5, 2.0, 17), h.shape)
-    structure = dep._per_ap_structure(model, groups)
+    structure = solver.per_ap_structure(model, groups)
     assert structure[0].shape == (7, u.shape[0])
-    jac = jax.jacfwd(lambda v: dep._residuals(v, model, groups, x[:20], h, nv))(u)
-    e = dep._residuals(u, model, groups, x[:20], h, nv)
+    jac = jax.jacfwd(lambda v: solver.residuals(v, model, groups, x[:20], h, nv))(u)
+    e = solver.residuals(u, model, groups, x[:20], h, nv)
     # the labeled residuals in plain NumPy: the snapshot factor weighted by the variances
-    m = dep._apply(model, groups, u)
+    m = solver.apply_groups(model, groups, u)
     v = np.asarray(jax.vmap(m.channel)(x[:20]))
     y = np.asarray(h) - np.asarray(m.receivers.constants)[None, :]
     var = np.asarray(nv)
@@ -188,7 +190,7 @@ def test_per_ap_normal_equations_equal_autodiffs():
     z = (y - s_ml[:, None] * v) / np.sqrt(var / 2)
     expect_e = np.stack([z.real, z.imag], axis=-1).reshape(-1)
     np.testing.assert_allclose(np.asarray(e[: expect_e.size]), expect_e, rtol=1e-9, atol=1e-12)
-    ata, atg = dep._per_ap_normal(u, model, groups, x[:20], h, nv, structure)
+    ata, atg = solver.per_ap_normal(u, model, groups, x[:20], h, nv, structure)
     expect_a, expect_g = jac.T @ jac, jac.T @ e
     np.testing.assert_allclose(
         ata, expect_a, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(expect_a)))
@@ -197,8 +199,8 @@ def test_per_ap_normal_equations_equal_autodiffs():
         atg, expect_g, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(expect_g)))
     )
     offsets = dep._offsets_group(MODEL, x[:20], jnp.angle(h))
-    assert dep._per_ap_structure(model, (*groups, offsets)) is None
-    assert dep._per_ap_structure(MODEL, groups[-1:]) is None
+    assert solver.per_ap_structure(model, (*groups, offsets)) is None
+    assert solver.per_ap_structure(MODEL, groups[-1:]) is None
 
 
 @pytest.mark.slow

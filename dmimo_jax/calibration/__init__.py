@@ -4,6 +4,9 @@
   group of the model's unknowns (AP phase centres, per-AP phase offsets, surfaces'
   permittivities, the antenna exponent, the polarization), with honest standard errors and
   the fit's reduced chi-square.
+* :mod:`~dmimo_jax.calibration.groups`: the groups of unknowns as objects (:class:`Group`
+  and one class per group: how each sets itself on a model, its natural values, its prior,
+  how it is reported).
 * :mod:`~dmimo_jax.calibration.materials`: the surfaces alone (:func:`fit_material` for the
   ground of the two-ray model, :func:`fit_surfaces` for a room) and the numpyro NUTS
   posterior of the ground's permittivity (:func:`material_posterior`).
@@ -18,16 +21,20 @@
 
 from dmimo_jax.calibration.deployment import (
     CALIBRATION_STARTS,
-    CONVERGENCE_TOLERANCE,
     GROUPS,
-    MIN_EXPONENT_START,
-    UNLABELED_STEPS,
     Unlabeled,
-    chi2_band,
-    error_scale,
-    fit_status,
     offsets_closed_form,
     receivers_closed_form,
+)
+from dmimo_jax.calibration.groups import (
+    MIN_EXPONENT_START,
+    Antenna,
+    Group,
+    Offsets,
+    Positions,
+    ReceiverConstants,
+    ReceiverGains,
+    Surfaces,
 )
 from dmimo_jax.calibration.materials import (
     MaterialFit,
@@ -55,6 +62,8 @@ from dmimo_jax.calibration.self_training import (
     confirmed_by_neighbours,
     self_train_field,
 )
+from dmimo_jax.calibration.solver import CONVERGENCE_TOLERANCE, UNLABELED_STEPS
+from dmimo_jax.calibration.status import chi2_band, error_scale, fit_status
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.Calibration`): kept here so the
@@ -68,6 +77,13 @@ __all__ = [
     "MIN_EXPONENT_START",
     "UNLABELED_STEPS",
     "Unlabeled",
+    "Group",
+    "Positions",
+    "Offsets",
+    "Surfaces",
+    "Antenna",
+    "ReceiverGains",
+    "ReceiverConstants",
     "MaterialFit",
     "PHASE_CENTRE_PRIOR",
     "SPOT_RADIUS",

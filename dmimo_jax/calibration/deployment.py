@@ -14,7 +14,10 @@ the paper uses for its GP. It maximizes the CPO-profiled Gaussian likelihood of 
 
 with :math:`\hat\phi_l` the CPO of eq. (15) (wrap-corrected, as the MLE compresses it),
 by the package's one Levenberg-Marquardt solver on the whitened residuals with the
-autodiff Jacobian. The groups (``fit=``):
+autodiff Jacobian. The groups (``fit=``; each a class of
+:mod:`~dmimo_jax.calibration.groups`, the fitting core in
+:mod:`~dmimo_jax.calibration.solver`, how a fit ended in
+:mod:`~dmimo_jax.calibration.status`):
 
 * ``"ap_positions"``: the APs' phase centres. An AP mounted on a reflector of an
   :class:`~dmimo_jax.physics.ImageSourceModel` or a face of a
@@ -33,7 +36,7 @@ autodiff Jacobian. The groups (``fit=``):
   point there, and either is a fixed point of the LM), from several material starts
   (:data:`CALIBRATION_STARTS`), the likeliest winning.
 * ``"antenna"``: the exponent :math:`q` of a :class:`~dmimo_jax.CosinePattern` (shared or
-  per AP), :math:`q = |c|`; a start below :data:`MIN_EXPONENT_START` starts there (at
+  per AP), :math:`q = |c|`; a start below :data:`~dmimo_jax.calibration.groups.MIN_EXPONENT_START` starts there (at
   :math:`q = 0` the derivative vanishes and the fit could not leave it).
 * ``"polarization"``: TE or TM, by the likelihood of the whole fit under each.
 
@@ -47,7 +50,7 @@ Unlabeled snapshots (``unlabeled=``, beyond the paper). A deployment in operatio
 far more snapshots than anyone labels. Given N of them with start positions in the right
 basin (the online stage's estimates under the labeled calibration), a last stage fits every
 group to the labeled and the unlabeled snapshots together, each unlabeled position profiled
-out: at every iterate it is re-located by the package's LM (:data:`UNLABELED_STEPS` steps),
+out: at every iterate it is re-located by the package's LM (:data:`~dmimo_jax.calibration.solver.UNLABELED_STEPS` steps),
 and its residuals enter the calibration's Jacobian projected off its own three directions
 (variable projection; the Gauss-Newton Schur complement of the joint problem in
 :math:`\boldsymbol\vartheta` and the N positions, at the memory of the labeled fit). Each
@@ -73,14 +76,14 @@ Honest uncertainty. Standard errors come from the Gauss-Newton information
 (a direction the data do not constrain gets an infinite or huge error, never a small one,
 and a warning names it), in the natural values themselves (phase centres, offsets,
 :math:`\varepsilon', \varepsilon''`, exponents: regular at a physical bound, where the
-parametrization's kink would report 0), and scaled by :func:`error_scale` of the reduced
+parametrization's kink would report 0), and scaled by :func:`~dmimo_jax.calibration.status.error_scale` of the reduced
 chi-square :math:`\chi^2_\nu` (``reduced_chi2``; about 1 when the model explains the data
 to the noise, dof = LM - L CPOs - parameters).
 
 A failure cannot pass for a result. The joint fit runs rounds of ``num_steps`` LM steps until
-a round lowers the cost by less than :data:`CONVERGENCE_TOLERANCE` (or ``max_steps`` are
+a round lowers the cost by less than :data:`~dmimo_jax.calibration.solver.CONVERGENCE_TOLERANCE` (or ``max_steps`` are
 spent), and :attr:`Calibration.status` says which of four ends it reached
-(:func:`fit_status`): ``"converged"`` (chi-square in :func:`chi2_band`), ``"misfit"``
+(:func:`~dmimo_jax.calibration.status.fit_status`): ``"converged"`` (chi-square in :func:`~dmimo_jax.calibration.status.chi2_band`), ``"misfit"``
 (converged above the band; ``chi2_by_ap`` and the warning say whether one AP or all carry
 it), ``"noise_overstated"`` (below the band; standard errors scaled down), or
 ``"not_converged"``. :func:`~dmimo_jax.pipeline.run_offline` refuses a calibration that did
@@ -90,7 +93,6 @@ not converge and warns on the others.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -110,10 +112,36 @@ from dmimo_jax._checks import (
     is_concrete,
     warn_if_float32,
 )
-from dmimo_jax.antenna import CosinePattern
-from dmimo_jax.estimators.lm import levenberg_marquardt
+from dmimo_jax.calibration.groups import (
+    Group,
+    Offsets,
+    antenna_group,
+    positions_group,
+    receiver_groups,
+    surface_indices,
+    surfaces_group,
+    with_scene,
+)
+from dmimo_jax.calibration.solver import (
+    apply_groups,
+    fit_lm,
+    information,
+    locate_labeled,
+    split,
+    standard_errors,
+    whitened,
+)
+from dmimo_jax.calibration.status import (
+    chi2_band,
+    error_scale,
+    fit_status,
+    log_normalizer,
+    prior_size,
+    warn_status,
+    warn_unidentified,
+)
 from dmimo_jax.gp.kernel import check_training_data
-from dmimo_jax.likelihood import compressed_residuals, cpo_estimate
+from dmimo_jax.likelihood import cpo_estimate
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import (
@@ -123,7 +151,6 @@ from dmimo_jax.physics import (
     TwoRayModel,
     check_in_domain,
 )
-from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
 from dmimo_jax.pytree import jit_or_eager, pytree_dataclass, static_field
 from dmimo_jax.receivers import (
     ReceiverModel,
@@ -147,20 +174,10 @@ GROUPS = (
 )
 """The groups of unknowns :func:`calibrate` can fit."""
 
-MIN_EXPONENT_START = 0.1
-"""The smallest antenna exponent ``"antenna"`` starts from (a smaller start starts here)."""
-
-UNLABELED_STEPS = 10
-"""Levenberg-Marquardt steps that re-locate each unlabeled snapshot at every iterate."""
-
 BOUNDARY_OUTLIER_Z = 10.0
 """Standard deviations: the smallest residual of a piecewise model's fit (a scene of faces)
 set aside for one round when the fit ends outside its chi-square band (a labeled UE on the
 wrong side of a shadow boundary; :func:`calibrate`)."""
-
-CONVERGENCE_TOLERANCE = 1e-2
-"""A round of LM steps that lowers the cost (the chi-square, in units of the noise) by less
-than this ends the fit as converged: far below the chi-square's own spread."""
 
 
 class Unlabeled(NamedTuple):
@@ -207,7 +224,7 @@ class Calibration:
         unlabeled_used: (N,) bool, the unlabeled snapshots the fit used (the others failed
             the cost screen; ``None`` without ``unlabeled=``).
         status: ``"converged"``, ``"misfit"``, ``"noise_overstated"`` or
-            ``"not_converged"`` (:func:`fit_status`; static). Only ``"converged"`` is a fit
+            ``"not_converged"`` (:func:`~dmimo_jax.calibration.status.fit_status`; static). Only ``"converged"`` is a fit
             that explains the data to the noise at an optimum.
         chi2_by_ap: (M,) each AP's share of the chi-square on the same scale as
             ``reduced_chi2`` (about 1 each for a good fit; a misfit carried by a few APs
@@ -233,209 +250,6 @@ class Calibration:
     status: str = static_field(default="converged")
     chi2_by_ap: Array | None = None
     receivers: Receivers | None = None
-
-
-@pytree_dataclass
-class _Group:
-    """One group of unknowns: its name and layout (static), its arrays and its start.
-
-    ``data`` holds what the group's parametrization needs (a position basis, the gauge
-    offset, a boresight); keeping it a pytree leaf, not a closure, lets one compiled solver
-    serve every calibration of the same shapes."""
-
-    data: Any
-    u0: Array  # (n,) start in the unconstrained parametrization
-    name: str = static_field()
-    meta: Any = static_field()  # hashable: surface indices, the exponent's shape
-    # True: ``u`` holds the natural values themselves (Re/Im eps, the exponent), the
-    # parametrization of the standard errors (regular at the physical bounds, where the
-    # parametrization's derivative is not defined)
-    linear: bool = static_field(default=False)
-
-    @property
-    def size(self) -> int:
-        return self.u0.shape[0]
-
-    def apply(self, model: Any, u: Array) -> Any:
-        """The model with this group's unknowns set from ``u`` (traceable)."""
-        if self.name == "surfaces":
-            return with_permittivities(model, self._eps(u), self.meta)
-        if self.name == "ap_positions":
-            return _with_scene(model, model.scene.replace(ap_positions=self._positions(u)))
-        if self.name == "ap_phase_offsets":
-            return _with_scene(model, model.scene.replace(ap_phase_offsets=self._offsets(u)))
-        if self.name == "receiver_gains":
-            rx = Receivers(self._complex(u, self.data["first"]), model.receivers.constants)
-            return ReceiverModel(model.model, rx)
-        if self.name == "receiver_constants":
-            rx = Receivers(model.receivers.gains, self._complex(u, None))
-            return ReceiverModel(model.model, rx)
-        q = u if self.linear else jnp.abs(u)
-        pattern = CosinePattern(exponent=q.reshape(self.meta), boresight=self.data["boresight"])
-        return _with_scene(model, model.scene.replace(antenna=pattern))
-
-    def natural(self, u: Array) -> Array:
-        """Flat real natural values (m, rad, Re/Im eps, exponent) of ``u``."""
-        if self.name == "surfaces":
-            eps = self._eps(u)
-            return jnp.concatenate([jnp.real(eps), jnp.imag(eps)])
-        if self.name == "ap_positions":
-            return self._positions(u).reshape(-1)
-        if self.name == "ap_phase_offsets":
-            return self._offsets(u)
-        if self.name == "receiver_gains":
-            g = self._complex(u, self.data["first"])
-            return jnp.concatenate([jnp.real(g), jnp.imag(g)])
-        if self.name == "receiver_constants":
-            return u
-        return u if self.linear else jnp.abs(u)
-
-    def report(self, v: Array) -> Array:
-        """Flat natural values (or their errors) in the shape reported by :class:`Calibration`."""
-        if self.name in ("surfaces", "receiver_gains", "receiver_constants"):
-            k = v.shape[0] // 2
-            return v[:k] + 1j * v[k:]
-        if self.name == "ap_positions":
-            return v.reshape(-1, 3)
-        if self.name == "antenna":
-            return v.reshape(self.meta)
-        return v
-
-    def prior_residuals(self, u: Array) -> Array:
-        """Whitened residuals of the group's Gaussian prior (the phase centres' survey:
-        ``position_prior``), (n,) or (0,)."""
-        scale = self.data.get("prior_scale")
-        if scale is None:
-            return u[:0]
-        return (u + self.data.get("prior_offset", 0.0)) * scale
-
-    def linearized(self, u: Array) -> tuple[_Group, Array]:
-        """The same group at the same point with ``u`` the natural values (positions and
-        offsets are linear already): (group, u)."""
-        if self.name not in ("surfaces", "antenna"):
-            return self, u
-        return dataclasses.replace(self, linear=True), self.natural(u)
-
-    def _eps(self, u: Array) -> Array:
-        k = u.shape[0] // 2
-        if self.linear:
-            return u[:k] + 1j * u[k:]
-        return _eps(u)
-
-    def _positions(self, u: Array) -> Array:
-        start, basis = self.data["start"], self.data["basis"]
-        return start + (basis @ u).reshape(start.shape)
-
-    def _offsets(self, u: Array) -> Array:
-        return jnp.concatenate([self.data["first"], u])
-
-    @staticmethod
-    def _complex(u: Array, first: Array | None) -> Array:
-        """(M,) complex from [Re, Im] halves, after the gauge entry ``first`` if any."""
-        k = u.shape[0] // 2
-        z = u[:k] + 1j * u[k:]
-        return z if first is None else jnp.concatenate([first.astype(z.dtype), z])
-
-
-# ------------------------------------------------------------------ models and their leaves
-
-
-def _with_scene(model: Any, scene: Any) -> Any:
-    if isinstance(model, ReceiverModel):
-        return ReceiverModel(_with_scene(model.model, scene), model.receivers)
-    if isinstance(model, TwoRayModel):
-        return TwoRayModel(scene)
-    if isinstance(model, MeshModel):
-        return MeshModel(scene, model.faces, model.order, blockers=model.blockers)
-    return ImageSourceModel(scene, model.reflectors, model.order)
-
-
-def _eps(u: Array) -> Array:
-    k = u.shape[0] // 2
-    return (1.0 + jnp.abs(u[:k])) - 1j * jnp.abs(u[k:])
-
-
-def _mounts(model: Any) -> list[list[np.ndarray]]:
-    """Per AP, the unit normals of the reflectors it is mounted on."""
-    model = model.model if isinstance(model, ReceiverModel) else model
-    ap = np.asarray(model.scene.ap_positions, float)
-    if isinstance(model, MeshModel):
-        return model.mounted()
-    out: list[list[np.ndarray]] = [[] for _ in range(ap.shape[0])]
-    if isinstance(model, ImageSourceModel):
-        for r in model.reflectors:
-            h = (ap - np.asarray(r.point)) @ np.asarray(r.normal)
-            for m in np.flatnonzero(np.abs(h) <= MOUNT_TOLERANCE):
-                out[m].append(np.asarray(r.normal, float))
-    return out
-
-
-def _position_basis(model: Any, free_axes: ArrayLike | None) -> np.ndarray:
-    """(3M, n) matrix A: positions.ravel() = start.ravel() + A @ u."""
-    num = model.num_aps
-    mounts = _mounts(model)
-    columns = []
-    if free_axes is None:
-        for m in range(num):
-            normals = np.array(mounts[m]).reshape(-1, 3)
-            # the orthogonal complement of the planes' normals: the directions the AP may move
-            _, s, vt = np.linalg.svd(np.vstack([normals, np.zeros((3, 3))]))
-            rank = int(np.sum(s > 1e-9))
-            for v in vt[rank:]:
-                col = np.zeros(3 * num)
-                col[3 * m : 3 * m + 3] = v
-                columns.append(col)
-    else:
-        mask = np.asarray(free_axes)
-        if mask.shape != (num, 3) or mask.dtype != bool:
-            raise ValueError(
-                f"free_axes must be a bool array of shape ({num}, 3) (which coordinates of "
-                f"each AP to fit), got {mask.dtype} {mask.shape}"
-            )
-        for m in range(num):
-            for axis in np.flatnonzero(mask[m]):
-                for n in mounts[m]:
-                    if abs(n[axis]) > 1e-9:
-                        raise ValueError(
-                            f"free_axes asks AP {m} to move along {'xyz'[axis]}, off the "
-                            f"surface it is mounted on (normal {np.round(n, 6).tolist()}): "
-                            "mounted APs move only within their surface"
-                        )
-                col = np.zeros(3 * num)
-                col[3 * m + axis] = 1.0
-                columns.append(col)
-    return np.stack(columns, axis=1) if columns else np.zeros((3 * num, 0))
-
-
-def _positions_group(
-    model: Any,
-    free_axes: ArrayLike | None,
-    prior_std: float | None = None,
-    position_start: ArrayLike | None = None,
-) -> _Group:
-    """The phase centres' group: ``u`` the displacement from ``position_start`` (default the
-    model's positions) in the basis of the free coordinates; the prior (``prior_std``) stays
-    centred on the model's positions."""
-    nominal = jnp.asarray(model.scene.ap_positions)
-    basis_np = _position_basis(model, free_axes)
-    basis = jnp.asarray(basis_np, nominal.dtype)
-    start, shift = nominal, np.zeros(basis_np.shape[1])
-    if position_start is not None:
-        delta = (np.asarray(position_start, float) - np.asarray(nominal)).reshape(-1)
-        shift = basis_np.T @ delta  # the basis is orthonormal
-        if np.max(np.abs(basis_np @ shift - delta), initial=0.0) > 1e-9:
-            raise ValueError(
-                "position_start moves an AP along a coordinate the fit keeps fixed (free_axes "
-                "or its mounting surface): start within the free coordinates"
-            )
-        start = jnp.asarray(position_start, nominal.dtype)
-    u0 = jnp.zeros(basis.shape[1], nominal.dtype)
-    data = {"start": start, "basis": basis}
-    if prior_std is not None:
-        data["prior_scale"] = jnp.asarray(1.0 / prior_std, nominal.dtype)
-        if position_start is not None:
-            data["prior_offset"] = jnp.asarray(shift, nominal.dtype)
-    return _Group(data, u0, "ap_positions", None)
 
 
 def offsets_closed_form(
@@ -572,147 +386,9 @@ def _receivers_als(num_iterations, fit_g, fit_b, model, x, h, g0, b0):
     return g, b
 
 
-def _receiver_groups(model: Any, fit: Sequence[str]) -> list[_Group]:
-    """The receiver groups of ``fit`` at the receivers of the ReceiverModel ``model``."""
-    rx, out = model.receivers, []
-    if "receiver_gains" in fit:
-        g = rx.gains
-        u0 = jnp.concatenate([jnp.real(g[1:]), jnp.imag(g[1:])])
-        out.append(_Group({"first": g[:1]}, u0, "receiver_gains", None))
-    if "receiver_constants" in fit:
-        b = rx.constants
-        out.append(
-            _Group({}, jnp.concatenate([jnp.real(b), jnp.imag(b)]), "receiver_constants", None)
-        )
-    return out
-
-
-def _offsets_group(model: Any, x: Array, r: Array) -> _Group:
+def _offsets_group(model: Any, x: Array, r: Array) -> Group:
     start = offsets_closed_form(model, x, r)
-    return _Group({"first": start[:1]}, start[1:], "ap_phase_offsets", None)
-
-
-def _surface_indices(model: Any, surfaces: Sequence[str] | None) -> tuple[list[int], list[str]]:
-    if isinstance(model, TwoRayModel):
-        if model.scene.perfect_conductor:
-            raise ValueError(
-                "fit: 'surfaces' of a two-ray model is the ground, and this one is a perfect "
-                "conductor (no eps_r to calibrate)"
-            )
-        if surfaces is not None and list(surfaces) != ["ground"]:
-            raise ValueError(f"surfaces: a two-ray model has only 'ground', got {surfaces}")
-        return [0], ["ground"]
-    if isinstance(model, MeshModel):
-        return _face_surfaces(model, surfaces)
-    names = [r.name for r in model.reflectors]
-    ap = np.asarray(model.scene.ap_positions)
-    seen = [
-        bool(np.any(np.asarray(r.height(ap)) > MOUNT_TOLERANCE)) or model.order >= 2
-        for r in model.reflectors
-    ]
-    if surfaces is None:
-        surfaces = [
-            r.name
-            for r, ok in zip(model.reflectors, seen, strict=True)
-            if ok and not r.perfect_conductor
-        ]
-    if len(set(surfaces)) != len(list(surfaces)):
-        raise ValueError(f"surfaces must not repeat a name, got {list(surfaces)}")
-    idx = []
-    for s in surfaces:
-        if s not in names:
-            raise ValueError(f"surfaces: no reflector named {s!r} (the model has {names})")
-        if names.count(s) > 1:
-            raise ValueError(f"surfaces: {names.count(s)} reflectors are named {s!r}; rename them")
-        k = names.index(s)
-        if model.reflectors[k].perfect_conductor:
-            raise ValueError(f"surfaces: {s!r} is a perfect conductor, it has no eps_r to fit")
-        if not seen[k]:
-            raise ValueError(
-                f"surfaces: every AP is mounted on {s!r}, so no path bounces off it and its "
-                "eps_r does not enter the phases"
-            )
-        idx.append(k)
-    if not idx:
-        raise ValueError("fit: 'surfaces' asked, but the model has no dielectric surface to fit")
-    return idx, list(surfaces)
-
-
-def _face_surfaces(model: MeshModel, surfaces: Sequence[str] | None) -> tuple[list[int], list[str]]:
-    """Indices into ``model.surface_names`` (one material per face name) and the names."""
-    names = list(model.surface_names)
-    ap = np.asarray(model.scene.ap_positions, float)
-    dielectric, seen = {}, {}
-    for f in model.faces:
-        h = (ap - np.asarray(f.vertices[0])) @ np.asarray(f.normal)
-        dielectric.setdefault(f.name, set()).add(not f.perfect_conductor)
-        seen[f.name] = seen.get(f.name, False) or bool(np.any(np.abs(h) > MOUNT_TOLERANCE))
-    if surfaces is None:
-        surfaces = [n for n in names if dielectric[n] == {True} and seen[n]]
-    surfaces = list(surfaces)
-    if len(set(surfaces)) != len(surfaces):
-        raise ValueError(f"surfaces must not repeat a name, got {surfaces}")
-    for s in surfaces:
-        if s not in names:
-            raise ValueError(f"surfaces: no face named {s!r} (the model's materials: {names})")
-        if dielectric[s] != {True}:
-            raise ValueError(
-                f"surfaces: faces named {s!r} include a perfect conductor, it has no eps_r to fit"
-            )
-        if not seen[s]:
-            raise ValueError(
-                f"surfaces: every AP is mounted on the faces named {s!r}, so no path bounces "
-                "off them and their eps_r does not enter the phases"
-            )
-    if not surfaces:
-        raise ValueError("fit: 'surfaces' asked, but the model has no dielectric face to fit")
-    return [names.index(s) for s in surfaces], surfaces
-
-
-def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[int]) -> Any:
-    """``model`` with the permittivity of the surfaces at indices ``surfaces`` replaced.
-
-    For a :class:`TwoRayModel` the only surface is the ground (index 0); for an
-    :class:`ImageSourceModel` the indices run over its reflectors; for a
-    :class:`~dmimo_jax.physics.MeshModel` over its materials (``surface_names``: faces that
-    share a name share the permittivity).
-    Works on tracers.
-
-    Raises:
-        ValueError: an index out of range or repeated, or not one permittivity per index.
-    """
-    if isinstance(model, ReceiverModel):
-        return ReceiverModel(with_permittivities(model.model, eps_r, surfaces), model.receivers)
-    eps_r = jnp.atleast_1d(jnp.asarray(eps_r))
-    if isinstance(model, MeshModel):
-        num = len(model.surface_names)
-    else:
-        num = 1 if isinstance(model, TwoRayModel) else len(getattr(model, "reflectors", ()))
-    surfaces = tuple(surfaces)
-    if not all(isinstance(k, int | np.integer) and 0 <= k < num for k in surfaces):
-        raise ValueError(
-            f"surfaces must be indices of the model's {num} surface(s) (0 ... {num - 1}), "
-            f"got {surfaces}"
-        )
-    if len(set(surfaces)) != len(surfaces) or eps_r.shape != (len(surfaces),):
-        raise ValueError(
-            f"eps_r must hold one permittivity per distinct index of surfaces "
-            f"({len(surfaces)}), got eps_r of shape {eps_r.shape} for surfaces {surfaces}"
-        )
-    if isinstance(model, TwoRayModel):
-        return TwoRayModel(model.scene.replace(eps_r=eps_r[0]))
-    if isinstance(model, ImageSourceModel):
-        refl = list(model.reflectors)
-        for j, k in enumerate(surfaces):
-            refl[k] = refl[k].with_permittivity(eps_r[j])
-        return ImageSourceModel(model.scene, refl, model.order)
-    if isinstance(model, MeshModel):
-        names = model.surface_names
-        return model.with_surface_permittivities(eps_r, [names[k] for k in surfaces])
-    raise ValueError(
-        "model must be a TwoRayModel, an ImageSourceModel or a MeshModel, got "
-        f"{type(model).__name__}"
-    )
+    return Offsets({"first": start[:1]}, start[1:])
 
 
 def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike) -> Array:
@@ -732,314 +408,8 @@ def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: Arr
     if is_concrete(x, r, noise_var):
         check_training_data(x, r, noise_var, model.num_aps)
     x, r, noise_var = jnp.asarray(x), jnp.asarray(r), jnp.asarray(noise_var)
-    e = _whitened(model, x, r, noise_var)
+    e = whitened(model, x, r, noise_var)
     return -0.5 * (jnp.sum(e * e) + jnp.sum(jnp.log(2 * jnp.pi * noise_var)))
-
-
-def _surfaces_group(model: Any, idx: Sequence[int], eps0: np.ndarray) -> _Group:
-    u0 = np.concatenate(
-        [
-            np.maximum(eps0.real - 1.0, 0.0),
-            np.maximum(-eps0.imag, 0.0),
-        ]
-    )
-    return _Group({}, jnp.asarray(u0), "surfaces", tuple(idx))
-
-
-def _antenna_group(model: Any) -> _Group:
-    pattern = model.scene.antenna
-    if not isinstance(pattern, CosinePattern):
-        raise ValueError(
-            f"fit: 'antenna' fits a CosinePattern's exponent; the model's antenna is a "
-            f"{type(pattern).__name__}"
-        )
-    q0 = np.atleast_1d(np.asarray(pattern.exponent, float))
-    u0 = jnp.asarray(np.maximum(q0, MIN_EXPONENT_START))
-    return _Group({"boresight": pattern.boresight}, u0, "antenna", tuple(pattern.exponent.shape))
-
-
-# ------------------------------------------------------------------------- the likelihood
-
-
-def _whitened(model: Any, x: Array, r: Array, noise_var: Array) -> Array:
-    """Whitened residuals, flat: (L M,) of wrapped phases with the CPOs profiled (eq. 15),
-    or for a :class:`~dmimo_jax.receivers.ReceiverModel` and complex snapshots ``r`` with
-    complex-noise variances ``noise_var``, (L M 2,) [Re, Im] of
-    :func:`~dmimo_jax.receivers.profiled_residuals` (each real part of variance
-    ``noise_var / 2``; the snapshot factor weighted by the same variances: the
-    maximum-likelihood one)."""
-    if isinstance(model, ReceiverModel):
-        v = jax.vmap(model.channel)(x)
-        res, _ = profiled_residuals(r, v, model.receivers.constants, noise_var)
-        scale = jnp.sqrt(noise_var / 2.0)
-        return jnp.stack([jnp.real(res) / scale, jnp.imag(res) / scale], axis=-1).reshape(-1)
-    mean = jax.vmap(model.mean)(x)
-    return (compressed_residuals(r, mean, noise_var) / jnp.sqrt(noise_var)).reshape(-1)
-
-
-def _split(groups: Sequence[_Group], u: Array) -> list[Array]:
-    out, i = [], 0
-    for g in groups:
-        out.append(u[i : i + g.size])
-        i += g.size
-    return out
-
-
-def _apply(model: Any, groups: Sequence[_Group], u: Array) -> Any:
-    for g, part in zip(groups, _split(groups, u), strict=True):
-        model = g.apply(model, part)
-    return model
-
-
-def _residuals(u, model, groups, x, r, noise_var, unlabeled=None):
-    """Whitened residuals of the labeled snapshots, then of the unlabeled ones (if any) at
-    their positions profiled out (:func:`_profiled_positions`)."""
-    m = _apply(model, groups, u)
-    prior = [g.prior_residuals(p) for g, p in zip(groups, _split(groups, u), strict=True)]
-    e = jnp.concatenate([_whitened(m, x, r, noise_var), *prior])
-    if unlabeled is None:
-        return e
-    x0, r_u, nv_u = unlabeled
-    xs = _profiled_positions(u, model, groups, x0, r_u, nv_u)
-    return jnp.concatenate([e, _whitened(m, xs, r_u, nv_u)])
-
-
-def _locate(model: Any, x0: Array, r: Array, noise_var: Array) -> Array:
-    """Each snapshot's position under ``model`` by the package's LM from ``x0`` (N, 3)."""
-
-    def one(x, rn, nvn):
-        def res(v, _):
-            return _whitened(model, v[None], rn[None], nvn[None])
-
-        return levenberg_marquardt(res, x, num_steps=UNLABELED_STEPS, damping=1e-3).x
-
-    return jax.vmap(one)(x0, r, noise_var)
-
-
-@jax.custom_jvp
-def _profiled_positions(u, model, groups, x0, r, noise_var):
-    r"""Positions of unlabeled snapshots at the calibration ``u`` (variable projection).
-
-    Value: :func:`_locate` under the model at ``u``. Derivative (Gauss-Newton implicit
-    function): each position moves with ``u`` as
-    :math:`d\mathbf x_n = -(\mathbf J_x^\top\mathbf J_x)^{-1}\mathbf J_x^\top
-    \mathbf J_u\,d\mathbf u`, so the calibration's Jacobian of an unlabeled snapshot's
-    residuals is :math:`(\mathbf I - \mathbf P_x)\mathbf J_u`, the residual form of the
-    joint problem's Schur complement. Only ``u`` carries a tangent (the others' are
-    ignored: the calibration differentiates in ``u`` alone).
-    """
-    return _locate(_apply(model, groups, u), x0, r, noise_var)
-
-
-@_profiled_positions.defjvp
-def _profiled_positions_jvp(primals, tangents):
-    u, model, groups, x0, r, noise_var = primals
-    du = tangents[0]
-    xs = _profiled_positions(u, model, groups, x0, r, noise_var)
-
-    def one(xn, rn, nvn):
-        def res(v, x):
-            return _whitened(_apply(model, groups, v), x[None], rn[None], nvn[None])
-
-        jx = jax.jacfwd(res, argnums=1)(u, xn)
-        _, ju = jax.jvp(lambda v: res(v, xn), (u,), (du,))
-        return -jnp.linalg.solve(jx.T @ jx, jx.T @ ju)
-
-    return xs, jax.vmap(one)(xs, r, noise_var)
-
-
-PER_AP_GROUPS = ("receiver_gains", "receiver_constants", "ap_positions")
-
-
-def _per_ap_structure(model: Any, groups: Sequence[_Group]) -> tuple[Array, Array] | None:
-    """For a :class:`~dmimo_jax.receivers.ReceiverModel` whose groups are all among
-    :data:`PER_AP_GROUPS` (each unknown moves one AP's channel column or constant):
-    ``(colours (K, n), aps (M, n))``, one-hot rows. Unknowns of one colour act on different
-    APs, so one forward-mode tangent per colour (K <= 7) gives every column of the
-    Jacobian (column compression); ``aps`` names each unknown's AP. ``None`` otherwise (a
-    surface, a pattern or an offset moves every AP: the plain ``jax.jacfwd``)."""
-    if not isinstance(model, ReceiverModel) or any(g.name not in PER_AP_GROUPS for g in groups):
-        return None
-    num = model.num_aps
-    ap_of, colour_of = [], []
-    for g in groups:
-        if g.name == "receiver_gains":  # [Re G_1.., Im G_1..]: G_0 is the gauge
-            ap_of += [*range(1, num), *range(1, num)]
-            colour_of += [0] * (num - 1) + [1] * (num - 1)
-        elif g.name == "receiver_constants":  # [Re b, Im b]
-            ap_of += [*range(num), *range(num)]
-            colour_of += [2] * num + [3] * num
-        else:
-            basis = np.asarray(g.data["basis"])
-            seen = np.zeros(num, int)
-            for col in basis.T:
-                aps = np.unique(np.flatnonzero(np.abs(col) > 0) // 3)
-                if len(aps) != 1:
-                    return None
-                ap_of.append(int(aps[0]))
-                colour_of.append(4 + seen[aps[0]])
-                seen[aps[0]] += 1
-    ap_of, colour_of = np.asarray(ap_of, int), np.asarray(colour_of, int)
-    colours = np.unique(colour_of)
-    onehot = (colour_of[None, :] == colours[:, None]).astype(float)
-    aps = (ap_of[None, :] == np.arange(num)[:, None]).astype(float)
-    dtype = model.scene.ap_positions.dtype
-    return jnp.asarray(onehot, dtype), jnp.asarray(aps, dtype)
-
-
-def _per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array, Array]:
-    r"""The normal equations :math:`(\mathbf J^\top\mathbf J, \mathbf J^\top\mathbf e)` of
-    :func:`_residuals` (labeled snapshots, complex) at ``u`` by column compression
-    (``_per_ap_structure``: the channel columns :math:`\mathbf v` and the constants
-    :math:`\mathbf b` differentiated along one tangent per colour) and the profiled
-    residual differentiated in closed form, without forming the Jacobian. Every quantity is
-    whitened first (:math:`\tilde{\mathbf v} = \Omega^{1/2}\mathbf v`, :math:`\tilde{\mathbf
-    y} = \Omega^{1/2}(\mathbf h - \mathbf b)`, their tangents likewise, :math:`\omega =
-    2/\sigma^2` per snapshot and AP), so the residual is :math:`\mathbf e = \tilde{\mathbf y}
-    - \hat s\tilde{\mathbf v}` with the weighted factor :math:`\hat s = \tilde{\mathbf v}^H
-    \tilde{\mathbf y}/\tilde{\mathbf v}^H\tilde{\mathbf v}` (:func:`_whitened`'s). For an
-    unknown p of AP m(p), :math:`d\hat s = (\overline{d\tilde v_m}\tilde y_m + \bar{\tilde
-    v}_m d\tilde y_m - 2\hat s\,\mathrm{Re}(\bar{\tilde v}_m d\tilde v_m))/\tilde{\mathbf
-    v}^H\tilde{\mathbf v}` and :math:`d\mathbf e_l = -d\hat s_l\tilde{\mathbf v}_l +
-    \mathbf e_{m(p)} w_{lp}`, :math:`w = d\tilde y_m - \hat s\,d\tilde v_m`, so
-    :math:`\mathbf J^\top\mathbf J = \mathrm{Re}[d\hat s^H N d\hat s - d\hat s^H C -
-    C^H d\hat s + (w^H w)\odot\text{same AP}]` (:math:`N = \|\tilde{\mathbf v}\|^2`,
-    :math:`C = \bar{\tilde v}_{m(p)} w`), an O(L n^2) product where the Jacobian's is
-    O(L M n^2). Equal to the product (tested)."""
-    colours, aps = structure
-
-    def columns(v):
-        m = _apply(model, groups, v)
-        return jax.vmap(m.channel)(x), m.receivers.constants
-
-    (vv, b), (dv, db) = jax.vmap(lambda t: jax.jvp(columns, (u,), (t,)), out_axes=(None, 0))(
-        colours
-    )
-    sw = jnp.sqrt(2.0 / noise_var)  # (L, M) the whitening
-    sw_p = sw @ aps  # (L, n) that of each unknown's AP
-    dv_p = jnp.einsum("klm,kp,mp->lp", dv, colours, aps) * sw_p
-    dy_p = -jnp.einsum("km,kp,mp->p", db, colours, aps)[None, :] * sw_p
-    vv, y = vv * sw, (r - b[None, :]) * sw
-    norm = jnp.sum(jnp.abs(vv) ** 2, axis=1)  # (L,)
-    s = jnp.sum(jnp.conj(vv) * y, axis=1) / norm
-    v_p, y_p = vv @ aps, y @ aps
-    ds = (
-        jnp.conj(dv_p) * y_p
-        + jnp.conj(v_p) * dy_p
-        - 2 * s[:, None] * jnp.real(jnp.conj(v_p) * dv_p)
-    ) / norm[:, None]
-    w = dy_p - s[:, None] * dv_p  # (L, n) each unknown's own entry
-    c = jnp.conj(v_p) * w  # (L, n)
-    same = aps.T @ aps  # (n, n) 1 where two unknowns share an AP
-    cross = jnp.conj(ds).T @ c  # ds^H C; its transpose-conjugate is the other cross term
-    ata = (jnp.conj(ds) * norm[:, None]).T @ ds - cross - jnp.conj(cross.T)
-    ata = jnp.real(ata + (jnp.conj(w).T @ w) * same)
-    res = y - s[:, None] * vv  # (L, M) the whitened profiled residuals
-    # J^T e = Re[-ds^H (v^H e) + sum_l w^H e_m(p)]; v^H e = 0 at the least-squares factor
-    atg = jnp.real(jnp.sum(jnp.conj(w) * (res @ aps), axis=0))
-
-    def priors(v):
-        parts = _split(groups, v)
-        return jnp.concatenate([g.prior_residuals(p) for g, p in zip(groups, parts, strict=True)])
-
-    jp, ep = jax.jacfwd(priors)(u), priors(u)
-    return ata + jp.T @ jp, atg + jp.T @ ep
-
-
-@partial(jax.jit, static_argnames=("num_steps",))
-def _solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, structure=None):
-    """LM over the concatenated groups from each row of ``u0`` (S, n): (u (S, n), cost (S,));
-    with ``structure`` (``_per_ap_structure``, labeled snapshots only) the normal equations
-    by column compression (``_per_ap_normal``)."""
-    normal = None
-    if structure is not None and unlabeled is None:
-
-        def normal(v, _):
-            return _per_ap_normal(v, model, groups, x, r, noise_var, structure)
-
-    def one(u):
-        res = levenberg_marquardt(
-            lambda v, _: _residuals(v, model, groups, x, r, noise_var, unlabeled),
-            u,
-            num_steps=num_steps,
-            damping=1e-2,
-            normal_fn=normal,
-        )
-        return res.x, res.cost
-
-    return jax.vmap(one)(u0)
-
-
-@jax.jit
-def _information(model, groups, x, r, noise_var, u, unlabeled=None):
-    """(J^T J of the whitened residuals in u, d natural / d u, the cost) at ``u``."""
-    jac = jax.jacfwd(_residuals)(u, model, groups, x, r, noise_var, unlabeled)
-    nat = jax.jacfwd(
-        lambda v: jnp.concatenate(
-            [g.natural(p) for g, p in zip(groups, _split(groups, v), strict=True)]
-        )
-    )(u)
-    e = _residuals(u, model, groups, x, r, noise_var, unlabeled)
-    return jac.T @ jac, nat, jnp.sum(e * e)
-
-
-def _lm(
-    model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, max_steps=None, jacobian="auto"
-):
-    """The best of the LM runs from the rows of ``u0``: (u, cost, converged).
-
-    With one row and ``max_steps``, rounds of ``num_steps`` steps (one compiled program)
-    continue from the last until a round lowers the cost by less than
-    :data:`CONVERGENCE_TOLERANCE` (converged) or ``max_steps`` are spent (not converged)."""
-    structure = None
-    if unlabeled is None and jacobian == "auto":
-        structure = _per_ap_structure(model, groups)
-    u, cost = _solve(
-        model, tuple(groups), x, r, noise_var, jnp.asarray(u0), num_steps, unlabeled, structure
-    )
-    cost = np.where(np.isfinite(np.asarray(cost)), np.asarray(cost), np.inf)
-    best = int(np.argmin(cost))
-    u, cost = np.asarray(u[best]), float(cost[best])
-    if max_steps is None:
-        return u, cost, True
-    steps, converged = num_steps, False
-    while steps + num_steps <= max_steps:
-        u_new, c_new = _solve(
-            model,
-            tuple(groups),
-            x,
-            r,
-            noise_var,
-            jnp.asarray(u)[None],
-            num_steps,
-            unlabeled,
-            structure,
-        )
-        c_new = float(c_new[0])
-        steps += num_steps
-        if not np.isfinite(c_new) or c_new >= cost:
-            converged = True  # no step accepted: the LM is at a stationary point
-            break
-        drop = cost - c_new
-        u, cost = np.asarray(u_new[0]), c_new
-        if drop < CONVERGENCE_TOLERANCE:
-            converged = True
-            break
-    return u, cost, converged
-
-
-def _stderr(info: np.ndarray, nat: np.ndarray, inflation: float) -> np.ndarray:
-    """Delta-method standard errors of the natural values from the eigen-inverted information:
-    a direction with (numerically) zero information gives an infinite error."""
-    lam, vec = np.linalg.eigh(info)
-    floor = max(float(lam.max()), 0.0) * 1e-14
-    ok = lam > floor
-    g = nat @ vec  # (n_nat, n): each natural value along the information's eigenvectors
-    var = (g[:, ok] ** 2) @ (1.0 / lam[ok])
-    # a natural value with a (non-rounding) component along an unconstrained direction
-    scale = np.linalg.norm(g, axis=1, keepdims=True)
-    free = np.any(np.abs(g[:, ~ok]) > 1e-8 * scale, axis=1)
-    return np.where(free, np.inf, np.sqrt(var)) * inflation
 
 
 # ------------------------------------------------------------------------------ calibrate
@@ -1101,35 +471,37 @@ def _fit_one_polarization(
     jacobian="auto",
 ):
     """Staged fit under the model's polarization: (final groups, u, cost, converged)."""
-    groups: dict[str, _Group] = {}
+    groups: dict[str, Group] = {}
     if "ap_phase_offsets" in fit:
         groups["ap_phase_offsets"] = _offsets_group(model, x, r)
     if isinstance(model, ReceiverModel):
-        groups.update({g.name: g for g in _receiver_groups(model, fit)})
+        groups.update({g.name: g for g in receiver_groups(model, fit)})
     closed = ("ap_phase_offsets", "receiver_gains", "receiver_constants")  # closed-form starts
     if "surfaces" in fit:
         # stage 2: surfaces (and offsets or receivers) from every material start, all alike
         first = [groups[g] for g in closed if g in groups]
         rows = []
         for e in eps_starts:
-            s = _surfaces_group(model, idx, np.full(len(idx), e))
+            s = surfaces_group(model, idx, np.full(len(idx), e))
             rows.append(np.concatenate([np.asarray(g.u0) for g in first] + [np.asarray(s.u0)]))
         stage = first + [s]
-        u, _, _ = _lm(model, stage, x, r, noise_var, np.stack(rows), num_steps, jacobian=jacobian)
-        parts = _split(stage, jnp.asarray(u))
+        u, _, _ = fit_lm(
+            model, stage, x, r, noise_var, np.stack(rows), num_steps, jacobian=jacobian
+        )
+        parts = split(stage, jnp.asarray(u))
         for g, part in zip(first, parts, strict=False):
             groups[g.name] = dataclasses.replace(g, u0=part)
         groups["surfaces"] = dataclasses.replace(s, u0=parts[-1])
     if "ap_positions" in fit:
-        groups["ap_positions"] = _positions_group(model, free_axes, prior, position_start)
+        groups["ap_positions"] = positions_group(model, free_axes, prior, position_start)
     if "antenna" in fit:
-        groups["antenna"] = _antenna_group(model)
+        groups["antenna"] = antenna_group(model)
     final = [groups[g] for g in GROUPS if g in groups]
     u0 = np.concatenate([np.asarray(g.u0) for g in final])
     # every fit ends in the converging rounds, also one whose groups stage 2 fitted already
     # (one round of a multi-start is no proof of convergence; a converged start stops
     # after one round)
-    u, cost, converged = _lm(
+    u, cost, converged = fit_lm(
         model, final, x, r, noise_var, u0[None], num_steps, None, max_steps, jacobian
     )
     if _piecewise(model):
@@ -1161,16 +533,16 @@ def _across_boundaries(
     dof = max(r.size - len(u), 1)
     if cost / dof <= chi2_band(dof)[1]:
         return u, cost, converged
-    m = _apply(model, groups, jnp.asarray(u))
-    z = np.abs(np.asarray(_whitened(m, x, r, noise_var))).reshape(r.shape + (-1,))
+    m = apply_groups(model, groups, jnp.asarray(u))
+    z = np.abs(np.asarray(whitened(m, x, r, noise_var))).reshape(r.shape + (-1,))
     # the worst residuals: a displaced AP drags every residual of its own up with it, so a
     # fixed threshold would also set aside the many moderate ones that show the displacement
     outliers = np.any(z > max(BOUNDARY_OUTLIER_Z, 0.25 * float(z.max())), axis=-1)
     if not outliers.any() or outliers.mean() > 0.05:
         return u, cost, converged
     aside = jnp.where(jnp.asarray(outliers), noise_var * 1e12, noise_var)
-    u1, _, _ = _lm(model, groups, x, r, aside, u[None], num_steps, None, max_steps, jacobian)
-    u2, c2, conv2 = _lm(
+    u1, _, _ = fit_lm(model, groups, x, r, aside, u[None], num_steps, None, max_steps, jacobian)
+    u2, c2, conv2 = fit_lm(
         model, groups, x, r, noise_var, u1[None], num_steps, None, max_steps, jacobian
     )
     return (u2, c2, conv2) if c2 < cost else (u, cost, converged)
@@ -1325,14 +697,14 @@ def calibrate(
     idx, names = ([], [])
     eps_starts = np.zeros(0)
     if "surfaces" in fit:
-        idx, names = _surface_indices(inner, surfaces)
+        idx, names = surface_indices(inner, surfaces)
         eps_starts = _starts(float(model.scene.frequency), starts)
     elif surfaces is not None:
         raise ValueError("surfaces= names reflectors to fit: add 'surfaces' to fit")
     if free_axes is not None and "ap_positions" not in fit:
         raise ValueError("free_axes= restricts 'ap_positions': add it to fit")
     if "antenna" in fit:
-        _antenna_group(model)  # refuse a pattern with nothing to fit before any work
+        antenna_group(model)  # refuse a pattern with nothing to fit before any work
     unl_all = None
     if unlabeled is not None:
         unl_all = _unlabeled_arrays(unlabeled, model, dtype, complex_data)
@@ -1343,7 +715,7 @@ def calibrate(
         m = (
             model
             if model.scene.polarization == pol
-            else _with_scene(model, model.scene.replace(polarization=pol))
+            else with_scene(model, model.scene.replace(polarization=pol))
         )
         groups, u, cost, converged = _fit_one_polarization(
             m,
@@ -1360,7 +732,7 @@ def calibrate(
             position_start,
             jacobian,
         )
-        ll = -0.5 * (cost + _log_normalizer(noise_var, complex_data))
+        ll = -0.5 * (cost + log_normalizer(noise_var, complex_data))
         lls[pol] = ll
         if best is None or ll > best[0]:
             best = (ll, pol, m, groups, u, cost, converged)
@@ -1368,7 +740,7 @@ def calibrate(
     num_params = sum(g.size for g in groups)
     num_l, num_m = r.shape
     per = 2 if complex_data else 1  # real residuals per entry, and per snapshot factor
-    num_prior = _prior_size(groups)
+    num_prior = prior_size(groups)
     dof = per * (num_l * num_m - num_l) - num_params + num_prior
     if dof < 1:
         raise ValueError(
@@ -1380,12 +752,12 @@ def calibrate(
     unl, unlabeled_x, used = None, None, None
     if unl_all is not None:
         used, x_start = _screen_unlabeled(
-            _apply(m, groups, jnp.asarray(u)), unl_all, chi2, complex_data
+            apply_groups(m, groups, jnp.asarray(u)), unl_all, chi2, complex_data
         )
         unl_all = (x_start, *unl_all[1:])
         if np.any(used):
             unl = tuple(v[used] for v in unl_all)
-            u, cost, converged = _lm(
+            u, cost, converged = fit_lm(
                 m, groups, x, r, noise_var, np.asarray(u)[None], num_steps, unl, max_steps
             )
             n_u = int(used.sum())
@@ -1394,34 +766,34 @@ def calibrate(
             chi2 = cost / dof
             ll = -0.5 * (
                 cost
-                + _log_normalizer(noise_var, complex_data)
-                + _log_normalizer(unl[2], complex_data)
+                + log_normalizer(noise_var, complex_data)
+                + log_normalizer(unl[2], complex_data)
             )
     u = jnp.asarray(u)
-    e = np.asarray(_whitened(_apply(m, groups, u), x, r, noise_var)).reshape(num_l, num_m, -1)
+    e = np.asarray(whitened(apply_groups(m, groups, u), x, r, noise_var)).reshape(num_l, num_m, -1)
     chi2_by_ap = num_m * np.sum(e**2, axis=(0, 2)) / dof_labeled
     status = fit_status(chi2, dof, converged)
     if warn and status != "converged":
-        _warn_status(status, chi2, dof, chi2_by_ap, max_steps)
+        warn_status(status, chi2, dof, chi2_by_ap, max_steps)
     # the information in the natural values of surfaces and exponents: at a physical bound
     # the parametrization has a kink and the delta method could report an error of 0
-    lin = [g.linearized(p) for g, p in zip(groups, _split(groups, u), strict=True)]
+    lin = [g.linearized(p) for g, p in zip(groups, split(groups, u), strict=True)]
     u_lin = jnp.concatenate([p for _, p in lin])
-    info, nat, _ = _information(m, tuple(g for g, _ in lin), x, r, noise_var, u_lin, unl)
-    se = _stderr(np.asarray(info), np.asarray(nat), error_scale(chi2, dof))
-    fitted = _apply(m, groups, u)
+    info, nat, _ = information(m, tuple(g for g, _ in lin), x, r, noise_var, u_lin, unl)
+    se = standard_errors(np.asarray(info), np.asarray(nat), error_scale(chi2, dof))
+    fitted = apply_groups(m, groups, u)
     if unl_all is not None:
         unlabeled_x = _locate_jit(fitted, *unl_all)
         used = jnp.asarray(used)
     values, stderr, i = {}, {}, 0
-    for g, part in zip(groups, _split(groups, u), strict=True):
+    for g, part in zip(groups, split(groups, u), strict=True):
         nat = g.natural(part)
         values[g.name] = g.report(nat)
         err = jnp.asarray(se[i : i + nat.shape[0]])
-        stderr[g.name] = g.report(err) if g.name != "ap_phase_offsets" else err
+        stderr[g.name] = g.report(err)
         i += nat.shape[0]
     if warn:
-        _warn_unidentified(stderr)
+        warn_unidentified(stderr)
     fitted_rx = None
     if complex_data:
         fitted, fitted_rx = fitted.model, fitted.receivers
@@ -1447,107 +819,6 @@ def calibrate(
         chi2_by_ap=jnp.asarray(chi2_by_ap),
         receivers=fitted_rx,
     )
-
-
-def _prior_size(groups: Sequence[_Group]) -> int:
-    """How many prior pseudo-observations the groups add to the residuals."""
-    return sum(g.size for g in groups if "prior_scale" in g.data)
-
-
-def _log_normalizer(noise_var: Array, complex_data: bool) -> float:
-    r""":math:`\sum\log 2\pi\sigma^2` over the real residuals (two per complex entry, each
-    of variance :math:`\sigma_w^2/2`)."""
-    if complex_data:
-        return 2.0 * float(jnp.sum(jnp.log(jnp.pi * noise_var)))
-    return float(jnp.sum(jnp.log(2 * jnp.pi * noise_var)))
-
-
-def chi2_band(dof: int) -> tuple[float, float]:
-    r"""The reduced chi-square's band for a model that explains the data to the noise:
-    :math:`1 \pm 5\sqrt{2/\nu}` (five standard deviations of :math:`\chi^2_\nu/\nu`)."""
-    half = 5.0 * float(np.sqrt(2.0 / dof))
-    return 1.0 - half, 1.0 + half
-
-
-def fit_status(reduced_chi2: float, dof: int, converged: bool) -> str:
-    """What a fit's end says of it (:attr:`Calibration.status`):
-
-    * ``"not_converged"``: the solver was still lowering the cost when its steps ran out;
-    * ``"misfit"``: converged, reduced chi-square above :func:`chi2_band` (the model misses
-      something the data show);
-    * ``"noise_overstated"``: converged, reduced chi-square below the band (the stated noise
-      variances are too large);
-    * ``"converged"``: converged, reduced chi-square inside the band.
-    """
-    lo, hi = chi2_band(dof)
-    if not converged:
-        return "not_converged"
-    if reduced_chi2 > hi:
-        return "misfit"
-    if reduced_chi2 < lo:
-        return "noise_overstated"
-    return "converged"
-
-
-def error_scale(reduced_chi2: float, dof: int) -> float:
-    r"""The factor on the Gauss-Newton standard errors: :math:`\sqrt{\max(1, \chi^2_\nu)}`,
-    or :math:`\sqrt{\chi^2_\nu}` below :func:`chi2_band` (overstated noise variances made
-    the information too small by that factor)."""
-    lo, _ = chi2_band(dof)
-    return float(np.sqrt(reduced_chi2 if reduced_chi2 < lo else max(1.0, reduced_chi2)))
-
-
-def _warn_status(status, chi2, dof, chi2_by_ap, max_steps) -> None:
-    lo, hi = chi2_band(dof)
-    if status == "not_converged":
-        msg = (
-            f"calibrate did not converge in max_steps={max_steps} Levenberg-Marquardt steps "
-            f"(reduced chi-square {chi2:.3g} and still falling): raise max_steps or start "
-            "closer; the values are not an optimum"
-        )
-    elif status == "noise_overstated":
-        msg = (
-            f"calibrate: reduced chi-square {chi2:.3g}, below its band [{lo:.3g}, {hi:.3g}]: "
-            f"noise_var overstates the noise (by about {1 / max(chi2, 1e-300):.3g}x); "
-            f"standard errors are scaled by sqrt({chi2:.3g})"
-        )
-    else:
-        # APs far above the others (a misfit one AP carries leaks into every AP through
-        # the snapshots' CPOs, so the others can sit above the band too)
-        out = np.flatnonzero(chi2_by_ap > max(hi, 5.0 * float(np.median(chi2_by_ap))))
-        worst = out[np.argsort(chi2_by_ap[out])[::-1]][:3]
-        where = (
-            "concentrated on AP(s) "
-            + ", ".join(f"{int(m)} ({chi2_by_ap[m]:.3g})" for m in worst)
-            + " (their phase centre, pattern or surroundings)"
-            if len(out)
-            else "spread over every AP (the room or the propagation, not one AP)"
-        )
-        msg = (
-            f"calibrate: reduced chi-square {chi2:.3g} (expected 1 +- "
-            f"{np.sqrt(2.0 / dof):.2g} for a model that explains the data to the noise): the "
-            f"model misses something, {where}; standard errors are inflated by "
-            f"sqrt({chi2:.3g})"
-        )
-    warnings.warn(msg, UserWarning, stacklevel=3)
-
-
-def _warn_unidentified(stderr: dict[str, Array]) -> None:
-    """Warn, naming them, about values the data leave unconstrained (an infinite error)."""
-    names = []
-    for group, err in stderr.items():
-        e = np.asarray(err)  # complex for eps, gains, constants: Re and Im errors
-        for idx in np.argwhere(~np.isfinite(e.real) | ~np.isfinite(e.imag)):
-            names.append(f"{group}{list(map(int, idx))}")
-    if names:
-        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        warnings.warn(
-            f"calibrate: the labeled snapshots do not constrain {shown} (infinite standard "
-            "error): spread the labels over the region (in 3-D for AP positions) or fix "
-            "those values",
-            UserWarning,
-            stacklevel=3,
-        )
 
 
 def _unlabeled_arrays(
@@ -1588,7 +859,7 @@ def _unlabeled_arrays(
     return x0, jnp.asarray(unlabeled.r, r_dtype), noise_var
 
 
-_locate_jit = jax.jit(_locate)
+_locate_jit = jax.jit(locate_labeled)
 
 
 def _screen_unlabeled(
@@ -1600,7 +871,7 @@ def _screen_unlabeled(
     when above 1: a snapshot in a wrong lobe fails it."""
     x0, r, nv = unlabeled
     xs = _locate_jit(model, x0, r, nv)
-    e = _whitened(model, xs, r, nv).reshape(r.shape[0], -1)
+    e = whitened(model, xs, r, nv).reshape(r.shape[0], -1)
     k = 2 * r.shape[1] - 5 if complex_data else r.shape[1] - 4
     bound = max(1.0, chi2) * (k + 5.0 * np.sqrt(2.0 * k))
     return np.asarray(jnp.sum(e * e, axis=1)) < bound, xs

@@ -45,11 +45,8 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax.calibration.deployment import (
-    calibrate,
-    log_likelihood,
-    with_permittivities,
-)
+from dmimo_jax.calibration.deployment import calibrate, log_likelihood
+from dmimo_jax.calibration.groups import with_permittivities
 from dmimo_jax.physics import ImageSourceModel, TwoRayModel
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene

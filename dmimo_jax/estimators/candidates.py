@@ -34,7 +34,6 @@ from dmimo_jax._checks import (
     check_scalar,
     check_table_aps,
 )
-from dmimo_jax.estimators.grid import bucket_size
 from dmimo_jax.estimators.mle import check_num_steps, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import (
     coherence_weights,
@@ -42,6 +41,7 @@ from dmimo_jax.estimators.phasors import (
     phasor_rows,
     squared_coherence,
 )
+from dmimo_jax.estimators.rows import bucket_size
 from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field

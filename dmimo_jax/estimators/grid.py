@@ -118,19 +118,6 @@ def grid_points(grid: Grid, index: ArrayLike) -> Array:
     return low + (ijk.astype(grid.low.dtype) + 0.5) * grid.spacing
 
 
-def bucket_size(n: int) -> int:
-    """The padded size of a part of n rows: n rounded up to a multiple of 2^(b - 3), b the
-    bit length of n (at most 4 sizes per octave, under 25% padding)."""
-    q = 1 << max(int(n).bit_length() - 3, 0)
-    return -(-int(n) // q) * q
-
-
-def cost_gate_failed(cost: ArrayLike, num_aps: int, gate: float) -> np.ndarray:
-    """The cost gate: which answers' ML cost (eq. 17, about chi-square with M - 4 degrees of
-    freedom at the right position) exceeds ``gate * (M - 4)`` (a bool array like ``cost``)."""
-    return np.asarray(cost) > gate * max(num_aps - 4, 1)
-
-
 # ----------------------------------------------------------------------------- devices
 
 

@@ -11,6 +11,10 @@ is the model: a static bound on the work, the outcome as a value):
 a time and stops after the last (nothing runs when no row needs it; the work is compiled
 once, whatever the capacity), and the rows beyond the capacity are reported in an
 ``overflow`` mask, never skipped silently.
+
+The cost gate lives here too, where the programs that re-run its failures use it:
+:func:`passes_gate` (traced, with APs excluded) and :func:`cost_gate_failed` (on the host),
+and :func:`bucket_size`, the padding of a host-selected part of rows to a few shapes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
+from jax.typing import ArrayLike
 
 
 def capacity_for(batch: int, fraction: float, minimum: int = 8) -> int:
@@ -110,3 +116,19 @@ def passes_gate(cost: Array, gate: float, num_aps: int, excluded: Array) -> Arra
     over the APs left: one fewer degree of freedom per AP out); NaN fails. Traced."""
     left = num_aps - jnp.sum(excluded, axis=-1)
     return cost <= gate * jnp.maximum(left - 4, 1)
+
+
+# ------------------------------------------------ the cost gate, and rows padded on the host
+
+
+def bucket_size(n: int) -> int:
+    """The padded size of a part of n rows: n rounded up to a multiple of 2^(b - 3), b the
+    bit length of n (at most 4 sizes per octave, under 25% padding)."""
+    q = 1 << max(int(n).bit_length() - 3, 0)
+    return -(-int(n) // q) * q
+
+
+def cost_gate_failed(cost: ArrayLike, num_aps: int, gate: float) -> np.ndarray:
+    """The cost gate: which answers' ML cost (eq. 17, about chi-square with M - 4 degrees of
+    freedom at the right position) exceeds ``gate * (M - 4)`` (a bool array like ``cost``)."""
+    return np.asarray(cost) > gate * max(num_aps - 4, 1)

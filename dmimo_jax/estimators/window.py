@@ -22,7 +22,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, check_table_aps
-from dmimo_jax.estimators.grid import PhasorTable, bucket_size, cost_gate_failed
+from dmimo_jax.estimators.grid import PhasorTable
 from dmimo_jax.estimators.mle import (
     RefineResult,
     check_num_steps,
@@ -30,7 +30,7 @@ from dmimo_jax.estimators.mle import (
     refine_multistart_unchecked,
 )
 from dmimo_jax.estimators.phasors import cube_offsets
-from dmimo_jax.estimators.rows import gate_limit, on_rows
+from dmimo_jax.estimators.rows import bucket_size, cost_gate_failed, gate_limit, on_rows
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel

@@ -36,9 +36,8 @@ from dmimo_jax.estimators.candidates import (
     check_cell_table,
     tiered_candidate_search,
 )
-from dmimo_jax.estimators.grid import bucket_size
 from dmimo_jax.estimators.mle import check_num_steps, refine_batch_unchecked
-from dmimo_jax.estimators.rows import on_rows
+from dmimo_jax.estimators.rows import bucket_size, on_rows
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.physics import PhaseModel

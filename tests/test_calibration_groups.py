@@ -1,0 +1,101 @@
+"""dmimo_jax.calibration.groups: each group sets its own unknowns on a model, reports its
+natural values, linearizes to them and names the AP each unknown moves; the fitting core
+(dmimo_jax.calibration.solver) sees groups only through that interface."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax import receivers as rx
+from dmimo_jax.calibration import groups, solver
+
+SCENE = dj.paper_scene(-10.0, convention="itu")
+MODEL = dj.TwoRayModel(SCENE)
+M = SCENE.num_aps
+
+
+def test_positions_move_only_the_free_coordinates_and_report_per_ap():
+    free = np.zeros((M, 3), bool)
+    free[3, 2] = free[5, :] = True
+    g = groups.positions_group(MODEL, free)
+    assert isinstance(g, groups.Positions) and g.name == "ap_positions" and g.size == 4
+    u = jnp.array([0.01, -0.02, 0.03, 0.04])
+    moved = np.asarray(g.apply(MODEL, u).scene.ap_positions)
+    delta = moved - np.asarray(SCENE.ap_positions)
+    want = np.zeros((M, 3))
+    want[3, 2], want[5] = 0.01, [-0.02, 0.03, 0.04]
+    np.testing.assert_allclose(delta, want, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(g.report(g.natural(u)), moved, rtol=0, atol=0)
+    # each unknown moves one AP; two unknowns of one AP never share a colour
+    ap_of, colour_of = g.per_ap_layout(M)
+    assert ap_of == [3, 5, 5, 5] and len(set(colour_of[1:])) == 3
+
+
+def test_a_position_basis_that_couples_two_aps_has_no_per_ap_layout():
+    basis = np.zeros((3 * M, 1))
+    basis[0, 0] = basis[3, 0] = 2**-0.5  # AP 0's x and AP 1's x together
+    g = groups.Positions({"start": SCENE.ap_positions, "basis": jnp.asarray(basis)}, jnp.zeros(1))
+    assert g.per_ap_layout(M) is None
+
+
+def test_offsets_keep_the_gauge_and_apply_to_the_scene():
+    g = groups.Offsets({"first": jnp.array([0.3])}, jnp.zeros(M - 1))
+    u = jnp.linspace(-1.0, 1.0, M - 1)
+    offsets = np.asarray(g.apply(MODEL, u).scene.ap_phase_offsets)
+    assert offsets[0] == 0.3 and np.array_equal(offsets[1:], np.asarray(u))
+    assert g.per_ap_layout(M) is None  # an offset moves one AP, but phases only: plain jacfwd
+
+
+def test_surfaces_are_physical_for_every_u_and_linearize_to_the_same_model():
+    (idx,), _ = groups.surface_indices(MODEL, None)
+    g = groups.surfaces_group(MODEL, [idx], np.array([5.24 - 0.87j]))
+    for u in (g.u0, -g.u0, jnp.array([-3.0, 2.0])):
+        eps = complex(g.report(g.natural(u))[0])
+        assert eps.real >= 1.0 and eps.imag <= 0.0
+    u = jnp.array([4.0, -0.6])
+    lin, v = g.linearized(u)
+    assert lin.linear and complex(lin.report(v)[0]) == pytest.approx(5.0 - 0.6j)
+    x = jnp.array([6.0, 5.0, 1.5])
+    np.testing.assert_array_equal(
+        np.asarray(g.apply(MODEL, u).mean(x)), np.asarray(lin.apply(MODEL, v).mean(x))
+    )
+    assert float(g.apply(MODEL, u).scene.eps_r.real) == 5.0
+
+
+def test_antenna_exponent_starts_off_zero_and_reports_its_shape():
+    g = groups.antenna_group(dj.TwoRayModel(SCENE.replace(antenna=dj.CosinePattern(0.0))))
+    assert float(g.u0[0]) == groups.MIN_EXPONENT_START
+    assert g.report(g.natural(jnp.array([-1.5]))).shape == ()  # q = |u|, one shared exponent
+    pattern = g.apply(MODEL, jnp.array([-1.5])).scene.antenna
+    assert float(pattern.exponent) == 1.5
+
+
+def test_receiver_groups_apply_gains_after_the_gauge_and_constants():
+    recv = rx.Receivers(jnp.ones(M, complex), jnp.zeros(M, complex))
+    model = rx.ReceiverModel(MODEL, recv)
+    gains, consts = groups.receiver_groups(model, ("receiver_gains", "receiver_constants"))
+    u = jnp.concatenate([jnp.full(M - 1, 2.0), jnp.full(M - 1, -1.0)])
+    g = np.asarray(gains.apply(model, u).receivers.gains)
+    assert g[0] == 1.0 and np.all(g[1:] == 2.0 - 1.0j)
+    b = np.asarray(consts.apply(model, jnp.arange(2.0 * M)).receivers.constants)
+    np.testing.assert_array_equal(b, np.arange(M) + 1j * np.arange(M, 2 * M))
+    assert gains.per_ap_layout(M)[0][: M - 1] == list(range(1, M))
+    # the solver's column compression from the groups' own layouts: 4 colours for 2 groups
+    colours, aps = solver.per_ap_structure(model, (gains, consts))
+    assert colours.shape == (4, 4 * M - 2) and aps.shape == (M, 4 * M - 2)
+    assert solver.per_ap_structure(MODEL, (gains,)) is None  # wrapped phases: plain jacfwd
+
+
+def test_groups_are_pytrees_whose_layout_is_static():
+    g = groups.positions_group(MODEL, None, prior_std=0.01)
+    leaves, tree = jax.tree_util.tree_flatten(g)
+    again = jax.tree_util.tree_unflatten(tree, leaves)
+    assert type(again) is groups.Positions and again.name == "ap_positions"
+    # the prior: whitened residuals u / std
+    np.testing.assert_allclose(g.prior_residuals(jnp.full(g.size, 0.02)), 2.0, rtol=1e-12)
+    # one compiled function serves two groups of the same shapes
+    f = jax.jit(lambda grp, u: grp.natural(u))
+    shifted = groups.Positions({**g.data, "start": g.data["start"] + 1.0}, g.u0)
+    assert float(jnp.max(f(shifted, g.u0) - f(g, g.u0))) == pytest.approx(1.0)
