@@ -99,3 +99,49 @@ def test_groups_are_pytrees_whose_layout_is_static():
     f = jax.jit(lambda grp, u: grp.natural(u))
     shifted = groups.Positions({**g.data, "start": g.data["start"] + 1.0}, g.u0)
     assert float(jnp.max(f(shifted, g.u0) - f(g, g.u0))) == pytest.approx(1.0)
+
+
+def _deployments(num, seed=0):
+    """``num`` two-ray deployments of the same shapes: surveyed positions 1 cm off, random
+    offsets, noisy phases at 30 labeled spots; each with its own positions and offsets groups."""
+    from dmimo_jax.calibration import offsets_closed_form
+
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(dj.sample_positions(jax.random.key(seed), 30, SCENE))
+    out = []
+    for _ in range(num):
+        truth = dj.TwoRayModel(
+            SCENE.replace(
+                ap_positions=np.asarray(SCENE.ap_positions) + rng.normal(0, 1e-2, (M, 3)),
+                ap_phase_offsets=rng.uniform(-np.pi, np.pi, M),
+            )
+        )
+        nv = jax.vmap(truth.variance)(x)
+        mean = jax.vmap(truth.mean)(x) + rng.uniform(-np.pi, np.pi, (30, 1))
+        r = dj.wrap(mean + rng.normal(size=nv.shape) * np.sqrt(np.asarray(nv)))
+        start = offsets_closed_form(MODEL, x, r)
+        grp = (groups.positions_group(MODEL, None), groups.Offsets({"first": start[:1]}, start[1:]))
+        u0 = jnp.concatenate([g.u0 for g in grp])[None]
+        out.append((grp, r, nv, u0))
+    return x, out
+
+
+def test_the_fitting_core_vmapped_over_deployments_equals_a_loop():
+    """solver.fit_rounds is pure: jax.vmap over four deployments (their groups, snapshots,
+    variances and starts stacked) gives each one's fit of the loop to 1e-9, each stopping
+    at its own round (the steps differ), and the fits find the worlds' phase centres."""
+    x, worlds = _deployments(4)
+
+    def fit(grp, r, nv, u0):
+        return solver.fit_rounds(MODEL, grp, x, r, nv, u0, 2, 300)  # rounds of 2 LM steps
+
+    loop = [fit(*w) for w in worlds]
+    assert len({int(one.steps) for one in loop}) > 1  # the worlds converge after different rounds
+    batched = jax.vmap(fit)(*jax.tree.map(lambda *a: jnp.stack(a), *worlds))
+    for i, one in enumerate(loop):
+        assert bool(one.converged) and bool(batched.converged[i])
+        assert int(batched.steps[i]) == int(one.steps)
+        np.testing.assert_allclose(batched.u[i], one.u, rtol=0, atol=1e-9)
+        assert abs(float(batched.cost[i]) - float(one.cost)) <= 1e-9 * float(one.cost)
+        # about chi-square with L M - L - n degrees of freedom: the noise, not a misfit
+        assert float(one.cost) / (30 * M - 30 - one.u.shape[0]) < 1.5

@@ -155,6 +155,16 @@ def test_receiver_jacobian_benchmark_quick(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
+def test_calibration_batch_benchmark_quick(tmp_path, monkeypatch):
+    """The vmapped fitting core reaches the loop's fits (every deployment converged)."""
+    out = tmp_path / "batch.json"
+    _run("benchmarks/calibration_batch.py", ["--quick", "--json", str(out)], monkeypatch)
+    (row,) = read_rows(out)
+    assert row["deployments"] == row["converged"] == 8
+    assert row["max_unknown_difference"] < 1e-8 and row["speedup"] > 0
+
+
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_unlabeled_calibration_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "unl.json"
     argv = ["--quick", "--num-test", "32", "--json", str(out)]

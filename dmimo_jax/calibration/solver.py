@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -248,49 +248,88 @@ def information(model, groups, x, r, noise_var, u, unlabeled=None):
     return jac.T @ jac, nat, jnp.sum(e * e)
 
 
+class FitRounds(NamedTuple):
+    """Output of :func:`fit_rounds` (a leading axis per deployment under ``jax.vmap``)."""
+
+    u: Array  # (n,) the groups' unknowns at the end
+    cost: Array  # () sum of squared whitened residuals there (inf: no finite start)
+    converged: Array  # () bool, a round lowered the cost by less than the tolerance
+    steps: Array  # () int, LM steps spent
+
+
+@partial(jax.jit, static_argnames=("num_steps", "max_steps"))
+def fit_rounds(
+    model: Any,
+    groups: tuple[Group, ...],
+    x: Array,
+    r: Array,
+    noise_var: Array,
+    u0: Array,
+    num_steps: int,
+    max_steps: int | None,
+    unlabeled: Any = None,
+    structure: Any = None,
+) -> FitRounds:
+    """The calibration's pure fitting core: the best of the LM runs from the rows of ``u0``
+    (S, n), then, with ``max_steps``, rounds of ``num_steps`` steps from it until a round
+    lowers the cost by less than :data:`CONVERGENCE_TOLERANCE` or accepts no step
+    (converged) or ``max_steps`` are spent (not converged).
+
+    One program (a ``lax.while_loop`` over the rounds): for a fixed tuple of groups it is a
+    pure function of arrays, so ``jax.vmap`` over deployments of the same shapes (their
+    models, groups' data, snapshots and starts stacked) fits them all at once, each
+    stopping at its own round. ``num_steps``, ``max_steps`` and the groups' layout are
+    static; ``structure``: :func:`per_ap_structure` (labeled complex snapshots only)."""
+    u, cost = solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled, structure)
+    cost = jnp.where(jnp.isfinite(cost), cost, jnp.inf)
+    best = jnp.argmin(cost)
+    start = (u[best], cost[best], jnp.asarray(num_steps), jnp.asarray(False))
+    if max_steps is None:
+        return FitRounds(start[0], start[1], jnp.asarray(True), start[2])
+
+    def more(state):
+        _, _, steps, done = state
+        return ~done & (steps + num_steps <= max_steps)
+
+    def round_(state):
+        u, cost, steps, _ = state
+        u_new, c_new = solve(
+            model, groups, x, r, noise_var, u[None], num_steps, unlabeled, structure
+        )
+        c_new = c_new[0]
+        # no step accepted: the LM is at a stationary point
+        stalled = ~jnp.isfinite(c_new) | (c_new >= cost)
+        done = stalled | (cost - c_new < CONVERGENCE_TOLERANCE)
+        u = jnp.where(stalled, u, u_new[0])
+        cost = jnp.where(stalled, cost, c_new)
+        return u, cost, steps + num_steps, done
+
+    u, cost, steps, done = jax.lax.while_loop(more, round_, start)
+    return FitRounds(u, cost, done, steps)
+
+
 def fit_lm(
     model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, max_steps=None, jacobian="auto"
 ):
-    """The best of the LM runs from the rows of ``u0``: (u, cost, converged).
-
-    With one row and ``max_steps``, rounds of ``num_steps`` steps (one compiled program)
-    continue from the last until a round lowers the cost by less than
-    :data:`CONVERGENCE_TOLERANCE` (converged) or ``max_steps`` are spent (not converged)."""
+    """:func:`fit_rounds` from the host: (u, cost, converged) as NumPy / Python values;
+    ``jacobian="auto"`` uses the column-compressed normal equations where the groups allow
+    (:func:`per_ap_structure`), ``"autodiff"`` the plain ``jax.jacfwd``."""
     structure = None
     if unlabeled is None and jacobian == "auto":
         structure = per_ap_structure(model, groups)
-    u, cost = solve(
-        model, tuple(groups), x, r, noise_var, jnp.asarray(u0), num_steps, unlabeled, structure
+    out = fit_rounds(
+        model,
+        tuple(groups),
+        x,
+        r,
+        noise_var,
+        jnp.asarray(u0),
+        num_steps,
+        max_steps,
+        unlabeled,
+        structure,
     )
-    cost = np.where(np.isfinite(np.asarray(cost)), np.asarray(cost), np.inf)
-    best = int(np.argmin(cost))
-    u, cost = np.asarray(u[best]), float(cost[best])
-    if max_steps is None:
-        return u, cost, True
-    steps, converged = num_steps, False
-    while steps + num_steps <= max_steps:
-        u_new, c_new = solve(
-            model,
-            tuple(groups),
-            x,
-            r,
-            noise_var,
-            jnp.asarray(u)[None],
-            num_steps,
-            unlabeled,
-            structure,
-        )
-        c_new = float(c_new[0])
-        steps += num_steps
-        if not np.isfinite(c_new) or c_new >= cost:
-            converged = True  # no step accepted: the LM is at a stationary point
-            break
-        drop = cost - c_new
-        u, cost = np.asarray(u_new[0]), c_new
-        if drop < CONVERGENCE_TOLERANCE:
-            converged = True
-            break
-    return u, cost, converged
+    return np.asarray(out.u), float(out.cost), bool(out.converged)
 
 
 def standard_errors(info: np.ndarray, nat: np.ndarray, inflation: float) -> np.ndarray:
