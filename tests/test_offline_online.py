@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import dmimo_jax as dj
 from dmimo_jax import pipeline
@@ -251,3 +252,19 @@ def test_locator_refuses_a_cell_table_of_other_cells(trained):
         pipeline.Locator(off._replace(cells=other), "cells", num_cells=2)
     with pytest.raises(ValueError, match="table: none"):
         pipeline.Locator(off._replace(cells=None), "cells", num_cells=2)
+
+
+def test_the_estimator_kinds_are_declared_once_by_their_networks():
+    """pipeline.KINDS and train_estimator's choices are learning.ESTIMATORS: each network
+    class builds itself for a scene and names its training settings and online estimator."""
+    from dmimo_jax.learning import ESTIMATORS, get_preset
+
+    assert pipeline.offline.KINDS == tuple(ESTIMATORS) == ("popt", "mlp", "hi", "cells")
+    preset = get_preset(TINY)
+    for kind, cls in ESTIMATORS.items():
+        net = cls.for_training(SCENE, preset, rngs=nnx.Rngs(0))
+        assert type(net) is cls and cls.estimator_kind == kind
+    assert ESTIMATORS["cells"].training_config(preset) is preset.cells.train
+    assert ESTIMATORS["popt"].training_config(preset) is preset.train
+    with pytest.raises(ValueError, match="kind must be one of 'popt', 'mlp', 'hi', 'cells'"):
+        pipeline.train_estimator("knn", None, SCENE)

@@ -12,13 +12,21 @@ benchmarks, one training loop, presets and model files.
 from dmimo_jax.learning.cells import CellClassifier, CellConfig
 from dmimo_jax.learning.data import SyntheticBatch, load_dataset, synthesize, write_dataset
 from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator
-from dmimo_jax.learning.io import NETWORKS, build_model, load_model, model_spec, save_model
+from dmimo_jax.learning.io import (
+    ESTIMATORS,
+    NETWORKS,
+    build_model,
+    load_model,
+    model_spec,
+    save_model,
+)
 from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
 from dmimo_jax.learning.popt import POPT, POPTConfig
 from dmimo_jax.learning.presets import PRESETS, Preset, get_preset
 from dmimo_jax.learning.train import TrainConfig, TrainResult, train
 
 __all__ = [
+    "ESTIMATORS",
     "NETWORKS",
     "POPT",
     "PRESETS",

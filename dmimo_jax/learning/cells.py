@@ -27,7 +27,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from dmimo_jax.estimators.candidates import CellGrid
+from dmimo_jax.estimators.candidates import CellGrid, cell_grid
 from dmimo_jax.learning.mlp import MLP, MLPConfig, check_reference
 from dmimo_jax.learning.nets import differential_inputs, network_input
 
@@ -61,6 +61,27 @@ class CellClassifier(nnx.Module):
     """
 
     kind = "cells"  # model-file kind (dmimo_jax.learning.io)
+
+    # the offline stage's kind of estimator (dmimo_jax.learning.io.ESTIMATORS)
+    estimator_kind = "cells"
+
+    @classmethod
+    def for_training(
+        cls, scene: Any, preset: Any, network: Any = None, *, rngs: nnx.Rngs
+    ) -> CellClassifier:
+        """A fresh network for ``scene``: ``network`` (a config) or the ``preset``'s."""
+        cells = cell_grid(scene, preset.cells.cell_size)
+        return cls(scene.num_aps, network or preset.cells.network, cells=cells, rngs=rngs)
+
+    @staticmethod
+    def training_config(preset: Any) -> Any:
+        """The training loop's settings in ``preset``."""
+        return preset.cells.train
+
+    @staticmethod
+    def as_estimator(net: Any, scene: Any) -> Any:
+        """The online stage's coarse estimator of the trained ``net``."""
+        return net
 
     def __init__(self, num_aps: int, config: CellConfig, *, cells: CellGrid, rngs: nnx.Rngs):
         check_reference(config.reference, num_aps)

@@ -92,6 +92,26 @@ class AmbiguityClassifier(nnx.Module):
 
     kind = "hi_classifier"  # model-file kind (dmimo_jax.learning.io)
 
+    # the offline stage's kind of estimator (dmimo_jax.learning.io.ESTIMATORS)
+    estimator_kind = "hi"
+
+    @classmethod
+    def for_training(
+        cls, scene: Any, preset: Any, network: Any = None, *, rngs: nnx.Rngs
+    ) -> AmbiguityClassifier:
+        """A fresh network for ``scene``: ``network`` (a config) or the ``preset``'s."""
+        return cls.for_scene(scene, network or MLPConfig(), rngs=rngs)
+
+    @staticmethod
+    def training_config(preset: Any) -> Any:
+        """The training loop's settings in ``preset``."""
+        return preset.train
+
+    @staticmethod
+    def as_estimator(net: Any, scene: Any) -> Any:
+        """The online stage's coarse estimator of the trained ``net``."""
+        return HIEstimator(net, scene)
+
     def spec(self) -> dict:
         """JSON-able architecture: what :meth:`from_spec` rebuilds."""
         return dict(

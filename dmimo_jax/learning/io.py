@@ -23,6 +23,12 @@ NETWORKS = MappingProxyType(
     {cls.kind: cls for cls in (POPT, MLPRegressor, AmbiguityClassifier, CellClassifier)}
 )
 
+#: the offline stage's estimator kind -> its network class (read-only): the one place the
+#: kinds are declared; each class builds itself for a scene (``for_training``), names its
+#: training settings in a preset (``training_config``) and its online estimator
+#: (``as_estimator``)
+ESTIMATORS = MappingProxyType({cls.estimator_kind: cls for cls in NETWORKS.values()})
+
 
 def model_spec(model: nnx.Module) -> dict:
     """A JSON-able description that :func:`build_model` turns back into the architecture."""

@@ -89,3 +89,24 @@ class MLPRegressor(PositionRegressor, nnx.Module):
         return self.mlp(differential_inputs(r, self.config.reference), key)
 
     kind = "mlp"  # model-file kind (dmimo_jax.learning.io)
+
+    # the offline stage's kind of estimator (dmimo_jax.learning.io.ESTIMATORS)
+    estimator_kind = "mlp"
+
+    @classmethod
+    def for_training(
+        cls, scene: Any, preset: Any, network: Any = None, *, rngs: nnx.Rngs
+    ) -> MLPRegressor:
+        """A fresh network for ``scene``: ``network`` (a config) or the ``preset``'s."""
+        config = network or MLPConfig()
+        return cls(scene.num_aps, config, low=scene.ue_low, high=scene.ue_high, rngs=rngs)
+
+    @staticmethod
+    def training_config(preset: Any) -> Any:
+        """The training loop's settings in ``preset``."""
+        return preset.train
+
+    @staticmethod
+    def as_estimator(net: Any, scene: Any) -> Any:
+        """The online stage's coarse estimator of the trained ``net``."""
+        return net

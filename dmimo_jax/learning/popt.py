@@ -150,3 +150,23 @@ class POPT(PositionRegressor, nnx.Module):
         return self.head2(jax.nn.gelu(self.head1(self.ln_head(g)), approximate=False))
 
     kind = "popt"  # model-file kind (dmimo_jax.learning.io)
+
+    # the offline stage's kind of estimator (dmimo_jax.learning.io.ESTIMATORS)
+    estimator_kind = "popt"
+
+    @classmethod
+    def for_training(cls, scene: Any, preset: Any, network: Any = None, *, rngs: nnx.Rngs) -> POPT:
+        """A fresh network for ``scene``: ``network`` (a config) or the ``preset``'s."""
+        return cls(
+            scene.num_aps, network or preset.popt, low=scene.ue_low, high=scene.ue_high, rngs=rngs
+        )
+
+    @staticmethod
+    def training_config(preset: Any) -> Any:
+        """The training loop's settings in ``preset``."""
+        return preset.train
+
+    @staticmethod
+    def as_estimator(net: Any, scene: Any) -> Any:
+        """The online stage's coarse estimator of the trained ``net``."""
+        return net

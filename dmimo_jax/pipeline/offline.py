@@ -34,11 +34,10 @@ from dmimo_jax.estimators import (
 from dmimo_jax.gp.kernel import check_training_data
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.learning.data import load_dataset, write_dataset
-from dmimo_jax.learning.hi import AmbiguityClassifier, HIEstimator
-from dmimo_jax.learning.io import load_model, save_model
-from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
+from dmimo_jax.learning.io import ESTIMATORS, load_model, save_model
+from dmimo_jax.learning.mlp import MLPConfig
 from dmimo_jax.learning.nets import jit_method
-from dmimo_jax.learning.popt import POPT, POPTConfig
+from dmimo_jax.learning.popt import POPTConfig
 from dmimo_jax.learning.presets import CellsPreset, Preset, get_preset
 from dmimo_jax.learning.train import TrainConfig, train
 from dmimo_jax.physics import PhaseModel
@@ -49,7 +48,7 @@ from dmimo_jax.scene import Scene
 # ----------------------------------------------------------------------------- offline
 
 #: the coarse estimators run_offline trains
-KINDS = ("popt", "mlp", "hi", "cells")
+KINDS = tuple(ESTIMATORS)  # ("popt", "mlp", "hi", "cells"), declared by the networks
 
 
 def fit_phase_model(
@@ -140,22 +139,12 @@ def train_estimator(
     ``config`` / ``network`` override them. Returns the :class:`~dmimo_jax.learning.train.TrainResult`.
     """
     p = get_preset(preset)
-    config = config or p.train
-    rngs = nnx.Rngs(seed)
-    low, high = scene.ue_low, scene.ue_high
-    if kind == "popt":
-        net = POPT(scene.num_aps, network or p.popt, low=low, high=high, rngs=rngs)
-    elif kind == "mlp":
-        net = MLPRegressor(scene.num_aps, network or MLPConfig(), low=low, high=high, rngs=rngs)
-    elif kind == "hi":
-        net = AmbiguityClassifier.for_scene(scene, network or MLPConfig(), rngs=rngs)
-    elif kind == "cells":
-        c = p.cells
-        cells = cell_grid(scene, c.cell_size)
-        net = CellClassifier(scene.num_aps, network or c.network, cells=cells, rngs=rngs)
-        config = config if config is not None and config is not p.train else c.train
-    else:
-        raise ValueError(f"kind must be 'popt', 'mlp', 'hi' or 'cells', got {kind!r}")
+    cls = ESTIMATORS.get(kind)
+    if cls is None:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    net = cls.for_training(scene, p, network, rngs=nnx.Rngs(seed))
+    if config is None or config is p.train:
+        config = cls.training_config(p)
     return train(
         net,
         data,
@@ -374,7 +363,7 @@ def run_offline(
             )
             net = res.model
             meta = dict(history=res.history)
-            est = HIEstimator(net, scene) if kind == "hi" else net
+            est = ESTIMATORS[kind].as_estimator(net, scene)
             xv, rv = np.asarray(data.x[val]), np.asarray(data.r[val])
             err = np.linalg.norm(np.asarray(coarse_estimate(est, rv)) - xv, axis=-1)
             meta.update(
@@ -383,7 +372,7 @@ def run_offline(
                 val_max_m=float(err.max()),
             )
             save_model(out, net, meta=meta)
-        estimators[kind] = HIEstimator(net, scene) if kind == "hi" else net
+        estimators[kind] = ESTIMATORS[kind].as_estimator(net, scene)
         radii[kind] = float(meta["radius"])
         info[kind] = meta
     return Offline(fine, screen, table, estimators, radii, info, folder, cell_corners)
