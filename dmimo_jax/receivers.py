@@ -139,6 +139,28 @@ class ReceiverModel:
     def num_aps(self) -> int:
         return self.model.num_aps
 
+    # ------------------------------ CalibratableModel: the channel model's, receivers kept
+
+    @property
+    def surface_names(self) -> tuple[str, ...]:
+        return self.model.surface_names
+
+    @property
+    def piecewise(self) -> bool:
+        return self.model.piecewise
+
+    def with_scene(self, scene: Any) -> ReceiverModel:
+        return ReceiverModel(self.model.with_scene(scene), self.receivers)
+
+    def with_permittivities(self, eps_r: Array, indices: tuple[int, ...]) -> ReceiverModel:
+        return ReceiverModel(self.model.with_permittivities(eps_r, indices), self.receivers)
+
+    def mounted(self) -> list[list[Any]]:
+        return self.model.mounted()
+
+    def calibration_surfaces(self, surfaces: Any = None) -> tuple[list[int], list[str]]:
+        return self.model.calibration_surfaces(surfaces)
+
     def channel(self, x: ArrayLike) -> Array:
         r""":math:`\mathbf v(\mathbf x) = \mathbf G\odot\mathbf c(\mathbf x)` (M,) complex."""
         return self.receivers.gains * channel(self.model, x)

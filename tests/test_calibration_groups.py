@@ -10,6 +10,8 @@ import pytest
 import dmimo_jax as dj
 from dmimo_jax import receivers as rx
 from dmimo_jax.calibration import groups, solver
+from dmimo_jax.pytree import pytree_dataclass
+from dmimo_jax.scene import Scene
 
 SCENE = dj.paper_scene(-10.0, convention="itu")
 MODEL = dj.TwoRayModel(SCENE)
@@ -145,3 +147,75 @@ def test_the_fitting_core_vmapped_over_deployments_equals_a_loop():
         assert abs(float(batched.cost[i]) - float(one.cost)) <= 1e-9 * float(one.cost)
         # about chi-square with L M - L - n degrees of freedom: the noise, not a misfit
         assert float(one.cost) / (30 * M - 30 - one.u.shape[0]) < 1.5
+
+
+@pytree_dataclass
+class LineOfSight:
+    """A model kind of this test's own (calibration has never heard of it): the LoS path
+    alone, a constant noise. It is a CalibratableModel by what it knows of itself."""
+
+    scene: Scene
+
+    piecewise = False
+
+    @property
+    def num_aps(self):
+        return self.scene.num_aps
+
+    def mean(self, x):
+        d = jnp.linalg.norm(jnp.asarray(x)[None, :] - self.scene.ap_positions, axis=-1)
+        return -2 * jnp.pi * d / self.scene.wavelength + self.scene.ap_phase_offsets
+
+    def variance(self, x):
+        return jnp.full(self.num_aps, 1e-6)
+
+    @property
+    def surface_names(self):
+        return ()
+
+    def with_scene(self, scene):
+        return LineOfSight(scene)
+
+    def with_permittivities(self, eps_r, indices):
+        raise AssertionError("a model without surfaces is never given permittivities")
+
+    def mounted(self):
+        return [[] for _ in range(self.num_aps)]
+
+    def calibration_surfaces(self, surfaces=None):
+        raise ValueError("fit: 'surfaces' asked, but a line-of-sight model has no surface")
+
+
+def test_a_model_kind_calibration_never_heard_of_is_calibrated_as_it_is():
+    """No edit in calibration for a new model kind: its phase centres and offsets are
+    recovered from noise-free snapshots, and what it cannot fit it says itself."""
+    from dmimo_jax.calibration import calibrate
+
+    assert isinstance(LineOfSight(SCENE), dj.physics.CalibratableModel)
+    rng = np.random.default_rng(3)
+    world = SCENE.replace(
+        ap_positions=np.asarray(SCENE.ap_positions) + rng.normal(0, 1e-2, (M, 3)),
+        ap_phase_offsets=rng.uniform(-np.pi, np.pi, M),
+    )
+    x = jnp.asarray(dj.sample_positions(jax.random.key(4), 30, SCENE))
+    truth = LineOfSight(world)
+    r = dj.wrap(jax.vmap(truth.mean)(x) + rng.uniform(-np.pi, np.pi, (30, 1)))
+    nv = jax.vmap(truth.variance)(x)
+    with pytest.warns(UserWarning, match="overstates the noise"):  # noise-free snapshots
+        cal = calibrate(LineOfSight(SCENE), x, r, nv, fit=("ap_positions", "ap_phase_offsets"))
+    assert type(cal.model) is LineOfSight and cal.status == "noise_overstated"
+    np.testing.assert_allclose(cal.values["ap_positions"], world.ap_positions, rtol=0, atol=1e-6)
+    offsets = np.angle(
+        np.exp(
+            1j
+            * (
+                cal.values["ap_phase_offsets"]
+                - (world.ap_phase_offsets - world.ap_phase_offsets[0])
+            )
+        )
+    )
+    assert np.max(np.abs(offsets)) < 1e-6
+    with pytest.raises(ValueError, match="line-of-sight model has no surface"):
+        calibrate(LineOfSight(SCENE), x, r, nv, fit=("surfaces",))
+    with pytest.raises(ValueError, match="CalibratableModel"):
+        calibrate(object(), x, r, nv, fit=("ap_phase_offsets",))

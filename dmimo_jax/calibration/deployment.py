@@ -145,10 +145,8 @@ from dmimo_jax.likelihood import cpo_estimate
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import (
-    ImageSourceModel,
-    MeshModel,
+    CalibratableModel,
     PhaseModel,
-    TwoRayModel,
     check_in_domain,
 )
 from dmimo_jax.pytree import jit_or_eager, pytree_dataclass, static_field
@@ -416,10 +414,12 @@ def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: Arr
 
 
 def _check_model(model: Any) -> None:
-    if not isinstance(model, TwoRayModel | ImageSourceModel | MeshModel):
+    # the receivers are calibrate's own argument: a ReceiverModel would carry them twice
+    if isinstance(model, ReceiverModel) or not isinstance(model, CalibratableModel):
         raise ValueError(
-            "model must be a TwoRayModel, an ImageSourceModel or a MeshModel (a physical "
-            f"model whose unknowns can be calibrated), got {type(model).__name__}"
+            "model must be a TwoRayModel, an ImageSourceModel, a MeshModel or another "
+            "CalibratableModel (a physical model that knows its surfaces, mounts and scene: "
+            f"dmimo_jax.physics.CalibratableModel), got {type(model).__name__}"
         )
 
 
@@ -513,8 +513,7 @@ def _fit_one_polarization(
 
 def _piecewise(model: Any) -> bool:
     """A model whose paths appear and disappear with the geometry (shadows, finite faces)."""
-    inner = model.model if isinstance(model, ReceiverModel) else model
-    return isinstance(inner, MeshModel)
+    return bool(model.piecewise)
 
 
 def _across_boundaries(

@@ -29,8 +29,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax.antenna import CosinePattern
-from dmimo_jax.physics import ImageSourceModel, MeshModel, PhaseModel, TwoRayModel
-from dmimo_jax.physics.image_source import MOUNT_TOLERANCE
+from dmimo_jax.physics import CalibratableModel, PhaseModel
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.receivers import ReceiverModel, Receivers
 
@@ -242,14 +241,9 @@ class ReceiverConstants(Group):
 # ------------------------------------------------------------------ models and their leaves
 
 
-def with_scene(model: Any, scene: Any) -> Any:
-    if isinstance(model, ReceiverModel):
-        return ReceiverModel(with_scene(model.model, scene), model.receivers)
-    if isinstance(model, TwoRayModel):
-        return TwoRayModel(scene)
-    if isinstance(model, MeshModel):
-        return MeshModel(scene, model.faces, model.order, blockers=model.blockers)
-    return ImageSourceModel(scene, model.reflectors, model.order)
+def with_scene(model: CalibratableModel, scene: Any) -> Any:
+    """``model`` of ``scene`` (:meth:`~dmimo_jax.physics.CalibratableModel.with_scene`)."""
+    return model.with_scene(scene)
 
 
 def permittivities_of(u: Array) -> Array:
@@ -259,19 +253,10 @@ def permittivities_of(u: Array) -> Array:
     return (1.0 + jnp.abs(u[:k])) - 1j * jnp.abs(u[k:])
 
 
-def mounts(model: Any) -> list[list[np.ndarray]]:
-    """Per AP, the unit normals of the reflectors it is mounted on."""
-    model = model.model if isinstance(model, ReceiverModel) else model
-    ap = np.asarray(model.scene.ap_positions, float)
-    if isinstance(model, MeshModel):
-        return model.mounted()
-    out: list[list[np.ndarray]] = [[] for _ in range(ap.shape[0])]
-    if isinstance(model, ImageSourceModel):
-        for r in model.reflectors:
-            h = (ap - np.asarray(r.point)) @ np.asarray(r.normal)
-            for m in np.flatnonzero(np.abs(h) <= MOUNT_TOLERANCE):
-                out[m].append(np.asarray(r.normal, float))
-    return out
+def mounts(model: CalibratableModel) -> list[list[np.ndarray]]:
+    """Per AP, the unit normals of the surfaces it is mounted on (the model's own
+    :meth:`~dmimo_jax.physics.CalibratableModel.mounted`)."""
+    return model.mounted()
 
 
 def position_basis(model: Any, free_axes: ArrayLike | None) -> np.ndarray:
@@ -355,81 +340,12 @@ def receiver_groups(model: Any, fit: Sequence[str]) -> list[Group]:
     return out
 
 
-def surface_indices(model: Any, surfaces: Sequence[str] | None) -> tuple[list[int], list[str]]:
-    if isinstance(model, TwoRayModel):
-        if model.scene.perfect_conductor:
-            raise ValueError(
-                "fit: 'surfaces' of a two-ray model is the ground, and this one is a perfect "
-                "conductor (no eps_r to calibrate)"
-            )
-        if surfaces is not None and list(surfaces) != ["ground"]:
-            raise ValueError(f"surfaces: a two-ray model has only 'ground', got {surfaces}")
-        return [0], ["ground"]
-    if isinstance(model, MeshModel):
-        return face_surfaces(model, surfaces)
-    names = [r.name for r in model.reflectors]
-    ap = np.asarray(model.scene.ap_positions)
-    seen = [
-        bool(np.any(np.asarray(r.height(ap)) > MOUNT_TOLERANCE)) or model.order >= 2
-        for r in model.reflectors
-    ]
-    if surfaces is None:
-        surfaces = [
-            r.name
-            for r, ok in zip(model.reflectors, seen, strict=True)
-            if ok and not r.perfect_conductor
-        ]
-    if len(set(surfaces)) != len(list(surfaces)):
-        raise ValueError(f"surfaces must not repeat a name, got {list(surfaces)}")
-    idx = []
-    for s in surfaces:
-        if s not in names:
-            raise ValueError(f"surfaces: no reflector named {s!r} (the model has {names})")
-        if names.count(s) > 1:
-            raise ValueError(f"surfaces: {names.count(s)} reflectors are named {s!r}; rename them")
-        k = names.index(s)
-        if model.reflectors[k].perfect_conductor:
-            raise ValueError(f"surfaces: {s!r} is a perfect conductor, it has no eps_r to fit")
-        if not seen[k]:
-            raise ValueError(
-                f"surfaces: every AP is mounted on {s!r}, so no path bounces off it and its "
-                "eps_r does not enter the phases"
-            )
-        idx.append(k)
-    if not idx:
-        raise ValueError("fit: 'surfaces' asked, but the model has no dielectric surface to fit")
-    return idx, list(surfaces)
-
-
-def face_surfaces(model: MeshModel, surfaces: Sequence[str] | None) -> tuple[list[int], list[str]]:
-    """Indices into ``model.surface_names`` (one material per face name) and the names."""
-    names = list(model.surface_names)
-    ap = np.asarray(model.scene.ap_positions, float)
-    dielectric, seen = {}, {}
-    for f in model.faces:
-        h = (ap - np.asarray(f.vertices[0])) @ np.asarray(f.normal)
-        dielectric.setdefault(f.name, set()).add(not f.perfect_conductor)
-        seen[f.name] = seen.get(f.name, False) or bool(np.any(np.abs(h) > MOUNT_TOLERANCE))
-    if surfaces is None:
-        surfaces = [n for n in names if dielectric[n] == {True} and seen[n]]
-    surfaces = list(surfaces)
-    if len(set(surfaces)) != len(surfaces):
-        raise ValueError(f"surfaces must not repeat a name, got {surfaces}")
-    for s in surfaces:
-        if s not in names:
-            raise ValueError(f"surfaces: no face named {s!r} (the model's materials: {names})")
-        if dielectric[s] != {True}:
-            raise ValueError(
-                f"surfaces: faces named {s!r} include a perfect conductor, it has no eps_r to fit"
-            )
-        if not seen[s]:
-            raise ValueError(
-                f"surfaces: every AP is mounted on the faces named {s!r}, so no path bounces "
-                "off them and their eps_r does not enter the phases"
-            )
-    if not surfaces:
-        raise ValueError("fit: 'surfaces' asked, but the model has no dielectric face to fit")
-    return [names.index(s) for s in surfaces], surfaces
+def surface_indices(
+    model: CalibratableModel, surfaces: Sequence[str] | None
+) -> tuple[list[int], list[str]]:
+    """The surfaces a fit of ``model`` calibrates (the model's own
+    :meth:`~dmimo_jax.physics.CalibratableModel.calibration_surfaces`)."""
+    return model.calibration_surfaces(surfaces)
 
 
 def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[int]) -> Any:
@@ -444,13 +360,13 @@ def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[
     Raises:
         ValueError: an index out of range or repeated, or not one permittivity per index.
     """
-    if isinstance(model, ReceiverModel):
-        return ReceiverModel(with_permittivities(model.model, eps_r, surfaces), model.receivers)
+    if not isinstance(model, CalibratableModel):
+        raise ValueError(
+            "model must be a TwoRayModel, an ImageSourceModel, a MeshModel or another "
+            f"CalibratableModel (one that knows its surfaces), got {type(model).__name__}"
+        )
     eps_r = jnp.atleast_1d(jnp.asarray(eps_r))
-    if isinstance(model, MeshModel):
-        num = len(model.surface_names)
-    else:
-        num = 1 if isinstance(model, TwoRayModel) else len(getattr(model, "reflectors", ()))
+    num = len(model.surface_names)
     surfaces = tuple(surfaces)
     if not all(isinstance(k, int | np.integer) and 0 <= k < num for k in surfaces):
         raise ValueError(
@@ -462,20 +378,7 @@ def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[
             f"eps_r must hold one permittivity per distinct index of surfaces "
             f"({len(surfaces)}), got eps_r of shape {eps_r.shape} for surfaces {surfaces}"
         )
-    if isinstance(model, TwoRayModel):
-        return TwoRayModel(model.scene.replace(eps_r=eps_r[0]))
-    if isinstance(model, ImageSourceModel):
-        refl = list(model.reflectors)
-        for j, k in enumerate(surfaces):
-            refl[k] = refl[k].with_permittivity(eps_r[j])
-        return ImageSourceModel(model.scene, refl, model.order)
-    if isinstance(model, MeshModel):
-        names = model.surface_names
-        return model.with_surface_permittivities(eps_r, [names[k] for k in surfaces])
-    raise ValueError(
-        "model must be a TwoRayModel, an ImageSourceModel or a MeshModel, got "
-        f"{type(model).__name__}"
-    )
+    return model.with_permittivities(eps_r, tuple(int(k) for k in surfaces))
 
 
 def surfaces_group(model: Any, idx: Sequence[int], eps0: np.ndarray) -> Group:

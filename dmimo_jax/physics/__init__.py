@@ -20,7 +20,7 @@ from dmimo_jax.physics.image_source import (
     mirror,
     resolve_material,
 )
-from dmimo_jax.physics.model import PhasorSumModel, check_in_domain
+from dmimo_jax.physics.model import CalibratableModel, PhasorSumModel, check_in_domain
 from dmimo_jax.physics.two_ray import (
     Geometry,
     PathParameters,
@@ -48,6 +48,7 @@ from dmimo_jax.physics.model import PhaseModel, as_phase_model  # noqa: F401
 from dmimo_jax.physics.two_ray import TwoRayModel  # noqa: F401
 
 __all__ = [
+    "CalibratableModel",
     "MeshPaths",
     "mesh_paths",
     "occluders",

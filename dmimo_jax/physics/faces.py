@@ -710,6 +710,50 @@ class MeshModel(PhasorSumModel):
         )
         return MeshModel(self.scene, faces, self.order, blockers=self.blockers)
 
+    # ------------------------------------------------ CalibratableModel (calibration's view)
+
+    piecewise = True  # phases jump across shadow boundaries
+
+    def with_scene(self, scene: Scene) -> MeshModel:
+        """The same faces in ``scene``."""
+        return MeshModel(scene, self.faces, self.order, blockers=self.blockers)
+
+    def with_permittivities(self, eps_r: Array, indices: tuple[int, ...]) -> MeshModel:
+        """The materials ``surface_names[k]`` for k in ``indices`` given ``eps_r``."""
+        names = self.surface_names
+        return self.with_surface_permittivities(eps_r, [names[k] for k in indices])
+
+    def calibration_surfaces(self, surfaces: Any = None) -> tuple[list[int], list[str]]:
+        """Indices into ``surface_names`` (one material per face name) and the names: named
+        materials (distinct, dielectric, met by a path), by default every one."""
+        names = list(self.surface_names)
+        ap = np.asarray(self.scene.ap_positions, float)
+        dielectric, seen = {}, {}
+        for f in self.faces:
+            h = (ap - np.asarray(f.vertices[0])) @ np.asarray(f.normal)
+            dielectric.setdefault(f.name, set()).add(not f.perfect_conductor)
+            seen[f.name] = seen.get(f.name, False) or bool(np.any(np.abs(h) > MOUNT_TOLERANCE))
+        if surfaces is None:
+            surfaces = [n for n in names if dielectric[n] == {True} and seen[n]]
+        surfaces = list(surfaces)
+        if len(set(surfaces)) != len(surfaces):
+            raise ValueError(f"surfaces must not repeat a name, got {surfaces}")
+        for s in surfaces:
+            if s not in names:
+                raise ValueError(f"surfaces: no face named {s!r} (the model's materials: {names})")
+            if dielectric[s] != {True}:
+                raise ValueError(
+                    f"surfaces: faces named {s!r} include a perfect conductor, it has no eps_r to fit"
+                )
+            if not seen[s]:
+                raise ValueError(
+                    f"surfaces: every AP is mounted on the faces named {s!r}, so no path bounces "
+                    "off them and their eps_r does not enter the phases"
+                )
+        if not surfaces:
+            raise ValueError("fit: 'surfaces' asked, but the model has no dielectric face to fit")
+        return [names.index(s) for s in surfaces], surfaces
+
     def mounted(self) -> list[list[np.ndarray]]:
         """Per AP, the unit normals of the faces it is mounted on (within ``MOUNT_TOLERANCE``
         of the plane, on the face)."""

@@ -465,6 +465,75 @@ class ImageSourceModel(PhasorSumModel):
         object.__setattr__(self, "reflectors", reflectors)
         object.__setattr__(self, "order", order)
 
+    # ------------------------------------------------ CalibratableModel (calibration's view)
+
+    piecewise = False  # smooth phases (no shadows)
+
+    @property
+    def surface_names(self) -> tuple[str, ...]:
+        """The reflectors' names, in order."""
+        return tuple(r.name for r in self.reflectors)
+
+    def with_scene(self, scene: Scene) -> ImageSourceModel:
+        """The same reflectors in ``scene``."""
+        return ImageSourceModel(scene, self.reflectors, self.order)
+
+    def with_permittivities(self, eps_r: Array, indices: tuple[int, ...]) -> ImageSourceModel:
+        """Reflector ``indices[j]`` given permittivity ``eps_r[j]``."""
+        refl = list(self.reflectors)
+        for j, k in enumerate(indices):
+            refl[k] = refl[k].with_permittivity(eps_r[j])
+        return ImageSourceModel(self.scene, refl, self.order)
+
+    def mounted(self) -> list[list[np.ndarray]]:
+        """Per AP, the unit normals of the reflectors within ``MOUNT_TOLERANCE`` of it."""
+        ap = np.asarray(self.scene.ap_positions, float)
+        out: list[list[np.ndarray]] = [[] for _ in range(ap.shape[0])]
+        for r in self.reflectors:
+            h = (ap - np.asarray(r.point)) @ np.asarray(r.normal)
+            for m in np.flatnonzero(np.abs(h) <= MOUNT_TOLERANCE):
+                out[m].append(np.asarray(r.normal, float))
+        return out
+
+    def calibration_surfaces(self, surfaces: Any = None) -> tuple[list[int], list[str]]:
+        """Named reflectors (distinct, dielectric, met by a path), by default every one."""
+        names = [r.name for r in self.reflectors]
+        ap = np.asarray(self.scene.ap_positions)
+        seen = [
+            bool(np.any(np.asarray(r.height(ap)) > MOUNT_TOLERANCE)) or self.order >= 2
+            for r in self.reflectors
+        ]
+        if surfaces is None:
+            surfaces = [
+                r.name
+                for r, ok in zip(self.reflectors, seen, strict=True)
+                if ok and not r.perfect_conductor
+            ]
+        if len(set(surfaces)) != len(list(surfaces)):
+            raise ValueError(f"surfaces must not repeat a name, got {list(surfaces)}")
+        idx = []
+        for s in surfaces:
+            if s not in names:
+                raise ValueError(f"surfaces: no reflector named {s!r} (the model has {names})")
+            if names.count(s) > 1:
+                raise ValueError(
+                    f"surfaces: {names.count(s)} reflectors are named {s!r}; rename them"
+                )
+            k = names.index(s)
+            if self.reflectors[k].perfect_conductor:
+                raise ValueError(f"surfaces: {s!r} is a perfect conductor, it has no eps_r to fit")
+            if not seen[k]:
+                raise ValueError(
+                    f"surfaces: every AP is mounted on {s!r}, so no path bounces off it and its "
+                    "eps_r does not enter the phases"
+                )
+            idx.append(k)
+        if not idx:
+            raise ValueError(
+                "fit: 'surfaces' asked, but the model has no dielectric surface to fit"
+            )
+        return idx, list(surfaces)
+
     def relative_reflections(self, x: ArrayLike) -> tuple[Array, Array]:
         r"""``(d1, rho)``: LoS lengths (M,) and :math:`\rho_{mk}` (M, P) (zero for absent paths),
         each bounce weighted by its antenna gain relative to the LoS one (isotropic: 1)."""

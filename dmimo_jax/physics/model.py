@@ -48,6 +48,49 @@ class PhaseModel(Protocol):
         ...
 
 
+@runtime_checkable
+class CalibratableModel(PhaseModel, Protocol):
+    """A PhaseModel whose deployment unknowns :func:`~dmimo_jax.calibration.calibrate` can
+    set: it knows its own surfaces, mounts and scene, so calibration needs no case per model
+    kind (:class:`~dmimo_jax.TwoRayModel`, :class:`~dmimo_jax.ImageSourceModel`,
+    :class:`~dmimo_jax.physics.MeshModel` and the receivers'
+    :class:`~dmimo_jax.receivers.ReceiverModel` around any of them implement it; a new
+    model kind that does is calibrated as it is).
+
+    Attributes:
+        surface_names: the names of its permittivities (a surface, a reflector, a material).
+        piecewise: whether its phases jump across shadow boundaries (a scene of faces: the
+            fit sets a boundary's outliers aside for a round).
+    """
+
+    @property
+    def surface_names(self) -> tuple[str, ...]: ...
+
+    piecewise: bool
+
+    def with_scene(self, scene: Scene) -> Any:
+        """The same model of ``scene`` (its APs, offsets, antenna; traceable)."""
+        ...
+
+    def with_permittivities(self, eps_r: Array, indices: tuple[int, ...]) -> Any:
+        """The model with the permittivities of ``surface_names[k]`` for k in ``indices``
+        set to ``eps_r`` (checked by the caller; traceable)."""
+        ...
+
+    def mounted(self) -> list[list[np.ndarray]]:
+        """Per AP, the unit normals of the surfaces it is mounted on (it moves within them)."""
+        ...
+
+    def calibration_surfaces(self, surfaces: Any) -> tuple[list[int], list[str]]:
+        """The indices and names of the surfaces a fit can calibrate: ``surfaces`` (names)
+        checked, or by default every dielectric surface a path bounces off.
+
+        Raises:
+            ValueError: a name it does not have, a perfect conductor, a surface no path
+                meets, or none at all."""
+        ...
+
+
 def as_phase_model(model_or_scene: PhaseModel | Scene | Any) -> PhaseModel:
     """A :class:`~dmimo_jax.scene.Scene` becomes its two-ray model; a PhaseModel passes.
 

@@ -267,9 +267,41 @@ class TwoRayModel:
 
     scene: Scene
 
+    piecewise = False  # CalibratableModel: smooth phases
+
     @property
     def num_aps(self) -> int:
         return self.scene.num_aps
+
+    # ------------------------------------------------ CalibratableModel (calibration's view)
+
+    @property
+    def surface_names(self) -> tuple[str, ...]:
+        """One surface: the ground."""
+        return ("ground",)
+
+    def with_scene(self, scene: Scene) -> TwoRayModel:
+        """The two-ray model of ``scene``."""
+        return TwoRayModel(scene)
+
+    def with_permittivities(self, eps_r: Array, indices: tuple[int, ...]) -> TwoRayModel:
+        """The ground's permittivity ``eps_r[0]`` (index 0)."""
+        return TwoRayModel(self.scene.replace(eps_r=eps_r[0]))
+
+    def mounted(self) -> list[list]:
+        """No AP is mounted on a surface (the ground is below them)."""
+        return [[] for _ in range(self.num_aps)]
+
+    def calibration_surfaces(self, surfaces=None) -> tuple[list[int], list[str]]:
+        """The ground, unless it is a perfect conductor."""
+        if self.scene.perfect_conductor:
+            raise ValueError(
+                "fit: 'surfaces' of a two-ray model is the ground, and this one is a perfect "
+                "conductor (no eps_r to calibrate)"
+            )
+        if surfaces is not None and list(surfaces) != ["ground"]:
+            raise ValueError(f"surfaces: a two-ray model has only 'ground', got {surfaces}")
+        return [0], ["ground"]
 
     def mean(self, x: ArrayLike) -> Array:
         """Eq. (7b), unwrapped."""
