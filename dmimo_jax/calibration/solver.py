@@ -280,29 +280,40 @@ def fit_rounds(
     models, groups' data, snapshots and starts stacked) fits them all at once, each
     stopping at its own round. ``num_steps``, ``max_steps`` and the groups' layout are
     static; ``structure``: :func:`per_ap_structure` (labeled complex snapshots only)."""
-    u, cost = solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled, structure)
-    cost = jnp.where(jnp.isfinite(cost), cost, jnp.inf)
-    best = jnp.argmin(cost)
-    start = (u[best], cost[best], jnp.asarray(num_steps), jnp.asarray(False))
-    if max_steps is None:
-        return FitRounds(start[0], start[1], jnp.asarray(True), start[2])
 
-    def more(state):
-        _, _, steps, done = state
-        return ~done & (steps + num_steps <= max_steps)
+    def best_of(u, cost):
+        cost = jnp.where(jnp.isfinite(cost), cost, jnp.inf)
+        best = jnp.argmin(cost)
+        return u[best], cost[best]
 
     def round_(state):
         u, cost, steps, _ = state
         u_new, c_new = solve(
             model, groups, x, r, noise_var, u[None], num_steps, unlabeled, structure
         )
+        first = steps == 0  # the first run from a single start: taken whatever its cost
         c_new = c_new[0]
         # no step accepted: the LM is at a stationary point
-        stalled = ~jnp.isfinite(c_new) | (c_new >= cost)
-        done = stalled | (cost - c_new < CONVERGENCE_TOLERANCE)
+        stalled = ~first & (~jnp.isfinite(c_new) | (c_new >= cost))
+        done = ~first & (stalled | (cost - c_new < CONVERGENCE_TOLERANCE))
         u = jnp.where(stalled, u, u_new[0])
-        cost = jnp.where(stalled, cost, c_new)
+        cost = jnp.where(stalled, cost, jnp.where(jnp.isfinite(c_new), c_new, jnp.inf))
         return u, cost, steps + num_steps, done
+
+    if u0.shape[0] == 1 and max_steps is not None:
+        # one start: its first run is the loop's first round (one LM in the program)
+        start = (u0[0], jnp.asarray(jnp.inf, u0.dtype), jnp.asarray(0), jnp.asarray(False))
+    else:
+        u, cost = best_of(
+            *solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled, structure)
+        )
+        start = (u, cost, jnp.asarray(num_steps), jnp.asarray(False))
+        if max_steps is None:
+            return FitRounds(u, cost, jnp.asarray(True), start[2])
+
+    def more(state):
+        _, _, steps, done = state
+        return (steps == 0) | (~done & (steps + num_steps <= max_steps))
 
     u, cost, steps, done = jax.lax.while_loop(more, round_, start)
     return FitRounds(u, cost, done, steps)
