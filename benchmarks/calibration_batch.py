@@ -41,7 +41,7 @@ def deployments(num: int, num_labeled: int, seed: int = 0):
     scene = dj.paper_scene(-10.0, convention="itu")
     nominal = dj.TwoRayModel(scene)
     x = dj.sample_positions(jax.random.key(seed), num_labeled, scene)
-    (idx,), _ = groups.surface_indices(nominal, None)
+    (idx,), _ = nominal.calibration_surfaces(None)
     eps0 = np.array([relative_permittivity("concrete", float(scene.frequency))])
     rows = []
     for i in range(num):
@@ -58,7 +58,7 @@ def deployments(num: int, num_labeled: int, seed: int = 0):
         start = offsets_closed_form(nominal, x, r)
         grp = (
             groups.positions_group(nominal, None),
-            groups.Offsets({"first": start[:1]}, start[1:]),
+            groups.Offsets.from_start(start),
             groups.surfaces_group(nominal, [idx], eps0),
         )
         rows.append((grp, r, nv, jnp.concatenate([g.u0 for g in grp])[None]))

@@ -163,8 +163,7 @@ def learned(model, x_l, r_l, nv_l, x, r, args):
         recovered_fraction=float(np.mean(np.asarray(out.recovered))),
         rejected_fraction=float(np.mean(np.asarray(out.rejected))),
     )
-    fine = out.x
-    return np.asarray(fine), t, extra
+    return np.asarray(out.x), t, extra
 
 
 def score(method, x, fine, seconds, pebs, **extra):

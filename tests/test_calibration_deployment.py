@@ -230,7 +230,11 @@ _ROOM = dj.room_model(SCENE, ceiling=3.0, walls=3.0, floor=3.0)
         (dj.TwoRayModel(SCENE), {"fit": "polarization"}, "continuous group"),
         (dj.TwoRayModel(SCENE), {"fit": "antenna"}, "CosinePattern's exponent"),
         (dj.TwoRayModel(dj.paper_scene(material="metal")), {"fit": "surfaces"}, "perfect"),
-        (SCENE, {"fit": "surfaces"}, "TwoRayModel, an ImageSourceModel, a MeshModel or another CalibratableModel"),
+        (
+            SCENE,
+            {"fit": "surfaces"},
+            "TwoRayModel, an ImageSourceModel, a MeshModel or another CalibratableModel",
+        ),
         (_ROOM, {"fit": "surfaces", "surfaces": ["floor", "floor"]}, "must not repeat"),
         (_ROOM, {"fit": "surfaces", "surfaces": ["roof"]}, "no reflector named 'roof'"),
         (_ROOM, {"fit": "surfaces", "surfaces": ["ceiling"]}, "every AP is mounted"),
@@ -462,7 +466,10 @@ def test_a_surface_too_far_to_matter_gets_a_finite_large_error_not_nan():
         ({"r": np.zeros((L - 1, M))}, r"r must have shape \(30, 17\)"),
         ({"x": X[:, :2]}, r"x must have shape \(N, 3\)"),
         ({"num_iterations": -1}, "num_iterations must be an int >= 0"),
-        ({"model": SCENE}, "TwoRayModel, an ImageSourceModel, a MeshModel or another CalibratableModel"),
+        (
+            {"model": SCENE},
+            "TwoRayModel, an ImageSourceModel, a MeshModel or another CalibratableModel",
+        ),
     ],
 )
 def test_closed_form_offsets_refuse_bad_input(kwargs, match):

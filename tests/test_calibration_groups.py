@@ -51,7 +51,7 @@ def test_offsets_keep_the_gauge_and_apply_to_the_scene():
 
 
 def test_surfaces_are_physical_for_every_u_and_linearize_to_the_same_model():
-    (idx,), _ = groups.surface_indices(MODEL, None)
+    (idx,), _ = MODEL.calibration_surfaces(None)
     g = groups.surfaces_group(MODEL, [idx], np.array([5.24 - 0.87j]))
     for u in (g.u0, -g.u0, jnp.array([-3.0, 2.0])):
         eps = complex(g.report(g.natural(u))[0])
@@ -101,6 +101,7 @@ def test_groups_are_pytrees_whose_layout_is_static():
     f = jax.jit(lambda grp, u: grp.natural(u))
     shifted = groups.Positions({**g.data, "start": g.data["start"] + 1.0}, g.u0)
     assert float(jnp.max(f(shifted, g.u0) - f(g, g.u0))) == pytest.approx(1.0)
+    assert f._cache_size() == 1
 
 
 def _deployments(num, seed=0):
@@ -122,7 +123,7 @@ def _deployments(num, seed=0):
         mean = jax.vmap(truth.mean)(x) + rng.uniform(-np.pi, np.pi, (30, 1))
         r = dj.wrap(mean + rng.normal(size=nv.shape) * np.sqrt(np.asarray(nv)))
         start = offsets_closed_form(MODEL, x, r)
-        grp = (groups.positions_group(MODEL, None), groups.Offsets({"first": start[:1]}, start[1:]))
+        grp = (groups.positions_group(MODEL, None), groups.Offsets.from_start(start))
         u0 = jnp.concatenate([g.u0 for g in grp])[None]
         out.append((grp, r, nv, u0))
     return x, out

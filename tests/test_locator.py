@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from dmimo_jax import pipeline
-from tests.helpers import LOCATOR_BATCH, LOCATOR_LIGHT, LOCATOR_SHARED
+from tests.helpers import LOCATOR_BATCH as BATCH
+from tests.helpers import LOCATOR_LIGHT as LIGHT
+from tests.helpers import LOCATOR_SHARED as SHARED
 from tests.test_offline_online import _labeled, _offline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,10 +31,8 @@ def _max_diff(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
 
 
-# Shared settings and batch size (tests/helpers.py): the tests of a transformation (sharding,
-# export, two processes, the capacity's overflow) leave fault exclusion out; the exclusion
-# runs under jit and vmap in test_jit_vmap_and_the_plain_call_agree and tests/test_faults.py
-SHARED, LIGHT, BATCH = LOCATOR_SHARED, LOCATOR_LIGHT, LOCATOR_BATCH
+# the settings and batch size shared with test_faults / test_offline_online (tests/helpers.py);
+# fault exclusion runs under jit and vmap in test_jit_vmap_and_the_plain_call_agree
 
 
 @pytest.mark.slow  # compiles the whole program several times (40-100 s here)

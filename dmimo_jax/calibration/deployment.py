@@ -118,9 +118,7 @@ from dmimo_jax.calibration.groups import (
     antenna_group,
     positions_group,
     receiver_groups,
-    surface_indices,
     surfaces_group,
-    with_scene,
 )
 from dmimo_jax.calibration.solver import (
     apply_groups,
@@ -386,7 +384,7 @@ def _receivers_als(num_iterations, fit_g, fit_b, model, x, h, g0, b0):
 
 def _offsets_group(model: Any, x: Array, r: Array) -> Group:
     start = offsets_closed_form(model, x, r)
-    return Offsets({"first": start[:1]}, start[1:])
+    return Offsets.from_start(start)
 
 
 def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike) -> Array:
@@ -696,7 +694,7 @@ def calibrate(
     idx, names = ([], [])
     eps_starts = np.zeros(0)
     if "surfaces" in fit:
-        idx, names = surface_indices(inner, surfaces)
+        idx, names = inner.calibration_surfaces(surfaces)
         eps_starts = _starts(float(model.scene.frequency), starts)
     elif surfaces is not None:
         raise ValueError("surfaces= names reflectors to fit: add 'surfaces' to fit")
@@ -714,7 +712,7 @@ def calibrate(
         m = (
             model
             if model.scene.polarization == pol
-            else with_scene(model, model.scene.replace(polarization=pol))
+            else model.with_scene(model.scene.replace(polarization=pol))
         )
         groups, u, cost, converged = _fit_one_polarization(
             m,

@@ -117,7 +117,7 @@ class Positions(Group):
         return start + (basis @ u).reshape(start.shape)
 
     def apply(self, model: Any, u: Array) -> Any:
-        return with_scene(model, model.scene.replace(ap_positions=self.positions(u)))
+        return model.with_scene(model.scene.replace(ap_positions=self.positions(u)))
 
     def natural(self, u: Array) -> Array:
         return self.positions(u).reshape(-1)
@@ -144,11 +144,16 @@ class Offsets(Group):
 
     name: ClassVar[str] = "ap_phase_offsets"
 
+    @classmethod
+    def from_start(cls, start: Array) -> Offsets:
+        """The group starting at the offsets ``start`` (M,): AP 0's is the gauge."""
+        return cls({"first": start[:1]}, start[1:])
+
     def offsets(self, u: Array) -> Array:
         return jnp.concatenate([self.data["first"], u])
 
     def apply(self, model: Any, u: Array) -> Any:
-        return with_scene(model, model.scene.replace(ap_phase_offsets=self.offsets(u)))
+        return model.with_scene(model.scene.replace(ap_phase_offsets=self.offsets(u)))
 
     def natural(self, u: Array) -> Array:
         return self.offsets(u)
@@ -188,7 +193,7 @@ class Antenna(Group):
     def apply(self, model: Any, u: Array) -> Any:
         q = self.natural(u)
         pattern = CosinePattern(exponent=q.reshape(self.meta), boresight=self.data["boresight"])
-        return with_scene(model, model.scene.replace(antenna=pattern))
+        return model.with_scene(model.scene.replace(antenna=pattern))
 
     def natural(self, u: Array) -> Array:
         return u if self.linear else jnp.abs(u)
@@ -241,11 +246,6 @@ class ReceiverConstants(Group):
 # ------------------------------------------------------------------ models and their leaves
 
 
-def with_scene(model: CalibratableModel, scene: Any) -> Any:
-    """``model`` of ``scene`` (:meth:`~dmimo_jax.physics.CalibratableModel.with_scene`)."""
-    return model.with_scene(scene)
-
-
 def permittivities_of(u: Array) -> Array:
     r"""Complex permittivities from the surfaces' unconstrained ``u`` = [a, b] (2K,):
     :math:`\varepsilon' = 1 + |a|`, :math:`\varepsilon'' = |b|` (physical for every a, b)."""
@@ -253,16 +253,10 @@ def permittivities_of(u: Array) -> Array:
     return (1.0 + jnp.abs(u[:k])) - 1j * jnp.abs(u[k:])
 
 
-def mounts(model: CalibratableModel) -> list[list[np.ndarray]]:
-    """Per AP, the unit normals of the surfaces it is mounted on (the model's own
-    :meth:`~dmimo_jax.physics.CalibratableModel.mounted`)."""
-    return model.mounted()
-
-
 def position_basis(model: Any, free_axes: ArrayLike | None) -> np.ndarray:
     """(3M, n) matrix A: positions.ravel() = start.ravel() + A @ u."""
     num = model.num_aps
-    mounted = mounts(model)
+    mounted = model.mounted()
     columns = []
     if free_axes is None:
         for m in range(num):
@@ -338,14 +332,6 @@ def receiver_groups(model: Any, fit: Sequence[str]) -> list[Group]:
         b = rx.constants
         out.append(ReceiverConstants({}, jnp.concatenate([jnp.real(b), jnp.imag(b)])))
     return out
-
-
-def surface_indices(
-    model: CalibratableModel, surfaces: Sequence[str] | None
-) -> tuple[list[int], list[str]]:
-    """The surfaces a fit of ``model`` calibrates (the model's own
-    :meth:`~dmimo_jax.physics.CalibratableModel.calibration_surfaces`)."""
-    return model.calibration_surfaces(surfaces)
 
 
 def with_permittivities(model: PhaseModel, eps_r: ArrayLike, surfaces: Sequence[int]) -> Any:

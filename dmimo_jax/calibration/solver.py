@@ -124,17 +124,15 @@ def profiled_positions_jvp(primals, tangents):
     return xs, jax.vmap(one)(xs, r, noise_var)
 
 
-PER_AP_GROUPS = ("receiver_gains", "receiver_constants", "ap_positions")
-
-
 def per_ap_structure(model: Any, groups: Sequence[Group]) -> tuple[Array, Array] | None:
-    """For a :class:`~dmimo_jax.receivers.ReceiverModel` whose groups are all among
-    :data:`PER_AP_GROUPS` (each unknown moves one AP's channel column or constant):
+    """For a :class:`~dmimo_jax.receivers.ReceiverModel` whose groups each move one AP's
+    channel column or constant per unknown (each group's
+    :meth:`~dmimo_jax.calibration.groups.Group.per_ap_layout` says so):
     ``(colours (K, n), aps (M, n))``, one-hot rows. Unknowns of one colour act on different
     APs, so one forward-mode tangent per colour (K <= 7) gives every column of the
     Jacobian (column compression); ``aps`` names each unknown's AP. ``None`` otherwise (a
     surface, a pattern or an offset moves every AP: the plain ``jax.jacfwd``)."""
-    if not isinstance(model, ReceiverModel) or any(g.name not in PER_AP_GROUPS for g in groups):
+    if not isinstance(model, ReceiverModel):
         return None
     num = model.num_aps
     ap_of, colour_of = [], []

@@ -29,7 +29,7 @@ from flax import nnx
 
 from dmimo_jax.estimators.candidates import CellGrid, cell_grid
 from dmimo_jax.learning.mlp import MLP, MLPConfig, check_reference
-from dmimo_jax.learning.nets import differential_inputs, network_input
+from dmimo_jax.learning.nets import EstimatorNetwork, differential_inputs, network_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ class CellConfig(MLPConfig):
         return cls(hidden=(64, 64), top_k=2)
 
 
-class CellClassifier(nnx.Module):
+class CellClassifier(EstimatorNetwork, nnx.Module):
     """Phases (..., M) -> logits over the cells of ``cells`` (..., C).
 
     Args:
@@ -62,7 +62,7 @@ class CellClassifier(nnx.Module):
 
     kind = "cells"  # model-file kind (dmimo_jax.learning.io)
 
-    # the offline stage's kind of estimator (dmimo_jax.learning.io.ESTIMATORS)
+    # the offline stage's kind of estimator (EstimatorNetwork, learning.io.ESTIMATORS)
     estimator_kind = "cells"
 
     @classmethod
@@ -77,11 +77,6 @@ class CellClassifier(nnx.Module):
     def training_config(preset: Any) -> Any:
         """The training loop's settings in ``preset``."""
         return preset.cells.train
-
-    @staticmethod
-    def as_estimator(net: Any, scene: Any) -> Any:
-        """The online stage's coarse estimator of the trained ``net``."""
-        return net
 
     def __init__(self, num_aps: int, config: CellConfig, *, cells: CellGrid, rngs: nnx.Rngs):
         check_reference(config.reference, num_aps)

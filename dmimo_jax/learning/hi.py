@@ -20,11 +20,16 @@ from jax.typing import ArrayLike
 
 from dmimo_jax.estimators.hyperbola import ambiguities, default_starts, estimate, max_ambiguity
 from dmimo_jax.learning.mlp import MLP, MLPConfig, check_reference
-from dmimo_jax.learning.nets import differential_inputs, jit_method, network_input
+from dmimo_jax.learning.nets import (
+    EstimatorNetwork,
+    differential_inputs,
+    jit_method,
+    network_input,
+)
 from dmimo_jax.scene import Scene
 
 
-class AmbiguityClassifier(nnx.Module):
+class AmbiguityClassifier(EstimatorNetwork, nnx.Module):
     r"""The HI benchmark's ambiguity estimator: one softmax over Q = 2 n_max + 1 integers per
     non-reference AP (Sec. IV-B, second benchmark).
 
@@ -92,7 +97,7 @@ class AmbiguityClassifier(nnx.Module):
 
     kind = "hi_classifier"  # model-file kind (dmimo_jax.learning.io)
 
-    # the offline stage's kind of estimator (dmimo_jax.learning.io.ESTIMATORS)
+    # the offline stage's kind of estimator (EstimatorNetwork, learning.io.ESTIMATORS)
     estimator_kind = "hi"
 
     @classmethod
@@ -101,11 +106,6 @@ class AmbiguityClassifier(nnx.Module):
     ) -> AmbiguityClassifier:
         """A fresh network for ``scene``: ``network`` (a config) or the ``preset``'s."""
         return cls.for_scene(scene, network or MLPConfig(), rngs=rngs)
-
-    @staticmethod
-    def training_config(preset: Any) -> Any:
-        """The training loop's settings in ``preset``."""
-        return preset.train
 
     @staticmethod
     def as_estimator(net: Any, scene: Any) -> Any:

@@ -90,7 +90,7 @@ class MLPRegressor(PositionRegressor, nnx.Module):
 
     kind = "mlp"  # model-file kind (dmimo_jax.learning.io)
 
-    # the offline stage's kind of estimator (dmimo_jax.learning.io.ESTIMATORS)
+    # the offline stage's kind of estimator (EstimatorNetwork, learning.io.ESTIMATORS)
     estimator_kind = "mlp"
 
     @classmethod
@@ -100,13 +100,3 @@ class MLPRegressor(PositionRegressor, nnx.Module):
         """A fresh network for ``scene``: ``network`` (a config) or the ``preset``'s."""
         config = network or MLPConfig()
         return cls(scene.num_aps, config, low=scene.ue_low, high=scene.ue_high, rngs=rngs)
-
-    @staticmethod
-    def training_config(preset: Any) -> Any:
-        """The training loop's settings in ``preset``."""
-        return preset.train
-
-    @staticmethod
-    def as_estimator(net: Any, scene: Any) -> Any:
-        """The online stage's coarse estimator of the trained ``net``."""
-        return net

@@ -135,7 +135,27 @@ def _jit_method(graphdef: Any, state: Any, method: str, static: tuple, *args: An
     return getattr(nnx.merge(graphdef, state), method)(*args, **dict(static))
 
 
-class PositionRegressor:
+class EstimatorNetwork:
+    """What the offline stage needs of a network class (a mixin of an NNX module): its
+    ``estimator_kind`` (the key of :data:`~dmimo_jax.learning.io.ESTIMATORS`) and
+    ``for_training(scene, preset, network, *, rngs)``, a fresh network for a scene; these
+    defaults for the rest: the preset's training settings, the trained network itself as the
+    online stage's coarse estimator."""
+
+    estimator_kind: str
+
+    @staticmethod
+    def training_config(preset: Any) -> Any:
+        """The training loop's settings in ``preset``."""
+        return preset.train
+
+    @staticmethod
+    def as_estimator(net: Any, scene: Any) -> Any:
+        """The online stage's coarse estimator of the trained ``net``."""
+        return net
+
+
+class PositionRegressor(EstimatorNetwork):
     """The regression head shared by POPT and the MLP benchmark (a mixin of an NNX module).
 
     A subclass sets ``num_aps``, ``config`` (a dataclass of type ``config_type``) and

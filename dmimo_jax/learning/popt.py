@@ -151,7 +151,7 @@ class POPT(PositionRegressor, nnx.Module):
 
     kind = "popt"  # model-file kind (dmimo_jax.learning.io)
 
-    # the offline stage's kind of estimator (dmimo_jax.learning.io.ESTIMATORS)
+    # the offline stage's kind of estimator (EstimatorNetwork, learning.io.ESTIMATORS)
     estimator_kind = "popt"
 
     @classmethod
@@ -160,13 +160,3 @@ class POPT(PositionRegressor, nnx.Module):
         return cls(
             scene.num_aps, network or preset.popt, low=scene.ue_low, high=scene.ue_high, rngs=rngs
         )
-
-    @staticmethod
-    def training_config(preset: Any) -> Any:
-        """The training loop's settings in ``preset``."""
-        return preset.train
-
-    @staticmethod
-    def as_estimator(net: Any, scene: Any) -> Any:
-        """The online stage's coarse estimator of the trained ``net``."""
-        return net

@@ -339,8 +339,8 @@ class Locator:
             far above the chi-square (and above the paper GP's worst right answer,
             docs/deployment.md) and far below a wrong answer's cost.
         capacity: the fraction of a batch (at least 16 rows, or the whole batch when it is
-            smaller: a batch of up to 16 never needs a second program) that each rare step (the whole-region fallback, the gate's re-screen)
-            handles in one program (0: one row); rows beyond it are re-run by the call
+            smaller: a batch of up to 16 never needs a second program) that each rare
+            step (the whole-region fallback, the gate's re-screen) handles in one program (0: one row); rows beyond it are re-run by the call
             (``overflow`` under tracing).
         recheck_fraction: see ``cost_gate``.
         max_excluded: faulty APs (an offset jump, random or stale phases, a body in the
