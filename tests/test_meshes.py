@@ -226,3 +226,148 @@ def test_duplicate_faces_complex_vertices_and_oversized_scenes_are_refused():
     ]
     with pytest.raises(ValueError, match=r"a scene of \d+ faces .* needs about [\d.]+ GiB"):
         MeshModel(SCENE, [*room, *tiles])
+
+
+# ----------------------------------------------------------- orientation from connectivity
+
+
+def _write_mesh_obj(path, parts):
+    """An OBJ of named polygon lists (each a list of (K, 3) vertex arrays), written as the
+    exporter would: every polygon's vertices as they are, vertices shared by position."""
+    lines, count = [], 0
+    for name, polys in parts:
+        lines.append(f"o {name}\nusemtl {name}")
+        for p in polys:
+            lines += [f"v {a:.17g} {b:.17g} {c:.17g}" for a, b, c in np.asarray(p, float)]
+            lines.append("f " + " ".join(str(count + 1 + k) for k in range(len(p))))
+            count += len(p)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _quads(low, high, outward=True):
+    return [
+        np.asarray(f.vertices) for f in cuboid_faces(low, high, 4.0, name="b", inward=not outward)
+    ]
+
+
+def test_a_box_exported_with_normals_out_is_a_room_around_its_aps(tmp_path):
+    """The usual export of a room (a closed box, normals out of it): loaded as the room of
+    faces (normals in), the same phases as ``box_faces``; with a UE inside it no error."""
+    _write_mesh_obj(tmp_path / "room.obj", [("concrete", _quads((0, 0, 0), (10, 10, 4)))])
+    ref = box_faces(
+        SCENE.room_size, floor="concrete", ceiling="concrete", walls="concrete", frequency_hz=FREQ
+    )
+    xs = dj.sample_positions(jax.random.key(1), 8, SCENE)
+    want = jax.vmap(MeshModel(SCENE, ref).mean)(xs)
+    for air in (None, SCENE.ap_positions, [[5.0, 5.0, 2.0]]):
+        faces = load_obj(tmp_path / "room.obj", frequency_hz=FREQ, air=air)
+        normals = {tuple(np.asarray(f.normal)) for f in faces}
+        assert normals == {tuple(np.asarray(f.normal)) for f in ref}  # every one into the room
+        model = MeshModel(SCENE, faces)
+        model.check_domain("xs", xs)
+        assert_allclose(jax.vmap(model.mean)(xs), want, rtol=0, atol=1e-12)
+    # trusting the file, the room is a solid around its UEs
+    faces = load_obj(tmp_path / "room.obj", frequency_hz=FREQ, orient=False)
+    with pytest.raises(ValueError, match="inside a solid"):
+        MeshModel(SCENE, faces).check_domain("xs", xs)
+    # air points outside the box make it a solid (normals out), whatever the file says
+    inverted = [q[::-1] for q in _quads((0, 0, 0), (1, 1, 1))]
+    _write_mesh_obj(tmp_path / "cube.obj", [("wood", inverted)])
+    cube = load_obj(tmp_path / "cube.obj", frequency_hz=FREQ, air=[[3.0, 3.0, 3.0]])
+    assert {tuple(np.asarray(f.normal)) for f in cube} == {
+        tuple(np.asarray(f.normal)) for f in cuboid_faces((0, 0, 0), (1, 1, 1), 4.0, name="b")
+    }
+
+
+def test_a_ground_plane_upside_down_and_buildings_with_mixed_normals():
+    """A street: a ground quad whose normal points down (open: a sheet) and two closed
+    buildings of triangles, some of them reversed: the inside-a-solid check agrees with the
+    orientation-free count (an upward ray's crossings) at every one of 400 points."""
+    from dmimo_jax.datasets import scene_faces
+
+    rng = np.random.default_rng(0)
+    ground = np.array([[-20, -20, 0], [-20, 20, 0], [20, 20, 0], [20, -20, 0]], float)  # down
+    buildings = [((-15, -10, 0), (-5, 10, 12)), ((4, -12, 0), (12, 6, 20))]
+    meshes = [("concrete", [ground])]
+    for low, high in buildings:
+        tris = [t for q in _quads(low, high) for t in (q[[0, 1, 2]], q[[0, 2, 3]])]
+        meshes.append(("brick", [t[::-1] if rng.random() < 0.5 else t for t in tris]))
+    faces = scene_faces(meshes, frequency_hz=FREQ)
+    assert [f.sheet for f in faces].count(True) == 1 and faces[0].sheet
+    aps = np.array([[0.0, -15.0, 6.0], [0.0, 15.0, 6.0], [16.0, 10.0, 8.0], [-18.0, 15.0, 5.0]])
+    scene = dj.Scene(ap_positions=aps, wavelength=0.375, eps_r=5.24 - 0.87j, tx_power=1e-4,
+                     noise_power=1e-13, ue_low=[-19, -19, 0.5], ue_high=[19, 19, 2.0])  # fmt: skip
+    model = MeshModel(scene, faces)
+    pts = np.c_[rng.uniform(-19.5, 19.5, (400, 2)), np.full(400, 1.5)]
+    inside = np.zeros(400, bool)
+    for low, high in buildings:
+        inside |= np.all((pts > np.asarray(low)) & (pts < np.asarray(high)), axis=1)
+    assert 0.1 < inside.mean() < 0.9
+    np.testing.assert_array_equal(model.in_air(pts), ~inside)
+    with pytest.raises(ValueError, match="inside a solid.*'brick'"):
+        model.check_domain("x", pts[inside][0])
+    assert np.all(np.isfinite(jax.vmap(model.mean)(jnp.asarray(pts[~inside][:8]))))
+    # trusting the files' normals, the ground and the reversed triangles decide wrongly
+    trusted = scene_faces(meshes, frequency_hz=FREQ, orient=False)
+    probe = dj.Scene(ap_positions=aps[:1], wavelength=0.375, eps_r=5.24 - 0.87j, tx_power=1e-4,
+                     noise_power=1e-13, ue_low=[-19, -19, 0.5], ue_high=[19, 19, 2.0])  # fmt: skip
+    try:
+        agree = np.mean(MeshModel(probe, trusted).in_air(pts) == ~inside)
+    except ValueError:  # the AP itself counted inside a solid
+        agree = 0.0
+    assert agree < 1.0
+
+
+def test_float32_city_coordinates_load_where_merged_polygons_are_not_planar(tmp_path):
+    """A float32 PLY far from the origin (a city's coordinates, 61 um between neighbouring
+    float32 values): a near-planar quad with a corner one or two float32 steps off the
+    others' plane is split into its two triangles, and two coplanar-looking triangles whose
+    union is not planar to 1 um stay two triangles."""
+    base = np.array([512.25, -731.5, 0.0])
+    quad = base + np.array([[0, 0, 0], [7.3, 0, 0], [7.3, 0.0, 11.1], [0, 6.2e-5, 11.1]])
+    tri_a = base + np.array([[20, 0, 0], [27, 0, 0], [27, 0, 9]])
+    tri_b = base + np.array([[20, 0, 0], [27, 0, 9], [20, 1.2e-4, 9]])
+    v = np.concatenate([quad, tri_a, tri_b]).astype(np.float32)
+    head = (
+        f"ply\nformat binary_little_endian 1.0\nelement vertex {len(v)}\nproperty float x\n"
+        "property float y\nproperty float z\nelement face 3\n"
+        "property list uchar int vertex_indices\nend_header\n"
+    )
+    body = v.tobytes() + struct.pack("<B4i", 4, 0, 1, 2, 3)
+    body += struct.pack("<B3i", 3, 4, 5, 6) + struct.pack("<B3i", 3, 7, 8, 9)
+    (tmp_path / "m.ply").write_bytes(head.encode() + body)
+    (tmp_path / "s.xml").write_text(
+        '<scene><bsdf type="itu-radio-material" id="m"><string name="type" value="marble"/>'
+        '</bsdf><shape type="ply"><string name="filename" value="m.ply"/><ref id="m"/></shape>'
+        "</scene>"
+    )
+    faces = load_mitsuba(tmp_path / "s.xml", frequency_hz=FREQ)
+    assert [f.num_vertices for f in faces] == [3, 3, 3, 3]
+    assert all(f.sheet for f in faces)  # open surfaces
+    area = sum(
+        0.5 * np.linalg.norm(np.cross(*(np.asarray(f.vertices)[1:] - np.asarray(f.vertices)[0])))
+        for f in faces
+    )
+    assert area == pytest.approx(7.3 * 11.1 + 7 * 9, rel=1e-6)
+
+
+def test_a_polygon_a_mesh_holds_twice_loads_once(tmp_path):
+    wall = np.array([[0, 0, 0], [4, 0, 0], [4, 0, 3], [0, 0, 3]], float)
+    _write_mesh_obj(tmp_path / "w.obj", [("glass", [wall, wall[::-1], wall + [0, 2, 0]])])
+    faces = load_obj(tmp_path / "w.obj", frequency_hz=FREQ)
+    assert len(faces) == 2 and all(f.sheet for f in faces)
+
+
+def test_a_sheet_bounds_no_solid():
+    """A plate whose normal points away from a UE is met from behind by the inside check's
+    rays: as a sheet the UE is in the air."""
+    room = box_faces(SCENE.room_size, floor="concrete", walls="concrete", frequency_hz=FREQ)
+    plate = [[3, 2, 0.5], [3, 8, 0.5], [3, 8, 3.5], [3, 2, 3.5]]  # normal +x, x behind it
+    x = jnp.array([2.5, 5.0, 1.0])
+    for sheet in (False, True):
+        model = MeshModel(SCENE, [*room, dj.Face(plate, "glass", name="plate",
+                                                  frequency_hz=FREQ, sheet=sheet)])  # fmt: skip
+        assert bool(model.in_air(x[None])[0]) == sheet
+    assert "sheet" in repr(dj.Face(plate, "glass", frequency_hz=FREQ, sheet=True))
+    with pytest.raises(ValueError, match="sheet must be True or False"):
+        dj.Face(plate, "glass", frequency_hz=FREQ, sheet="yes")

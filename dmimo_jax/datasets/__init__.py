@@ -11,11 +11,15 @@ The data are never shipped with the package: every loader takes a folder.
 """
 
 from dmimo_jax.datasets.meshes import (
+    convex_polygons,
     faces_from_mesh,
     load_mitsuba,
     load_obj,
+    orient_polygons,
     read_obj,
     read_ply,
+    scene_faces,
+    winding_numbers,
 )
 from dmimo_jax.datasets.techtile import (
     TECHTILE_FREQUENCY_HZ,
@@ -40,9 +44,13 @@ from dmimo_jax.datasets.worlds import (
 from dmimo_jax.datasets.worlds import synthetic_deployment  # noqa: F401
 
 __all__ = [
+    "convex_polygons",
     "faces_from_mesh",
     "load_mitsuba",
     "load_obj",
+    "orient_polygons",
+    "winding_numbers",
+    "scene_faces",
     "read_obj",
     "read_ply",
     "FACE_MATERIALS",

@@ -29,6 +29,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from jax.typing import ArrayLike
 
 from dmimo_jax.materials import ITU_MATERIALS
 from dmimo_jax.physics import Face
@@ -225,29 +226,188 @@ def triangulate(poly: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def _merge_coplanar(polys: list[np.ndarray]) -> list[np.ndarray]:
-    """Coplanar polygons whose union is convex become that union (its hull); others stay."""
+def _components(polygons: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Connectivity of polygons that share vertices by position: per polygon, its component
+    (polygons joined across edges that exactly two polygons share), whether it must be
+    reversed to traverse every such edge opposite to its neighbour, and whether its
+    component is closed and consistently orientable (every edge shared by exactly two of its
+    polygons)."""
+    pts = np.concatenate([np.asarray(p, float) for p in polygons])
+    scale = max(float(np.ptp(pts, axis=0).max()), 1e-300)
+    _, ids = np.unique(np.round(pts / (1e-7 * scale)).astype(np.int64), axis=0, return_inverse=True)
+    ids = ids.reshape(-1)
+    edges: dict[tuple[int, int], list[tuple[int, bool]]] = {}
+    start = 0
+    for i, p in enumerate(polygons):
+        k = ids[start : start + len(p)]
+        start += len(p)
+        for a, b in zip(k, np.roll(k, -1), strict=True):
+            edges.setdefault((min(a, b), max(a, b)), []).append((i, bool(a < b)))
+    neighbours: list[list[tuple[int, bool, bool]]] = [[] for _ in polygons]
+    manifold = np.ones(len(polygons), bool)
+    for users in edges.values():
+        if len(users) == 2:
+            (i, di), (j, dj) = users
+            neighbours[i].append((j, di, dj))
+            neighbours[j].append((i, dj, di))
+        else:
+            for i, _ in users:
+                manifold[i] = False
+    comp = np.full(len(polygons), -1)
+    flip = np.zeros(len(polygons), bool)
+    closed = np.zeros(len(polygons), bool)
+    for seed in range(len(polygons)):
+        if comp[seed] >= 0:
+            continue
+        comp[seed], stack, members, consistent = seed, [seed], [seed], True
+        while stack:
+            i = stack.pop()
+            for j, di, dj in neighbours[i]:
+                want = flip[i] ^ (di == dj)  # opposite directions along the shared edge
+                if comp[j] < 0:
+                    comp[j], flip[j] = seed, want
+                    stack.append(j)
+                    members.append(j)
+                elif flip[j] != want:
+                    consistent = False  # a non-orientable surface (a Moebius strip)
+        closed[members] = consistent and bool(np.all(manifold[members]))
+    return comp, flip, closed
+
+
+def winding_numbers(points: np.ndarray, triangles: np.ndarray) -> np.ndarray:
+    """The generalized winding number (P,) of a closed surface of ``triangles`` (T, 3, 3)
+    about ``points`` (P, 3): the solid angle it subtends over 4 pi (Van Oosterom and
+    Strackee's formula). With the normals out of the solid: 1 inside, 0 outside, 1/2 on a
+    face (less on an edge); no ray is cast, so no grazing ray can miscount."""
+    out = np.zeros(len(points))
+    step = max(1, 2**18 // max(len(triangles), 1))
+    for k in range(0, len(points), step):
+        r = triangles[None] - points[k : k + step, None, None, :]  # (p, T, 3, 3)
+        a, b, c = r[..., 0, :], r[..., 1, :], r[..., 2, :]
+        la, lb, lc = (np.linalg.norm(x, axis=-1) for x in (a, b, c))
+        det = np.sum(a * np.cross(b, c), axis=-1)
+        den = (
+            la * lb * lc + np.sum(a * b, -1) * lc + np.sum(a * c, -1) * lb + np.sum(b * c, -1) * la
+        )
+        out[k : k + step] = np.sum(np.arctan2(det, den), axis=-1) / (2.0 * np.pi)
+    return out
+
+
+def orient_polygons(
+    polygons: Sequence[np.ndarray], air: ArrayLike | None = None
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """Orient a scene's polygons from their connectivity, not from the file's vertex order.
+
+    Polygons that share an edge (by vertex position) form a surface, made consistently
+    oriented (each shared edge traversed opposite ways). A **closed** surface (every edge
+    shared by exactly two of its polygons) is either a solid (normals out of it) or a room
+    (normals into it): a room when more of the ``air`` points lie inside it than outside
+    (:func:`winding_numbers`; points on it, such as mounted APs, do not vote); without a
+    vote, a room when it encloses the centres of at least half of the scene's other
+    polygons (a box around a scene, or a box alone), else a solid. An **open** surface (a ground plane, a screen, a wall, a
+    building shell without a bottom) bounds nothing: it is a sheet, air on both sides
+    (:class:`~dmimo_jax.physics.Face`'s ``sheet``).
+
+    Args:
+        polygons: planar convex polygons, each (K, 3), metres.
+        air: (A, 3) points known to be in the air (the APs, the UE region's centre), or
+            None.
+
+    Returns:
+        ``(polygons, sheet)``: the polygons, reversed where needed, and (N,) bool.
+
+    Raises:
+        ValueError: ``air`` not (A, 3) finite points.
+    """
+    polys = [np.asarray(p, float) for p in polygons]
+    if not polys:
+        return [], np.zeros(0, bool)
+    pts = np.zeros((0, 3))
+    if air is not None:
+        pts = np.asarray(air, float)
+        pts = pts[None] if pts.ndim == 1 else pts
+        if pts.ndim != 2 or pts.shape[1] != 3 or not np.all(np.isfinite(pts)):
+            raise ValueError(f"air must be finite points (A, 3), got shape {np.shape(air)}")
+    comp, flip, closed = _components(polys)
+    polys = [p[::-1] if f else p for p, f in zip(polys, flip, strict=True)]
+    everything = np.concatenate(polys)
+    tol = 1e-9 * max(float(np.ptp(everything, axis=0).max()), 1.0)
+    for c in np.unique(comp[closed]):
+        members = np.flatnonzero(comp == c)
+        tris = np.array([t for i in members for t in _fan(polys[i])])
+        if np.sum(np.linalg.det(tris)) < 0:  # normals out of the enclosed volume
+            tris = tris[:, ::-1]
+            for i in members:
+                polys[i] = polys[i][::-1]
+        w = winding_numbers(pts, tris)
+        inside, outside = int(np.sum(w > 0.75)), int(np.sum(w < 0.25))
+        if inside == outside:  # no vote: a room when it encloses most of the rest
+            rest = [polys[i].mean(axis=0) for i in np.flatnonzero(comp != c)]
+            mine = tris.reshape(-1, 3)
+            near = [
+                x for x in rest if np.all(x >= mine.min(0) - tol) and np.all(x <= mine.max(0) + tol)
+            ]
+            room = 2 * len(near) >= len(rest) and (
+                not rest
+                or 2 * int(np.sum(winding_numbers(np.array(near).reshape(-1, 3), tris) > 0.5))
+                >= len(rest)
+            )
+        else:
+            room = inside > outside
+        if room:
+            for i in members:
+                polys[i] = polys[i][::-1]
+    return polys, ~closed
+
+
+def _fan(p: np.ndarray) -> list[np.ndarray]:
+    """A convex polygon's triangles from its first vertex, in its orientation."""
+    return [p[[0, k, k + 1]] for k in range(1, len(p) - 1)]
+
+
+def _merge_coplanar(
+    polys: list[np.ndarray], sheets: np.ndarray
+) -> tuple[list[np.ndarray], list[bool]]:
+    """Coplanar polygons (of one kind: sheets or not) whose union is a convex polygon become
+    that union (its hull); the others, and any union that is not a valid face (a float32
+    mesh's vertices off the merged plane), stay as they are."""
     groups: dict[tuple, list[tuple[np.ndarray, np.ndarray, float]]] = {}
-    for v in polys:
+    for v, sheet in zip(polys, sheets, strict=True):
         n = check_polygon("a mesh polygon", v)
         area = 0.5 * abs(float(np.cross(v[1:-1] - v[0], v[2:] - v[0]).sum(axis=0) @ n))
-        key = tuple(np.round(np.r_[n, n @ v[0]], 6))
+        key = (bool(sheet), *np.round(np.r_[n, n @ v[0]], 6))
         groups.setdefault(key, []).append((v, n, area))
-    out = []
-    for items in groups.values():
-        if len(items) == 1:
-            out.append(items[0][0])
-            continue
-        n = items[0][1]
-        pts = np.concatenate([v for v, _, _ in items])
-        hull = _hull_in_plane(pts, n)
-        hull_area = 0.5 * abs(float(np.cross(hull[1:-1] - hull[0], hull[2:] - hull[0]).sum(0) @ n))
-        total = sum(a for _, _, a in items)
-        if abs(hull_area - total) <= 1e-9 * max(total, 1e-12):
-            out.append(hull)
-        else:
-            out.extend(v for v, _, _ in items)
-    return out
+    out, kinds = [], []
+    for key, items in groups.items():
+        merged = [v for v, _, _ in items]
+        if len(items) > 1:
+            n = items[0][1]
+            hull = _hull_in_plane(np.concatenate(merged), n)
+            hull_area = 0.5 * abs(
+                float(np.cross(hull[1:-1] - hull[0], hull[2:] - hull[0]).sum(0) @ n)
+            )
+            total = sum(a for _, _, a in items)
+            if abs(hull_area - total) <= 1e-9 * max(total, 1e-12):
+                try:
+                    check_polygon("a merged polygon", hull)
+                    merged = [hull]
+                except ValueError:
+                    pass  # keep the polygons
+        out.extend(merged)
+        kinds.extend([key[0]] * len(merged))
+    return out, kinds
+
+
+def _distinct(polys: Sequence[np.ndarray]) -> list[int]:
+    """The indices of the polygons that are not repeats of an earlier one (the same vertices
+    in any cyclic order or direction, as a mesh that holds a wall twice)."""
+    seen, keep = set(), []
+    for i, p in enumerate(polys):
+        key = tuple(sorted(map(tuple, np.round(np.asarray(p, float), 9).tolist())))
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return keep
 
 
 def _hull_in_plane(pts: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -289,6 +449,74 @@ def _spec(name: str, materials: Mapping[str, Any] | None) -> Any:
     )
 
 
+def convex_polygons(vertices: np.ndarray, polygons: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """The planar convex polygons (each (K, 3)) of a mesh: each polygon as it is when it is
+    one, else its triangles (:func:`triangulate`).
+
+    Raises:
+        ValueError: a degenerate polygon or one that is not simple.
+    """
+    v = np.asarray(vertices, float)
+    out = []
+    for p in polygons:
+        poly = v[np.asarray(p, int)]
+        try:
+            check_polygon("a mesh polygon", poly)
+            out.append(poly)
+        except ValueError:
+            if len(poly) == 3:
+                raise
+            out.extend(triangulate(poly))
+    return out
+
+
+def scene_faces(
+    meshes: Sequence[tuple[str, Sequence[np.ndarray]]],
+    *,
+    materials: Mapping[str, Any] | None = None,
+    frequency_hz: float | None = None,
+    convention: str = "itu",
+    merge: bool = True,
+    orient: bool = True,
+    air: ArrayLike | None = None,
+) -> tuple[Face, ...]:
+    """The faces of a scene given as ``(material name, convex polygons)`` pairs: oriented
+    from the connectivity of all of them together (:func:`orient_polygons`, unless
+    ``orient=False``: then the vertex order is trusted and no face is a sheet), coplanar
+    polygons of one mesh merged where their union is convex and repeated ones dropped
+    (a polygon a mesh holds twice would count its bounce twice), materials as the loaders
+    take them (module docstring).
+
+    Raises:
+        ValueError: a material that is not known, ``air`` not points (A, 3).
+    """
+    meshes = [(name, [ps[i] for i in _distinct(ps)]) for name, ps in meshes]
+    polys = [p for _, ps in meshes for p in ps]
+    if orient:
+        polys, sheets = orient_polygons(polys, air)
+    else:
+        sheets = np.zeros(len(polys), bool)
+    out: list[Face] = []
+    start = 0
+    for name, ps in meshes:  # one mesh at a time: a union is never across two meshes
+        mine, kinds = polys[start : start + len(ps)], sheets[start : start + len(ps)]
+        start += len(ps)
+        if merge:
+            mine, kinds = _merge_coplanar(mine, kinds)
+            keep = _distinct(mine)  # two unions can be the same polygon
+            mine, kinds = [mine[i] for i in keep], [kinds[i] for i in keep]
+        spec = _spec(name, materials)
+        if isinstance(spec, str) and spec == "metal":
+            spec = None
+        out.extend(
+            Face(
+                p, spec, name=name, frequency_hz=frequency_hz, convention=convention, sheet=bool(k)
+            )
+            for p, k in zip(mine, kinds, strict=True)
+        )
+    return tuple(out)
+
+
 def faces_from_mesh(
     vertices: np.ndarray,
     polygons: Sequence[Sequence[int]],
@@ -298,34 +526,20 @@ def faces_from_mesh(
     frequency_hz: float | None = None,
     convention: str = "itu",
     merge: bool = True,
+    orient: bool = True,
+    air: ArrayLike | None = None,
 ) -> tuple[Face, ...]:
-    """Faces of one mesh of one material ``name``: each polygon (split into triangles by
-    :func:`triangulate` when it is not a convex planar polygon), coplanar triangles merged
-    where their union is convex.
+    """Faces of one mesh of one material ``name``: its :func:`convex_polygons`, oriented and
+    merged by :func:`scene_faces`.
 
     Raises:
         ValueError: a degenerate polygon, one that is not simple, a material that is not
             known (see module).
     """
-    v = np.asarray(vertices, float)
-    polys = []
-    for p in polygons:
-        poly = v[np.asarray(p, int)]
-        try:
-            check_polygon("a mesh polygon", poly)
-            polys.append(poly)
-        except ValueError:
-            if len(poly) == 3:
-                raise
-            polys.extend(triangulate(poly))
-    if merge:
-        polys = _merge_coplanar(polys)
-    spec = _spec(name, materials)
-    if isinstance(spec, str) and spec == "metal":
-        spec = None
-    return tuple(
-        Face(p, spec, name=name, frequency_hz=frequency_hz, convention=convention) for p in polys
-    )
+    return scene_faces(
+        [(name, convex_polygons(vertices, polygons))], materials=materials,
+        frequency_hz=frequency_hz, convention=convention, merge=merge, orient=orient, air=air,
+    )  # fmt: skip
 
 
 def read_obj(path: str | pathlib.Path) -> tuple[np.ndarray, dict[str, list[list[int]]]]:
@@ -388,37 +602,56 @@ def load_obj(
     frequency_hz: float | None = None,
     convention: str = "itu",
     merge: bool = True,
+    orient: bool = True,
+    air: ArrayLike | None = None,
 ) -> tuple[Face, ...]:
     """The faces of a Wavefront OBJ file (:func:`read_obj`), one material per name.
 
     Args:
         path: the ``.obj`` file (text; its groups or ``usemtl`` names name the materials).
         materials: a material for a name of the file: a complex relative permittivity, an
-            ITU-R P.2040 name (``"concrete"``; ``"metal"``) or None (a perfect conductor). Names not given
-            here must be ITU names themselves (``"concrete"``, ``"itu_concrete"``,
-            ``"mat-itu_concrete"``).
+            ITU-R P.2040 name (``"concrete"``; ``"metal"``) or None (a perfect conductor).
+            Names not given here must be ITU names themselves (``"concrete"``,
+            ``"itu_concrete"``, ``"mat-itu_concrete"``).
         frequency_hz: the carrier at which ITU material names are evaluated (needed when a
             material is a name).
         convention: ``"itu"`` (f in GHz, the correct one) or ``"paper"`` (f in Hz: the
             paper's permittivity, :func:`~dmimo_jax.materials.relative_permittivity`).
         merge: merge coplanar triangles where their union is convex (fewer faces, the same
             surfaces).
+        orient: decide each face's air side from the meshes' connectivity
+            (:func:`orient_polygons`: closed meshes are solids or rooms, open ones sheets)
+            instead of trusting the file's vertex order.
+        air: (A, 3) points known to be in the air, e.g. the scene's APs: a closed mesh
+            around most of them is a room (its normals point in), not a solid.
 
     Returns:
         The faces (``Face``), ready for :class:`~dmimo_jax.physics.MeshModel`.
 
     Raises:
         ValueError: what :func:`read_obj` refuses, a degenerate polygon, a material that
-            is not known.
+            is not known, ``air`` not points.
+
+    Examples:
+        A room exported the usual way (normals out of the box) becomes a room around its
+        APs:
+
+        >>> import pathlib, tempfile
+        >>> corners = [(x, y, z) for x in (0, 4) for y in (0, 3) for z in (0, 2.5)]
+        >>> quads = [(1, 2, 4, 3), (5, 7, 8, 6), (1, 5, 6, 2), (3, 4, 8, 7), (1, 3, 7, 5),
+        ...          (2, 6, 8, 4)]
+        >>> text = "".join(f"v {x} {y} {z}\\n" for x, y, z in corners)
+        >>> text += "usemtl concrete\\n" + "".join(f"f {a} {b} {c} {d}\\n" for a, b, c, d in quads)
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "room.obj"
+        >>> _ = path.write_text(text)
+        >>> faces = load_obj(path, frequency_hz=800e6, air=[[2.0, 1.5, 1.0]])
+        >>> [f.normal.tolist() for f in faces if f.normal[2] != 0]  # floor up, ceiling down
+        [[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]
     """
     v, groups = read_obj(path)
-    out: list[Face] = []
-    for name, polys in groups.items():
-        out.extend(
-            faces_from_mesh(v, polys, name, materials=materials, frequency_hz=frequency_hz,
-                            convention=convention, merge=merge)
-        )  # fmt: skip
-    return tuple(out)
+    meshes = [(name, convex_polygons(v, polys)) for name, polys in groups.items()]
+    return scene_faces(meshes, materials=materials, frequency_hz=frequency_hz,
+                       convention=convention, merge=merge, orient=orient, air=air)  # fmt: skip
 
 
 def _bsdf_material(bsdf: ET.Element) -> str:
@@ -437,9 +670,33 @@ def load_mitsuba(
     frequency_hz: float | None = None,
     convention: str = "itu",
     merge: bool = True,
+    orient: bool = True,
+    air: ArrayLike | None = None,
 ) -> tuple[Face, ...]:
     """The faces of a Mitsuba XML scene's PLY (or OBJ) shapes, named by their materials (see
-    the module docstring); mesh paths are relative to the XML file.
+    the module docstring), all shapes oriented together from their connectivity (a building
+    split into one file per material is one solid).
+
+    Args:
+        path: the ``.xml`` scene; its meshes' paths are relative to it.
+        materials: a material for a name of the file: a complex relative permittivity, an
+            ITU-R P.2040 name (``"concrete"``; ``"metal"``) or None (a perfect conductor).
+            Names not given here must be ITU names themselves (``"concrete"``,
+            ``"itu_concrete"``, ``"mat-itu_concrete"``).
+        frequency_hz: the carrier at which ITU material names are evaluated (needed when a
+            material is a name).
+        convention: ``"itu"`` (f in GHz, the correct one) or ``"paper"`` (f in Hz: the
+            paper's permittivity, :func:`~dmimo_jax.materials.relative_permittivity`).
+        merge: merge coplanar triangles where their union is convex (fewer faces, the same
+            surfaces).
+        orient: decide each face's air side from the meshes' connectivity
+            (:func:`orient_polygons`: closed meshes are solids or rooms, open ones sheets)
+            instead of trusting the file's vertex order.
+        air: (A, 3) points known to be in the air, e.g. the scene's APs: a closed mesh
+            around most of them is a room (its normals point in), not a solid.
+
+    Returns:
+        The faces (``Face``), ready for :class:`~dmimo_jax.physics.MeshModel`.
 
     Raises:
         ValueError: malformed or empty XML (with the file), a shape without a material or a
@@ -452,7 +709,7 @@ def load_mitsuba(
     except ET.ParseError as e:
         raise ValueError(f"{path}: not a Mitsuba XML scene ({e})") from None
     bsdfs = {b.get("id"): _bsdf_material(b) for b in root.iter("bsdf") if b.get("id")}
-    out: list[Face] = []
+    meshes: list[tuple[str, list[np.ndarray]]] = []
     for i, shape in enumerate(root.iter("shape")):
         label = shape.get("id", f"shape {i}")
         kind = shape.get("type")
@@ -477,8 +734,6 @@ def load_mitsuba(
             polys = [p for g in groups.values() for p in g]
         else:
             v, polys = read_ply(mesh)
-        out.extend(
-            faces_from_mesh(v, polys, name, materials=materials, frequency_hz=frequency_hz,
-                            convention=convention, merge=merge)
-        )  # fmt: skip
-    return tuple(out)
+        meshes.append((name, convex_polygons(v, polys)))
+    return scene_faces(meshes, materials=materials, frequency_hz=frequency_hz,
+                       convention=convention, merge=merge, orient=orient, air=air)  # fmt: skip

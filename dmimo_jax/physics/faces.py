@@ -39,7 +39,11 @@ nothing blocks).
 **Orientation.** A face's normal follows its vertex order (right-hand rule) and points to the
 air: out of a solid (a pillar, a cabinet), into the room for a room's walls. It matters for
 one thing only, the check that a position is not inside a solid (:meth:`MeshModel.check_domain`:
-the first face a fixed ray from the position meets must be met from its front).
+the first face a fixed ray from the position meets must be met from its front). A **sheet**
+(``Face(..., sheet=True)``: a screen, a ground plane, any open surface) has air on both sides:
+it bounds no solid and the check looks through it. Scenes loaded from files get their
+orientation and their sheets from the meshes' connectivity, not from the files' normals
+(:func:`~dmimo_jax.datasets.orient_polygons`).
 
 **Boundaries.** Across a shadow boundary or a face's edge a path appears or disappears, so
 the phase jumps there; the gradient is that of the paths present (finite everywhere, no NaN),
@@ -137,6 +141,8 @@ class Face:
         perfect_conductor: :math:`\Gamma=-1` at every angle (static).
         name: the material's label (static): faces that share a name share a material when
             :func:`~dmimo_jax.calibration.calibrate` fits ``"surfaces"``.
+        sheet: an open surface with air on both sides (static): it bounds no solid, so the
+            inside-a-solid check (:meth:`MeshModel.check_domain`) ignores its normal.
 
     Args:
         vertices: as above (a planar convex polygon).
@@ -147,6 +153,7 @@ class Face:
         frequency_hz: carrier frequency for a material name.
         convention: ``"itu"`` (default) or ``"paper"`` (:mod:`dmimo_jax.materials`).
         dtype: float dtype of the leaves (default JAX's).
+        sheet: as above (default False: the normal points to the air).
 
     Raises:
         ValueError: vertices not (K >= 3, 3), non-finite, degenerate, non-planar or not
@@ -164,6 +171,7 @@ class Face:
     eps_r: Array
     perfect_conductor: bool = static_field()
     name: str = static_field()
+    sheet: bool = static_field()
 
     def __init__(
         self,
@@ -174,9 +182,12 @@ class Face:
         frequency_hz: float | None = None,
         convention: str = "itu",
         dtype: Any = None,
+        sheet: bool = False,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
+        if not isinstance(sheet, bool | np.bool_):
+            raise ValueError(f"sheet must be True or False, got {sheet!r}")
         fdt = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
         cdt = jnp.result_type(fdt, jnp.complex64)
         n = check_polygon(f"vertices of face {name!r}", vertices)
@@ -189,6 +200,7 @@ class Face:
         object.__setattr__(self, "eps_r", jnp.asarray(eps, cdt))
         object.__setattr__(self, "perfect_conductor", bool(pec))
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "sheet", bool(sheet))
 
     @property
     def num_vertices(self) -> int:
@@ -209,13 +221,14 @@ class Face:
 
     def _replace(self, **changes: Any) -> Face:
         out = object.__new__(Face)
-        for field in ("vertices", "normal", "eps_r", "perfect_conductor", "name"):
+        for field in ("vertices", "normal", "eps_r", "perfect_conductor", "name", "sheet"):
             object.__setattr__(out, field, changes.get(field, getattr(self, field)))
         return out
 
     def __repr__(self) -> str:
         mat = "PEC" if self.perfect_conductor else f"eps_r={complex(self.eps_r):.4g}"
-        return f"Face({self.name!r}, K={self.num_vertices}, {mat})"
+        sheet = ", sheet" if self.sheet else ""
+        return f"Face({self.name!r}, K={self.num_vertices}, {mat}{sheet})"
 
 
 def cuboid_faces(
@@ -325,8 +338,8 @@ def box_faces(
 
 
 class _Stacked(NamedTuple):
-    """Faces as arrays: points q (F, 3), normals n (F, 3), permittivities (F,), PEC flags (F,)
-    (NumPy), and per edge the in-plane inward unit normal w (F, K, 3) and offset c (F, K)
+    """Faces as arrays: points q (F, 3), normals n (F, 3), permittivities (F,), PEC and sheet
+    flags (F,) (NumPy), and per edge the in-plane inward unit normal w (F, K, 3) and offset c (F, K)
     (a point p of the plane is inside when p.w - c >= 0 on every edge; padded edges pass)."""
 
     q: Array
@@ -335,6 +348,7 @@ class _Stacked(NamedTuple):
     pec: np.ndarray
     w: Array
     c: Array
+    sheet: np.ndarray
 
 
 def _stack_faces(faces: Sequence[Face]) -> _Stacked:
@@ -356,6 +370,7 @@ def _stack_faces(faces: Sequence[Face]) -> _Stacked:
         np.array([f.perfect_conductor for f in faces]),
         jnp.stack(ws),
         jnp.stack(cs),
+        np.array([f.sheet for f in faces]),
     )
 
 
@@ -404,14 +419,14 @@ def _own_margin(p: Array, st: _Stacked, face: np.ndarray) -> Array:
 
 
 def _subset(st: _Stacked, idx: np.ndarray) -> _Stacked:
-    return _Stacked(st.q[idx], st.n[idx], st.eps[idx], st.pec[idx], st.w[idx], st.c[idx])
+    return _Stacked(*(v[idx] for v in st))
 
 
 def occluders(faces: Sequence[Face], scene: Scene) -> tuple[int, ...]:
     """Indices of the faces that can block a path: all but those whose plane has every face's
-    vertices, every AP and the whole UE region (``scene.ue_low``/``ue_high``) on its front
-    side (a room's enclosure: no segment between such points crosses it). Every face when
-    anything is traced."""
+    vertices, every AP and the whole UE region (``scene.ue_low``/``ue_high``) on one side
+    (a room's enclosure, a ground plane under everything: no segment between such points
+    crosses it). Every face when anything is traced."""
     if not is_concrete([f.vertices for f in faces], scene.ap_positions, scene.ue_low):
         return tuple(range(len(faces)))
     lo, hi = np.asarray(scene.ue_low, float), np.asarray(scene.ue_high, float)
@@ -420,12 +435,16 @@ def occluders(faces: Sequence[Face], scene: Scene) -> tuple[int, ...]:
         [np.asarray(f.vertices, float) for f in faces]
         + [np.asarray(scene.ap_positions, float), corners]
     )
-    out = []
-    for k, f in enumerate(faces):
-        h = (pts - np.asarray(f.vertices[0], float)) @ np.asarray(f.normal, float)
-        if np.any(h < -MOUNT_TOLERANCE):
-            out.append(k)
-    return tuple(out)
+    q = np.stack([np.asarray(f.vertices[0], float) for f in faces])
+    n = np.stack([np.asarray(f.normal, float) for f in faces])
+    offset = np.sum(q * n, axis=1)
+    below, above = np.zeros(len(faces), bool), np.zeros(len(faces), bool)
+    step = max(1, 2**24 // max(len(pts), 1))  # (points x faces) in blocks of 16 M heights
+    for k in range(0, len(faces), step):
+        h = pts @ n[k : k + step].T - offset[None, k : k + step]
+        below[k : k + step] = np.any(h < -MOUNT_TOLERANCE, axis=0)
+        above[k : k + step] = np.any(h > MOUNT_TOLERANCE, axis=0)
+    return tuple(int(k) for k in np.flatnonzero(below & above))
 
 
 class MeshPaths(NamedTuple):
@@ -539,8 +558,9 @@ def mesh_paths(
 
 
 def _first_hit(point: np.ndarray, st: _Stacked, direction: np.ndarray) -> tuple[int, float]:
-    """(face index, direction . normal) of the first face a ray from ``point`` meets (its
-    interior or edges), or (-1, 0) when it meets none. NumPy, concrete faces."""
+    """(face index, direction . normal) of the first face that is not a sheet a ray from
+    ``point`` meets (its interior or edges), or (-1, 0) when it meets none. NumPy, concrete
+    faces."""
     q, n = np.asarray(st.q), np.asarray(st.n)
     w, c = np.asarray(st.w), np.asarray(st.c)
     h = np.sum((point[None, :] - q) * n, axis=-1)
@@ -550,7 +570,7 @@ def _first_hit(point: np.ndarray, st: _Stacked, direction: np.ndarray) -> tuple[
     hit = point[None, :] + t[:, None] * direction[None, :]
     # a ray through an edge meets both faces there (a lenient margin: no slipping between)
     inside = np.min(np.einsum("fd,fkd->fk", hit, w) - c, axis=-1) >= -MOUNT_TOLERANCE
-    t = np.where((t > MOUNT_TOLERANCE) & inside, t, np.inf)
+    t = np.where((t > MOUNT_TOLERANCE) & inside & ~st.sheet, t, np.inf)
     k = int(np.argmin(t))
     return (k, float(dn[k])) if np.isfinite(t[k]) else (-1, 0.0)
 
@@ -674,9 +694,9 @@ class MeshModel(PhasorSumModel):
             raise ValueError(
                 f"blockers must be distinct face indices in [0, {len(faces)}), got {blockers}"
             )
+        check_path_memory(scene.num_aps, len(faces), len(blockers), faces, order)
         if is_concrete([f.vertices for f in faces]):
             check_distinct_faces(faces)
-        check_path_memory(scene.num_aps, len(faces), len(blockers), faces, order)
         object.__setattr__(self, "scene", scene)
         object.__setattr__(self, "faces", faces)
         object.__setattr__(self, "order", order)
