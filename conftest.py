@@ -74,36 +74,54 @@ def _xla_optimized_if_marked(request):
 # The longest files first. xdist's `--dist loadfile` hands each worker one file at a time
 # in collection order (`--no-loadscope-reorder`; its default orders files by their number
 # of tests), so a long file started last keeps one core busy after the other is idle.
-# Seconds of one worker, `python -m pytest --durations=0` summed per file (2026-11-25, after
-# the unlabeled calibration's tests):
+# Seconds of one worker, `python -m pytest --junitxml=...` summed per file (2026-11-28, a
+# fresh compilation cache, after the tests over about 6 s moved to the slow tier):
 # a stale entry only costs balance, never a result. Files not listed run after these.
 LONGEST_FILES = (
-    "tests/test_examples.py",  # 77 s
-    "tests/test_tracking.py",  # 56 s
-    "tests/test_calibration_deployment.py",  # 49 s (with this stop's status tests, about 70 s)
-    "tests/test_pipeline.py",  # 40 s
-    "tests/test_locator.py",  # 40 s (the program compiles)
-    "tests/test_candidates.py",  # 34 s
-    "tests/test_datasets.py",  # 33 s
-    "tests/test_learning.py",  # 32 s
-    "tests/test_gp.py",  # 28 s
-    "tests/test_offline_online.py",  # 27 s
-    "tests/test_grid.py",  # 25 s
-    "tests/test_bad_input.py",  # 20 s
-    "tests/test_calibration_materials.py",  # 16 s
-    "tests/test_physics.py",  # 16 s
-    "docs/index.md",  # 13 s
-    "tests/test_receivers.py",  # 20 s (this stop)
-    "tests/test_design.py",  # 13 s
-    "tests/test_structure.py",  # 12 s
-    "tests/test_antenna.py",  # 12 s
-    "tests/test_bounds.py",  # 12 s
+    "tests/test_offline_online.py",  # 48 s (the Locator's program compiles)
+    "tests/test_tracking.py",  # 42 s
+    "tests/test_candidates.py",  # 32 s
+    "tests/test_bad_input.py",  # 27 s
+    "tests/test_physics.py",  # 25 s
+    "tests/test_gp.py",  # 23 s
+    "tests/test_learning.py",  # 21 s
+    "tests/test_calibration_deployment.py",  # 19 s
+    "tests/test_mle.py",  # 18 s
+    "tests/test_grid.py",  # 18 s
+    "docs/index.md",  # 17 s
+    "tests/test_calibration_materials.py",  # 17 s
+    "tests/test_antenna.py",  # 16 s
+    "tests/test_pipeline.py",  # 16 s
+    "tests/test_datasets.py",  # 15 s
+    "tests/test_faces.py",  # 15 s
+    "tests/test_bounds.py",  # 15 s
+    "tests/test_structure.py",  # 14 s
+    "tests/test_meshes.py",  # 13 s
+    "tests/test_image_source.py",  # 11 s
+)
+
+
+# The slow tests run with `--dist load` (test by test): the longest first, so that the last
+# ones to start are short and both cores finish together (their seconds in the last CI run,
+# 2026-11-28; a stale entry only costs balance).
+LONGEST_SLOW_TESTS = (
+    "tests/test_locator.py::test_jit_vmap_and_the_plain_call_agree[cells]",  # 135 s
+    "tests/test_examples.py::test_calibrate_material_example_tiny",  # 103 s
+    "tests/test_examples.py::test_quickstart_tiny",  # 102 s
+    "tests/test_locator.py::test_jit_vmap_and_the_plain_call_agree[popt]",  # 87 s
+    "tests/test_examples.py::test_deployment_example_tiny",  # 82 s
+    "tests/test_examples.py::test_deployment_example_with_unlabeled_snapshots",  # 76 s
 )
 
 
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("markexpr", "") == "slow":
+        rank = {nodeid: i for i, nodeid in enumerate(LONGEST_SLOW_TESTS)}
+        items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
+        return
     rank = {path: i for i, path in enumerate(LONGEST_FILES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
 
 # docs/hooks/ holds the docs build's MkDocs hooks and griffe extension: they import the docs
 # extra (griffe), which the test command does not install, and hold no doctests

@@ -470,6 +470,7 @@ def test_calibration_helpers_name_bad_arguments():
         post.interval(1.5)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_material_posterior_refuses_a_missing_key_and_a_foreign_start():
     from dmimo_jax.calibration import fit_surfaces, material_posterior
 
@@ -614,6 +615,7 @@ def test_round_four_arguments_are_refused_by_name():
         dj.calibration.calibrate_receivers("two-ray", jnp.ones((3, 3)), jnp.ones((3, 17), complex))
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_run_offline_refuses_another_carrier_and_a_calibration_of_receivers():
     from dmimo_jax import receivers as rx
     from dmimo_jax.pipeline.offline import calibrated_model

@@ -177,6 +177,7 @@ def test_unlabeled_snapshots_inform_less_than_labeled_ones_more_than_none():
     assert np.all(ratio >= 1 - 1e-9)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_a_wrong_model_says_so():
     """A two-ray model fitted to room data: reduced chi-square far above 1, a warning, and
     standard errors inflated by its square root."""

@@ -79,6 +79,7 @@ def test_room_surfaces_calibrated_jointly():
         calibration.fit_surfaces(x, r, var, placeholder, surfaces=["ceiling"])
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_material_posterior_covers_the_truth():
     scene = dj.paper_scene(-20.0, "wood", convention="itu")
     x, r, var = _labeled(scene, seed=5)
@@ -91,6 +92,7 @@ def test_material_posterior_covers_the_truth():
     assert not np.any(np.asarray(post.diverging))
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_bad_input_raises_clear_errors():
     scene = dj.paper_scene(-20.0, convention="itu")
     x, r, var = _labeled(scene, num=4)

@@ -164,6 +164,7 @@ def tiny_classifier():
     return scene, model, cells, net
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_a_tiny_candidate_model_learns_a_tiny_region(tiny_classifier):
     scene, model, cells, net = tiny_classifier
     test = synthesize(jax.random.key(4), model, 1000)
@@ -184,6 +185,7 @@ def test_model_file_round_trip_of_the_cell_classifier(tiny_classifier, tmp_path)
     assert back.cells.shape == net.cells.shape
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_locate_candidates_falls_back_when_the_classifier_is_unsure(tiny_classifier):
     scene, model, cells, net = tiny_classifier
     table = est.cell_table(model, cells, spacing=0.05)
@@ -289,6 +291,7 @@ def small_gp():
         return exact, gp.TabulatedGPModel.from_model(exact)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_cheap_fine_stage_matches_exact_gp_refinement(small_gp):
     """Refinement under the tabulated GP of eq. (27) (cubic mean, tabulated variance) ==
     refinement under the exact GP (noise-free snapshots of the GP model itself), to below

@@ -25,6 +25,7 @@ def _snapshots(num, seed):
     return x, dj.simulate_phases_batch(k_n, MODEL, x, dj.random_cpos(k_c, num))
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_one_program_equals_egs_then_refine(table):
     x, r = _snapshots(6, 0)
     out = est.exact_mle(r, MODEL, table)

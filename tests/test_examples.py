@@ -191,6 +191,7 @@ def test_gp_table_benchmark_quick(tmp_path, monkeypatch):
     assert rows[0]["max_abs_diff_rad"] < 1e-9  # the factorized table is the node-by-node one
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_train_throughput_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "tt.json"
     argv = ["--steps", "2", "--epochs", "2", "--only", "POPT cpu-preset", "MLP", "--json", str(out)]
@@ -207,6 +208,7 @@ def test_train_throughput_benchmark_quick(tmp_path, monkeypatch):
     assert rows[0]["preset_samples"] == pytest.approx(15 * 60_000 * 8 / 9)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_popt_region_scaling_tiny_and_resumable(tmp_path, monkeypatch):
     argv = ["--half-widths", "0.25", "--num-samples", "300", "--epochs", "1", "--num-test", "32"]
     argv += ["--out", str(tmp_path)]

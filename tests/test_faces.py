@@ -193,6 +193,7 @@ def test_a_path_is_dropped_when_its_specular_point_leaves_a_finite_face():
     assert_allclose(model.mean(x_in), two_ray.mean(x_in), rtol=0, atol=1e-12)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_a_plate_blocks_the_los_then_the_floor_bounce_when_it_grows():
     scene = _one_ap((0.0, 0.0, 3.0))
     x = jnp.array([4.0, 0.0, 1.0])

@@ -59,6 +59,7 @@ def _snapshots_in_box(n, seed, scene=SCENE):
     return xs, dj.simulate_phases_batch(jax.random.key(seed + 2), scene, xs, cpos)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_table_and_table_free_paths_agree():
     grid = est.make_grid(BOX_LOW, BOX_HIGH, LAM / 8)
     _, r = _snapshots_in_box(64, seed=3)
@@ -120,6 +121,7 @@ def test_egs_accepts_a_spacing():
     assert float(jnp.max(jnp.linalg.norm(res.x - xs, axis=1))) < LAM  # nearest lambda/2 cells
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_coarse_to_fine_matches_fine_egs_plus_refinement():
     xs, r = _snapshots_in_box(64, seed=15)
     fine = est.refine_batch(

@@ -105,6 +105,7 @@ def test_same_key_same_model_and_same_training():
     assert any(not np.array_equal(pa, pc) for pa, pc in zip(_params(a), _params(c), strict=True))
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_tiny_mlp_overfits_a_tiny_dataset():
     data = _data(40)
     net = MLPRegressor(17, MLPConfig(hidden=(64, 64)), low=LOW, high=HIGH, rngs=nnx.Rngs(0))
@@ -125,6 +126,7 @@ def test_tiny_popt_overfits_a_tiny_dataset():
     assert res.history[-1]["loss"] < 0.1 * res.history[0]["loss"], res.history[-1]
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_checkpoint_kill_and_resume_reproduces_the_uninterrupted_run(tmp_path):
     data = _data(400)
     cfg = TrainConfig(epochs=3, batch_size=50, val_fraction=0.25)

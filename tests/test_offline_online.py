@@ -102,15 +102,10 @@ def test_cells_locator_equals_the_composed_stages(trained):
     assert float(np.max(np.linalg.norm(np.asarray(out.x) - np.asarray(x), axis=1))) < 1e-3
 
 
-# the window program is compiled per network: one kind in the test command, the rest slow
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "popt",
-        pytest.param("mlp", marks=pytest.mark.slow),
-        pytest.param("hi", marks=pytest.mark.slow),
-    ],
-)
+# the window program is compiled per network (about 25 s each here): the cells program is the
+# test command's, the window programs the slow tests'
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["popt", "mlp", "hi"])
 def test_window_locator_equals_locate(trained, kind):
     _, off = trained
     r = _labeled(8, seed=4)[1]

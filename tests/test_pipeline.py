@@ -47,6 +47,7 @@ def _off_by(x, dist, seed=5):
     return x + dist * u / jnp.linalg.norm(u, axis=1, keepdims=True)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_tabulated_gp_mean_matches_the_exact_gp(gp_model, screen):
     x = dj.sample_positions(jax.random.key(0), 200, SCENE)
     d = jax.vmap(screen.mean)(x) - jax.vmap(gp_model.mean)(x)
@@ -96,6 +97,7 @@ def test_search_radius_covers_the_validation_errors():
     assert pipeline.search_radius(lambda _: x, r, x) == pytest.approx(0.1)  # the minimum
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_learned_estimators_plug_into_the_online_stage(gp_model, screen):
     data = synthesize(jax.random.key(0), TRUTH, 4)
     popt = POPT(17, POPTConfig.tiny(), low=SCENE.ue_low, high=SCENE.ue_high, rngs=nnx.Rngs(0))
@@ -140,6 +142,7 @@ def test_a_window_too_wide_without_a_table_is_a_clear_error(screen):
         )
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_stored_phase_model_fits_once_then_reloads_the_same_bits(tmp_path, monkeypatch):
     """A resumed run_offline must synthesize from the model it started with: a refit can
     differ in the last bits (GPU reductions), and the synthetic set's fingerprint with it."""

@@ -159,6 +159,7 @@ def test_complex_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out():
         )
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_per_ap_normal_equations_equal_autodiffs():
     """The calibration's normal equations by column compression (7 tangents for 17 APs'
     gains, constants and phase centres, a prior, unequal variances) are those of jax.jacfwd's
@@ -274,6 +275,7 @@ def test_whiten_gives_the_weighted_least_squares_residuals():
     np.testing.assert_allclose(2 * np.asarray(res4), np.asarray(res1), rtol=1e-10, atol=1e-18)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_whitened_search_is_more_accurate_under_unequal_noise():
     """Half the receivers 100x noisier (in variance): the whitened complex search's RMSE is
     below the unweighted one's, and equal variances change no position."""
@@ -457,6 +459,7 @@ def test_a_dead_receiver_and_a_snapshot_without_pilot_are_named():
         dj.estimators.complex_search(model, grid, h)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_complex_peb_checks_its_position_and_survives_an_ap_that_sees_nothing():
     """An AP the scene hides completely (a metal plate under it) drops out of the complex
     bound as it does from the phase-only one (finite, and at most the phase-only PEB: the

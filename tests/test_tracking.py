@@ -65,6 +65,7 @@ def test_constant_velocity_noise_matches_simulation():
     np.testing.assert_allclose(q[0, 3], 4.0 * 0.1**3 / 2)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_paths_bounce_inside_the_region(walked):
     # the fixture's 20 walks (2 s at 1.5 m/s from random starts: 6 bounces)
     path = walked["path"]
