@@ -102,6 +102,7 @@ from dmimo_jax.benchmarking import read_rows  # noqa: E402
 from dmimo_jax.calibration import (  # noqa: E402
     PHASE_CENTRE_PRIOR,
     SPOT_RADIUS,
+    Positions,
     Unlabeled,
     calibrate,
     calibrate_receivers,
@@ -251,10 +252,14 @@ def with_unlabeled(los, x, h, fitted, h_u, x0):
             x,
             h,
             labeled,
-            fit=("ap_positions", "receiver_gains", "receiver_constants"),
+            fit=(
+                Positions(
+                    prior=PHASE_CENTRE_PRIOR, start=fitted.calibration.values["ap_positions"]
+                ),
+                "receiver_gains",
+                "receiver_constants",
+            ),
             receivers=fitted.calibration.receivers,
-            position_prior=PHASE_CENTRE_PRIOR,
-            position_start=fitted.calibration.values["ap_positions"],
             unlabeled=unlabeled,
         )
     return ReceiverModel(cal.model, cal.receivers), var  # searched at best's variances

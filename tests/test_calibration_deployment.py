@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dmimo_jax as dj
-from dmimo_jax.calibration import Unlabeled, calibrate, offsets_closed_form
+from dmimo_jax.calibration import Positions, Surfaces, Unlabeled, calibrate, offsets_closed_form
 
 SCENE = dj.paper_scene(-10.0, convention="itu")
 M = SCENE.num_aps
@@ -236,45 +236,40 @@ _ROOM = dj.room_model(SCENE, ceiling=3.0, walls=3.0, floor=3.0)
             {"fit": "surfaces"},
             "TwoRayModel, an ImageSourceModel, a MeshModel or another CalibratableModel",
         ),
-        (_ROOM, {"fit": "surfaces", "surfaces": ["floor", "floor"]}, "must not repeat"),
-        (_ROOM, {"fit": "surfaces", "surfaces": ["roof"]}, "no reflector named 'roof'"),
-        (_ROOM, {"fit": "surfaces", "surfaces": ["ceiling"]}, "every AP is mounted"),
-        (_ROOM, {"fit": "ap_phase_offsets", "surfaces": ["floor"]}, "add 'surfaces' to fit"),
-        (_ROOM, {"fit": "surfaces", "starts": [1.0]}, "starts must be physical"),
-        (_ROOM, {"fit": "surfaces", "starts": ["metal"]}, "perfect conductor"),
-        (_ROOM, {"fit": "surfaces", "starts": [np.nan]}, "starts must be physical"),
+        (_ROOM, {"fit": Surfaces(names=["floor", "floor"])}, "must not repeat"),
+        (_ROOM, {"fit": Surfaces(names=["roof"])}, "no reflector named 'roof'"),
+        (_ROOM, {"fit": Surfaces(names=["ceiling"])}, "every AP is mounted"),
+        (_ROOM, {"fit": ("ap_positions", object())}, "fit must name groups"),
+        (_ROOM, {"fit": (Surfaces(), "surfaces")}, "must not repeat"),
+        (_ROOM, {"fit": Surfaces(starts=[1.0])}, "starts must be physical"),
+        (_ROOM, {"fit": Surfaces(starts=["metal"])}, "perfect conductor"),
+        (_ROOM, {"fit": Surfaces(starts=[np.nan])}, "starts must be physical"),
         (
             _ROOM,
-            {"fit": "ap_positions", "free_axes": np.ones((M, 3), bool)},
+            {"fit": Positions(free_axes=np.ones((M, 3), bool))},
             "off the surface it is mounted on",
         ),
-        (_ROOM, {"fit": "ap_positions", "free_axes": np.ones((M, 2), bool)}, "free_axes must"),
-        (_ROOM, {"fit": "ap_phase_offsets", "free_axes": np.ones((M, 3), bool)}, "add it to fit"),
+        (_ROOM, {"fit": Positions(free_axes=np.ones((M, 2), bool))}, "free_axes must"),
         (_ROOM, {"fit": "ap_phase_offsets", "num_steps": 0}, "num_steps"),
         (
             _ROOM,
             {
-                "fit": "ap_positions",
-                "position_start": np.asarray(_ROOM.scene.ap_positions) + [0.0, 0.0, 0.01],
+                "fit": Positions(start=np.asarray(_ROOM.scene.ap_positions) + [0.0, 0.0, 0.01]),
             },
-            "position_start moves an AP along a coordinate the fit keeps fixed",
+            "Positions.start moves an AP along a coordinate the fit keeps fixed",
         ),
         (
             dj.TwoRayModel(SCENE),
-            {"fit": "ap_phase_offsets", "position_start": np.asarray(SCENE.ap_positions)},
-            "position_start= starts 'ap_positions': add it to fit",
+            {"fit": Positions(start=np.ones((M - 1, 3)))},
+            r"Positions.start must have shape \(17, 3\)",
         ),
         (
             dj.TwoRayModel(SCENE),
-            {"fit": "ap_positions", "position_start": np.ones((M - 1, 3))},
-            r"position_start must have shape \(17, 3\)",
-        ),
-        (
-            dj.TwoRayModel(SCENE),
-            {"fit": "ap_positions", "position_start": np.full((M, 3), np.nan)},
-            "position_start",
+            {"fit": Positions(start=np.full((M, 3), np.nan))},
+            "Positions.start",
         ),
         (dj.TwoRayModel(SCENE), {"fit": "ap_positions", "jacobian": "numeric"}, "jacobian must"),
+        (dj.TwoRayModel(SCENE), {"fit": Positions(prior=0.0)}, "Positions.prior"),
     ],
 )
 def test_bad_calibration_requests_are_refused(model, kwargs, match):

@@ -22,7 +22,7 @@ def test_positions_move_only_the_free_coordinates_and_report_per_ap():
     free = np.zeros((M, 3), bool)
     free[3, 2] = free[5, :] = True
     g = groups.positions_group(MODEL, free)
-    assert isinstance(g, groups.Positions) and g.name == "ap_positions" and g.size == 4
+    assert isinstance(g, groups.PositionsGroup) and g.name == "ap_positions" and g.size == 4
     u = jnp.array([0.01, -0.02, 0.03, 0.04])
     moved = np.asarray(g.apply(MODEL, u).scene.ap_positions)
     delta = moved - np.asarray(SCENE.ap_positions)
@@ -38,12 +38,14 @@ def test_positions_move_only_the_free_coordinates_and_report_per_ap():
 def test_a_position_basis_that_couples_two_aps_has_no_per_ap_layout():
     basis = np.zeros((3 * M, 1))
     basis[0, 0] = basis[3, 0] = 2**-0.5  # AP 0's x and AP 1's x together
-    g = groups.Positions({"start": SCENE.ap_positions, "basis": jnp.asarray(basis)}, jnp.zeros(1))
+    g = groups.PositionsGroup(
+        {"start": SCENE.ap_positions, "basis": jnp.asarray(basis)}, jnp.zeros(1)
+    )
     assert g.per_ap_layout(M) is None
 
 
 def test_offsets_keep_the_gauge_and_apply_to_the_scene():
-    g = groups.Offsets({"first": jnp.array([0.3])}, jnp.zeros(M - 1))
+    g = groups.OffsetsGroup({"first": jnp.array([0.3])}, jnp.zeros(M - 1))
     u = jnp.linspace(-1.0, 1.0, M - 1)
     offsets = np.asarray(g.apply(MODEL, u).scene.ap_phase_offsets)
     assert offsets[0] == 0.3 and np.array_equal(offsets[1:], np.asarray(u))
@@ -94,12 +96,12 @@ def test_groups_are_pytrees_whose_layout_is_static():
     g = groups.positions_group(MODEL, None, prior_std=0.01)
     leaves, tree = jax.tree_util.tree_flatten(g)
     again = jax.tree_util.tree_unflatten(tree, leaves)
-    assert type(again) is groups.Positions and again.name == "ap_positions"
+    assert type(again) is groups.PositionsGroup and again.name == "ap_positions"
     # the prior: whitened residuals u / std
     np.testing.assert_allclose(g.prior_residuals(jnp.full(g.size, 0.02)), 2.0, rtol=1e-12)
     # one compiled function serves two groups of the same shapes
     f = jax.jit(lambda grp, u: grp.natural(u))
-    shifted = groups.Positions({**g.data, "start": g.data["start"] + 1.0}, g.u0)
+    shifted = groups.PositionsGroup({**g.data, "start": g.data["start"] + 1.0}, g.u0)
     assert float(jnp.max(f(shifted, g.u0) - f(g, g.u0))) == pytest.approx(1.0)
     assert f._cache_size() == 1
 
@@ -123,7 +125,7 @@ def _deployments(num, seed=0):
         mean = jax.vmap(truth.mean)(x) + rng.uniform(-np.pi, np.pi, (30, 1))
         r = dj.wrap(mean + rng.normal(size=nv.shape) * np.sqrt(np.asarray(nv)))
         start = offsets_closed_form(MODEL, x, r)
-        grp = (groups.positions_group(MODEL, None), groups.Offsets.from_start(start))
+        grp = (groups.positions_group(MODEL, None), groups.OffsetsGroup.from_start(start))
         u0 = jnp.concatenate([g.u0 for g in grp])[None]
         out.append((grp, r, nv, u0))
     return x, out

@@ -8,7 +8,7 @@ from scipy import stats
 
 import dmimo_jax as dj
 from dmimo_jax import receivers as rx
-from dmimo_jax.calibration import Unlabeled, calibrate, receivers_closed_form
+from dmimo_jax.calibration import Positions, Unlabeled, calibrate, receivers_closed_form
 
 SCENE = dj.paper_scene(-10.0, convention="itu")
 MODEL = dj.TwoRayModel(SCENE)
@@ -212,9 +212,11 @@ def test_position_start_reaches_the_same_map_estimate():
     real, truth, recv, x, s = _world(5)
     h = rx.simulate_snapshots(jax.random.key(6), truth, x, recv, s)
     nv = jnp.full(h.shape, float(SCENE.noise_power))
-    kw = dict(fit=FIT, position_prior=5e-3, warn=False)
-    default = calibrate(MODEL, x, h, nv, **kw)
-    started = calibrate(MODEL, x, h, nv, position_start=real.ap_positions, **kw)
+    rest = tuple(f for f in FIT if f != "ap_positions")
+    default = calibrate(MODEL, x, h, nv, fit=(Positions(prior=5e-3), *rest), warn=False)
+    started = calibrate(
+        MODEL, x, h, nv, fit=(Positions(prior=5e-3, start=real.ap_positions), *rest), warn=False
+    )
     assert default.status == started.status == "converged"
     atol = 1e-8
     np.testing.assert_allclose(
@@ -222,7 +224,9 @@ def test_position_start_reaches_the_same_map_estimate():
     )
     # the check has power: a prior centred on the start (here the truth) ends farther off
     # than the tolerance (measured: 4.5e-7 m, 45x it)
-    centred_on_start = calibrate(dj.TwoRayModel(real), x, h, nv, **kw)
+    centred_on_start = calibrate(
+        dj.TwoRayModel(real), x, h, nv, fit=(Positions(prior=5e-3), *rest), warn=False
+    )
     moved = np.asarray(centred_on_start.values["ap_positions"]) - default.values["ap_positions"]
     assert np.max(np.abs(moved)) > 10 * atol
 

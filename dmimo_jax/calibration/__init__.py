@@ -4,9 +4,12 @@
   group of the model's unknowns (AP phase centres, per-AP phase offsets, surfaces'
   permittivities, the antenna exponent, the polarization), with honest standard errors and
   the fit's reduced chi-square.
-* :mod:`~dmimo_jax.calibration.groups`: the groups of unknowns as objects (:class:`Group`
-  and one class per group: how each sets itself on a model, its natural values, its prior,
-  how it is reported).
+* :mod:`~dmimo_jax.calibration.specs`: what :func:`calibrate` fits, one object per group
+  with its own options (``fit=(Positions(prior=0.01), Offsets(), Surfaces(names=...))``;
+  the strings ``"ap_positions"``, ... are their shorthands).
+* :mod:`~dmimo_jax.calibration.groups`: the parameter blocks a fit builds from them
+  (:class:`Group` and one class per group: how each sets itself on a model, its natural
+  values, its prior, how it is reported).
 * :mod:`~dmimo_jax.calibration.materials`: the surfaces alone (:func:`fit_material` for the
   ground of the two-ray model, :func:`fit_surfaces` for a room) and the numpyro NUTS
   posterior of the ground's permittivity (:func:`material_posterior`).
@@ -21,20 +24,19 @@
 
 from dmimo_jax.calibration.deployment import (
     CALIBRATION_STARTS,
-    GROUPS,
     Unlabeled,
     offsets_closed_form,
     receivers_closed_form,
 )
 from dmimo_jax.calibration.groups import (
     MIN_EXPONENT_START,
-    Antenna,
+    AntennaGroup,
     Group,
-    Offsets,
-    Positions,
-    ReceiverConstants,
-    ReceiverGains,
-    Surfaces,
+    OffsetsGroup,
+    PositionsGroup,
+    ReceiverConstantsGroup,
+    ReceiverGainsGroup,
+    SurfacesGroup,
 )
 from dmimo_jax.calibration.materials import (
     MaterialFit,
@@ -63,6 +65,19 @@ from dmimo_jax.calibration.self_training import (
     self_train_field,
 )
 from dmimo_jax.calibration.solver import CONVERGENCE_TOLERANCE, UNLABELED_STEPS
+from dmimo_jax.calibration.specs import (
+    FIT_GROUPS,
+    GROUPS,
+    Antenna,
+    FitGroup,
+    Offsets,
+    Polarization,
+    Positions,
+    ReceiverConstants,
+    ReceiverGains,
+    Surfaces,
+    as_fit_groups,
+)
 from dmimo_jax.calibration.status import chi2_band, error_scale, fit_status
 
 # isort: split
@@ -77,13 +92,23 @@ __all__ = [
     "MIN_EXPONENT_START",
     "UNLABELED_STEPS",
     "Unlabeled",
-    "Group",
+    "FIT_GROUPS",
+    "FitGroup",
     "Positions",
     "Offsets",
     "Surfaces",
     "Antenna",
+    "Polarization",
     "ReceiverGains",
     "ReceiverConstants",
+    "as_fit_groups",
+    "Group",
+    "PositionsGroup",
+    "OffsetsGroup",
+    "SurfacesGroup",
+    "AntennaGroup",
+    "ReceiverGainsGroup",
+    "ReceiverConstantsGroup",
     "MaterialFit",
     "PHASE_CENTRE_PRIOR",
     "SPOT_RADIUS",

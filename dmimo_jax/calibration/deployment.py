@@ -114,7 +114,7 @@ from dmimo_jax._checks import (
 )
 from dmimo_jax.calibration.groups import (
     Group,
-    Offsets,
+    OffsetsGroup,
     antenna_group,
     positions_group,
     receiver_groups,
@@ -129,6 +129,7 @@ from dmimo_jax.calibration.solver import (
     standard_errors,
     whitened,
 )
+from dmimo_jax.calibration.specs import GROUPS, FitGroup, Positions, Surfaces, as_fit_groups
 from dmimo_jax.calibration.status import (
     chi2_band,
     error_scale,
@@ -159,16 +160,6 @@ from dmimo_jax.receivers import (
 CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
 """ITU-R P.2040 materials used as starting points (Table I of the paper, metal excepted)."""
 
-GROUPS = (
-    "ap_positions",
-    "ap_phase_offsets",
-    "surfaces",
-    "antenna",
-    "polarization",
-    "receiver_gains",
-    "receiver_constants",
-)
-"""The groups of unknowns :func:`calibrate` can fit."""
 
 BOUNDARY_OUTLIER_Z = 10.0
 """Standard deviations: the smallest residual of a piecewise model's fit (a scene of faces)
@@ -384,7 +375,7 @@ def _receivers_als(num_iterations, fit_g, fit_b, model, x, h, g0, b0):
 
 def _offsets_group(model: Any, x: Array, r: Array) -> Group:
     start = offsets_closed_form(model, x, r)
-    return Offsets.from_start(start)
+    return OffsetsGroup.from_start(start)
 
 
 def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike) -> Array:
@@ -421,16 +412,17 @@ def _check_model(model: Any) -> None:
         )
 
 
-def _check_fit(fit: Sequence[str] | str) -> tuple[str, ...]:
-    fit = (fit,) if isinstance(fit, str) else tuple(fit)
-    unknown = [f for f in fit if f not in GROUPS]
-    if unknown or not fit:
-        raise ValueError(f"fit must name groups among {GROUPS}, got {list(fit)}")
-    if len(set(fit)) != len(fit):
-        raise ValueError(f"fit must not repeat a group, got {list(fit)}")
-    if fit == ("polarization",):
-        raise ValueError("fit: 'polarization' needs at least one continuous group beside it")
-    return fit
+def _check_positions_request(request: Positions, num_aps: int) -> None:
+    """``ValueError`` for a ``Positions`` request whose options do not hold."""
+    if request.start is not None:
+        check_positions("Positions.start", request.start, batched=True)
+        if np.shape(request.start) != (num_aps, 3):
+            raise ValueError(
+                f"Positions.start must have shape ({num_aps}, 3) (one per AP), got "
+                f"{np.shape(request.start)}"
+            )
+    if request.prior is not None:
+        check_scalar("Positions.prior", request.prior, positive=True)
 
 
 def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.ndarray:
@@ -454,26 +446,15 @@ def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.n
 
 
 def _fit_one_polarization(
-    model,
-    x,
-    r,
-    noise_var,
-    fit,
-    idx,
-    eps_starts,
-    free_axes,
-    num_steps,
-    max_steps,
-    prior=None,
-    position_start=None,
-    jacobian="auto",
+    model, x, r, noise_var, fit, idx, eps_starts, num_steps, max_steps, jacobian="auto"
 ):
-    """Staged fit under the model's polarization: (final groups, u, cost, converged)."""
+    """Staged fit under the model's polarization: (final groups, u, cost, converged).
+    ``fit``: the requested groups by name (:mod:`~dmimo_jax.calibration.specs`)."""
     groups: dict[str, Group] = {}
     if "ap_phase_offsets" in fit:
         groups["ap_phase_offsets"] = _offsets_group(model, x, r)
     if isinstance(model, ReceiverModel):
-        groups.update({g.name: g for g in receiver_groups(model, fit)})
+        groups.update({g.name: g for g in receiver_groups(model, list(fit))})
     closed = ("ap_phase_offsets", "receiver_gains", "receiver_constants")  # closed-form starts
     if "surfaces" in fit:
         # stage 2: surfaces (and offsets or receivers) from every material start, all alike
@@ -491,7 +472,8 @@ def _fit_one_polarization(
             groups[g.name] = dataclasses.replace(g, u0=part)
         groups["surfaces"] = dataclasses.replace(s, u0=parts[-1])
     if "ap_positions" in fit:
-        groups["ap_positions"] = positions_group(model, free_axes, prior, position_start)
+        pos = fit["ap_positions"]
+        groups["ap_positions"] = positions_group(model, pos.free_axes, pos.prior, pos.start)
     if "antenna" in fit:
         groups["antenna"] = antenna_group(model)
     final = [groups[g] for g in GROUPS if g in groups]
@@ -551,16 +533,11 @@ def calibrate(
     r: ArrayLike,
     noise_var: ArrayLike,
     *,
-    fit: Sequence[str] | str = ("ap_positions", "ap_phase_offsets"),
-    surfaces: Sequence[str] | None = None,
-    free_axes: ArrayLike | None = None,
-    starts: Sequence[complex | str] | None = None,
+    fit: Sequence[str | FitGroup] | str | FitGroup = ("ap_positions", "ap_phase_offsets"),
     num_steps: int = 40,
     max_steps: int = 600,
     unlabeled: Unlabeled | None = None,
     receivers: Receivers | None = None,
-    position_prior: float | None = None,
-    position_start: ArrayLike | None = None,
     jacobian: str = "auto",
     warn: bool = True,
 ) -> Calibration:
@@ -583,13 +560,10 @@ def calibrate(
         r: (L, M) wrapped phases measured there, or (L, M) complex snapshots.
         noise_var: (L, M) phase-noise variances, rad^2 (complex snapshots: the complex
             noise's variance per entry).
-        fit: the groups to fit, among :data:`GROUPS` (module docstring).
-        surfaces: reflector names to calibrate with ``"surfaces"`` (default: every dielectric
-            surface some path bounces off).
-        free_axes: (M, 3) bool, the AP coordinates ``"ap_positions"`` fits (default: all
-            three, or the two within the surface for a mounted AP).
-        starts: materials or permittivities the ``"surfaces"`` fit starts from (default
-            :data:`CALIBRATION_STARTS`).
+        fit: the groups to fit: objects of :mod:`~dmimo_jax.calibration.specs` with their
+            options (``Positions(free_axes=..., prior=..., start=...)``,
+            ``Surfaces(names=..., starts=...)``, ``Offsets()``, ...) or their shorthands
+            among :data:`GROUPS` (``"ap_positions"`` is ``Positions()``), mixed freely.
         num_steps: Levenberg-Marquardt steps per round (one compiled program): the staged
             starts run one round, the joint fit rounds until converged.
         max_steps: the joint fit's most steps; a fit still lowering its cost then is
@@ -599,12 +573,6 @@ def calibrate(
             snapshots together.
         receivers: complex snapshots: the receivers of the groups not fitted, and the start
             of those fitted (default ideal: G = 1, b = 0).
-        position_prior: the survey's standard deviation per coordinate, m: a Gaussian prior
-            on the fitted phase centres around the model's (MAP; its terms count as
-            observations in the chi-square). Default none (maximum likelihood).
-        position_start: (M, 3) where the phase centres' fit starts (e.g. an earlier fit's,
-            to refit under other variances); the model's positions stay the prior's centre
-            and the start of nothing else. Default the model's positions.
         jacobian: ``"auto"``: for complex snapshots whose groups each move one AP (receivers'
             gains and constants, phase centres) the Levenberg-Marquardt Jacobian by column
             compression (module docstring; equal to autodiff's); otherwise, and with
@@ -636,27 +604,68 @@ def calibrate(
         True
     """
     _check_model(model)
-    fit = _check_fit(fit)
-    # one label may do (e.g. offsets alone); the count of residuals is checked against the
-    # unknowns below
-    check_training_data(x, r, noise_var, model.num_aps, min_labels=1)
+    requests = {g.name: g for g in as_fit_groups(fit)}
+    fit = tuple(name for name in GROUPS if name in requests)
     check_int("num_steps", num_steps, minimum=1)
     check_int("max_steps", max_steps, minimum=num_steps)
     if jacobian not in ("auto", "autodiff"):
         raise ValueError(f"jacobian must be 'auto' or 'autodiff', got {jacobian!r}")
-    if position_start is not None:
-        if "ap_positions" not in fit:
-            raise ValueError("position_start= starts 'ap_positions': add it to fit")
-        check_positions("position_start", position_start, batched=True)
-        if np.shape(position_start) != (model.num_aps, 3):
-            raise ValueError(
-                f"position_start must have shape ({model.num_aps}, 3) (one per AP), got "
-                f"{np.shape(position_start)}"
-            )
-    if position_prior is not None:
-        check_scalar("position_prior", position_prior, positive=True)
-        if "ap_positions" not in fit:
-            raise ValueError("position_prior= is a prior on 'ap_positions': add it to fit")
+    x, r, noise_var = _checked_data(model, x, r, noise_var, requests)
+    complex_data = bool(jnp.iscomplexobj(r))
+    inner = model
+    model = _with_receivers(model, x, r, fit, receivers, complex_data)
+    idx, names, eps_starts = [], [], np.zeros(0)
+    if "surfaces" in fit:
+        request: Surfaces = requests["surfaces"]
+        idx, names = inner.calibration_surfaces(request.names)
+        eps_starts = _starts(float(model.scene.frequency), request.starts)
+    if "antenna" in fit:
+        antenna_group(model)  # refuse a pattern with nothing to fit before any work
+    unl_all = None
+    if unlabeled is not None:
+        unl_all = _unlabeled_arrays(unlabeled, model, x.dtype, complex_data)
+    pols = ("TE", "TM") if "polarization" in fit else (model.scene.polarization,)
+    lls, best = {"TE": -np.inf, "TM": -np.inf}, None
+    for pol in pols:
+        m = model if model.scene.polarization == pol else model.with_scene(
+            model.scene.replace(polarization=pol)
+        )  # fmt: skip
+        groups, u, cost, converged = _fit_one_polarization(
+            m, x, r, noise_var, requests, idx, eps_starts, num_steps, max_steps, jacobian
+        )
+        lls[pol] = -0.5 * (cost + log_normalizer(noise_var, complex_data))
+        if best is None or lls[pol] > best.log_likelihood:
+            best = _Fit(m, tuple(groups), u, cost, converged, lls[pol], pol, None, None)
+    best = _degrees_of_freedom(best, r, complex_data)
+    dof_labeled = best.dof
+    if unl_all is not None:
+        best, unl_all = _with_unlabeled(best, x, r, noise_var, unl_all, num_steps, max_steps)
+    return _report(
+        best, x, r, noise_var, unl_all, dof_labeled, fit, tuple(names), lls, warn, max_steps
+    )
+
+
+class _Fit(NamedTuple):
+    """A fit under one polarization, as :func:`calibrate` carries it to its report."""
+
+    model: Any  # the model under that polarization (receivers included)
+    groups: tuple[Group, ...]
+    u: Any
+    cost: float
+    converged: bool
+    log_likelihood: float
+    polarization: str
+    dof: int | None  # degrees of freedom of the residuals (with the unlabeled ones)
+    used: Any  # (N,) bool: the unlabeled snapshots kept, or None
+
+
+def _checked_data(model, x, r, noise_var, requests) -> tuple[Array, Array, Array]:
+    """``(x, r, noise_var)`` as arrays of the model's dtype, checked (``ValueError``)."""
+    # one label may do (e.g. offsets alone); the count of residuals is checked against the
+    # unknowns later
+    check_training_data(x, r, noise_var, model.num_aps, min_labels=1)
+    if "ap_positions" in requests:
+        _check_positions_request(requests["ap_positions"], model.num_aps)
     warn_if_float32("calibrate")
     dtype = model.scene.ap_positions.dtype
     check_in_domain("x", np.asarray(x, float), model)
@@ -668,108 +677,91 @@ def calibrate(
                 f"r: the receivers of AP(s) {dead.tolist()} measured exactly 0 in every "
                 "snapshot (dead receivers): leave those APs out of the model and the data"
             )
-    x, noise_var = jnp.asarray(x, dtype), jnp.asarray(noise_var, dtype)
     r = jnp.asarray(r, jnp.result_type(dtype, complex) if complex_data else dtype)
+    return jnp.asarray(x, dtype), r, jnp.asarray(noise_var, dtype)
+
+
+def _with_receivers(model, x, r, fit, receivers, complex_data) -> Any:
+    """The model complex snapshots are fitted with: a :class:`ReceiverModel` of the given
+    receivers (their fitted groups started in closed form); phases: the model itself."""
     rx_fit = [f for f in fit if f.startswith("receiver_")]
-    inner = model
-    if complex_data:
-        if "ap_phase_offsets" in fit:
+    if not complex_data:
+        if rx_fit or receivers is not None:
             raise ValueError(
-                "fit: complex snapshots carry the APs' phase offsets in 'receiver_gains' (the "
-                "gains' phases); fit that instead of 'ap_phase_offsets'"
+                f"fit {rx_fit or ''} / receivers=: the receivers' groups need complex snapshots r"
             )
-        rx = ideal_receivers(model.num_aps, r.dtype) if receivers is None else receivers
-        if not isinstance(rx, Receivers) or rx.num_aps != model.num_aps:
-            raise ValueError(
-                f"receivers must be a Receivers of the model's {model.num_aps} APs, got "
-                f"{type(rx).__name__}"
-            )
-        if rx_fit:
-            rx = receivers_closed_form(model, x, r, rx, fit=rx_fit)
-        model = ReceiverModel(model, rx)
-    elif rx_fit or receivers is not None:
+        return model
+    if "ap_phase_offsets" in fit:
         raise ValueError(
-            f"fit {rx_fit or ''} / receivers=: the receivers' groups need complex snapshots r"
+            "fit: complex snapshots carry the APs' phase offsets in 'receiver_gains' (the "
+            "gains' phases); fit that instead of 'ap_phase_offsets'"
         )
-    idx, names = ([], [])
-    eps_starts = np.zeros(0)
-    if "surfaces" in fit:
-        idx, names = inner.calibration_surfaces(surfaces)
-        eps_starts = _starts(float(model.scene.frequency), starts)
-    elif surfaces is not None:
-        raise ValueError("surfaces= names reflectors to fit: add 'surfaces' to fit")
-    if free_axes is not None and "ap_positions" not in fit:
-        raise ValueError("free_axes= restricts 'ap_positions': add it to fit")
-    if "antenna" in fit:
-        antenna_group(model)  # refuse a pattern with nothing to fit before any work
-    unl_all = None
-    if unlabeled is not None:
-        unl_all = _unlabeled_arrays(unlabeled, model, dtype, complex_data)
-    pols = ("TE", "TM") if "polarization" in fit else (model.scene.polarization,)
-    lls = {"TE": -np.inf, "TM": -np.inf}
-    best = None
-    for pol in pols:
-        m = (
-            model
-            if model.scene.polarization == pol
-            else model.with_scene(model.scene.replace(polarization=pol))
+    rx = ideal_receivers(model.num_aps, r.dtype) if receivers is None else receivers
+    if not isinstance(rx, Receivers) or rx.num_aps != model.num_aps:
+        raise ValueError(
+            f"receivers must be a Receivers of the model's {model.num_aps} APs, got "
+            f"{type(rx).__name__}"
         )
-        groups, u, cost, converged = _fit_one_polarization(
-            m,
-            x,
-            r,
-            noise_var,
-            fit,
-            idx,
-            eps_starts,
-            free_axes,
-            num_steps,
-            max_steps,
-            position_prior,
-            position_start,
-            jacobian,
-        )
-        ll = -0.5 * (cost + log_normalizer(noise_var, complex_data))
-        lls[pol] = ll
-        if best is None or ll > best[0]:
-            best = (ll, pol, m, groups, u, cost, converged)
-    ll, pol, m, groups, u, cost, converged = best
-    num_params = sum(g.size for g in groups)
+    if rx_fit:
+        rx = receivers_closed_form(model, x, r, rx, fit=rx_fit)
+    return ReceiverModel(model, rx)
+
+
+def _degrees_of_freedom(fit: _Fit, r: Array, complex_data: bool) -> _Fit:
+    """``fit`` with its degrees of freedom: residuals (2 per complex entry), less one CPO
+    (snapshot factor: 2) per snapshot and the unknowns, plus the prior's terms.
+
+    Raises:
+        ValueError: fewer residuals than unknowns.
+    """
+    num_params = sum(g.size for g in fit.groups)
     num_l, num_m = r.shape
-    per = 2 if complex_data else 1  # real residuals per entry, and per snapshot factor
-    num_prior = prior_size(groups)
-    dof = per * (num_l * num_m - num_l) - num_params + num_prior
+    per = 2 if complex_data else 1
+    dof = per * (num_l * num_m - num_l) - num_params + prior_size(fit.groups)
     if dof < 1:
         raise ValueError(
             f"{per * num_l * num_m} residuals cannot fit {num_params} parameters and {num_l} "
             "CPOs: use more labeled snapshots"
         )
-    chi2 = cost / dof
-    dof_labeled = dof
-    unl, unlabeled_x, used = None, None, None
-    if unl_all is not None:
-        used, x_start = _screen_unlabeled(
-            apply_groups(m, groups, jnp.asarray(u)), unl_all, chi2, complex_data
-        )
-        unl_all = (x_start, *unl_all[1:])
-        if np.any(used):
-            unl = tuple(v[used] for v in unl_all)
-            u, cost, converged = fit_lm(
-                m, groups, x, r, noise_var, np.asarray(u)[None], num_steps, unl, max_steps
-            )
-            n_u = int(used.sum())
-            # M residuals (2M real), a CPO (snapshot factor: 2) and three coordinates each
-            dof += n_u * (per * (num_m - 1) - 3)
-            chi2 = cost / dof
-            ll = -0.5 * (
-                cost
-                + log_normalizer(noise_var, complex_data)
-                + log_normalizer(unl[2], complex_data)
-            )
-    u = jnp.asarray(u)
+    return fit._replace(dof=dof)
+
+
+def _with_unlabeled(fit: _Fit, x, r, noise_var, unl_all, num_steps, max_steps):
+    """The last stage: the unlabeled snapshots that fit the labeled calibration (re-located
+    under it, :func:`_screen_unlabeled`) join a fit of every group. Returns the fit and the
+    unlabeled arrays with their re-located starts."""
+    complex_data = bool(jnp.iscomplexobj(r))
+    chi2 = fit.cost / fit.dof
+    start = apply_groups(fit.model, fit.groups, jnp.asarray(fit.u))
+    used, x_start = _screen_unlabeled(start, unl_all, chi2, complex_data)
+    unl_all = (x_start, *unl_all[1:])
+    fit = fit._replace(used=used)
+    if not np.any(used):
+        return fit, unl_all
+    unl = tuple(v[used] for v in unl_all)
+    u, cost, converged = fit_lm(
+        fit.model, fit.groups, x, r, noise_var, np.asarray(fit.u)[None], num_steps, unl, max_steps
+    )
+    # M residuals (2M real), a CPO (snapshot factor: 2) and three coordinates each
+    per = 2 if complex_data else 1
+    dof = fit.dof + int(used.sum()) * (per * (r.shape[1] - 1) - 3)
+    ll = -0.5 * (
+        cost + log_normalizer(noise_var, complex_data) + log_normalizer(unl[2], complex_data)
+    )
+    return fit._replace(u=u, cost=cost, converged=converged, dof=dof, log_likelihood=ll), unl_all
+
+
+def _report(fit, x, r, noise_var, unl_all, dof_labeled, names, surfaces, lls, warn, max_steps):
+    """The :class:`Calibration` of a finished fit: status (and its warnings), standard
+    errors from the information in the natural values, the values per group, the CPOs."""
+    m, groups, dof = fit.model, fit.groups, fit.dof
+    u, chi2 = jnp.asarray(fit.u), fit.cost / fit.dof
+    complex_data = bool(jnp.iscomplexobj(r))
+    num_l, num_m = r.shape
+    unl = None if fit.used is None or not np.any(fit.used) else tuple(v[fit.used] for v in unl_all)
     e = np.asarray(whitened(apply_groups(m, groups, u), x, r, noise_var)).reshape(num_l, num_m, -1)
     chi2_by_ap = num_m * np.sum(e**2, axis=(0, 2)) / dof_labeled
-    status = fit_status(chi2, dof, converged)
+    status = fit_status(chi2, dof, fit.converged)
     if warn and status != "converged":
         warn_status(status, chi2, dof, chi2_by_ap, max_steps)
     # the information in the natural values of surfaces and exponents: at a physical bound
@@ -779,18 +771,15 @@ def calibrate(
     info, nat, _ = information(m, tuple(g for g, _ in lin), x, r, noise_var, u_lin, unl)
     se = standard_errors(np.asarray(info), np.asarray(nat), error_scale(chi2, dof))
     fitted = apply_groups(m, groups, u)
-    if unl_all is not None:
-        unlabeled_x = _locate_jit(fitted, *unl_all)
-        used = jnp.asarray(used)
     values, stderr, i = {}, {}, 0
     for g, part in zip(groups, split(groups, u), strict=True):
-        nat = g.natural(part)
-        values[g.name] = g.report(nat)
-        err = jnp.asarray(se[i : i + nat.shape[0]])
-        stderr[g.name] = g.report(err)
-        i += nat.shape[0]
+        natural = g.natural(part)
+        values[g.name] = g.report(natural)
+        stderr[g.name] = g.report(jnp.asarray(se[i : i + natural.shape[0]]))
+        i += natural.shape[0]
     if warn:
         warn_unidentified(stderr)
+    unlabeled_x = None if unl_all is None else _locate_jit(fitted, *unl_all)
     fitted_rx = None
     if complex_data:
         fitted, fitted_rx = fitted.model, fitted.receivers
@@ -802,16 +791,16 @@ def calibrate(
         model=fitted,
         values=values,
         stderr=stderr,
-        log_likelihood=jnp.asarray(ll),
+        log_likelihood=jnp.asarray(fit.log_likelihood),
         cpo=cpo,
         reduced_chi2=jnp.asarray(chi2),
         log_likelihood_by_polarization=jnp.asarray([lls["TE"], lls["TM"]]),
         dof=int(dof),
-        polarization=pol,
-        fit=fit,
-        surfaces=tuple(names),
+        polarization=fit.polarization,
+        fit=names,
+        surfaces=surfaces,
         unlabeled_x=unlabeled_x,
-        unlabeled_used=used,
+        unlabeled_used=None if fit.used is None else jnp.asarray(fit.used),
         status=status,
         chi2_by_ap=jnp.asarray(chi2_by_ap),
         receivers=fitted_rx,

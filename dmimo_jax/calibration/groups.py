@@ -105,7 +105,7 @@ def _as_complex(v: Array) -> Array:
 
 
 @pytree_dataclass
-class Positions(Group):
+class PositionsGroup(Group):
     """``"ap_positions"``: the phase centres, ``u`` the displacement from ``data["start"]``
     in the basis ``data["basis"]`` (3M, n) of the free coordinates; an optional Gaussian
     prior (``data["prior_scale"]``, 1/std) centred on the model's positions."""
@@ -138,14 +138,14 @@ class Positions(Group):
 
 
 @pytree_dataclass
-class Offsets(Group):
+class OffsetsGroup(Group):
     """``"ap_phase_offsets"``: the per-AP offsets after AP 0's (``data["first"]``, the
     gauge: only differences are observable)."""
 
     name: ClassVar[str] = "ap_phase_offsets"
 
     @classmethod
-    def from_start(cls, start: Array) -> Offsets:
+    def from_start(cls, start: Array) -> OffsetsGroup:
         """The group starting at the offsets ``start`` (M,): AP 0's is the gauge."""
         return cls({"first": start[:1]}, start[1:])
 
@@ -160,7 +160,7 @@ class Offsets(Group):
 
 
 @pytree_dataclass
-class Surfaces(Group):
+class SurfacesGroup(Group):
     r"""``"surfaces"``: the permittivities of the surfaces at indices ``meta``,
     ``u`` = [a, b] with :math:`\varepsilon' = 1 + |a|`, :math:`\varepsilon'' = |b|`
     (:func:`permittivities_of`), or [Re, Im] themselves when ``linear``."""
@@ -184,7 +184,7 @@ class Surfaces(Group):
 
 
 @pytree_dataclass
-class Antenna(Group):
+class AntennaGroup(Group):
     """``"antenna"``: a :class:`~dmimo_jax.CosinePattern`'s exponent (shape ``meta``),
     :math:`q = |u|` (or ``u`` itself when ``linear``)."""
 
@@ -206,7 +206,7 @@ class Antenna(Group):
 
 
 @pytree_dataclass
-class ReceiverGains(Group):
+class ReceiverGainsGroup(Group):
     """``"receiver_gains"``: the complex gains of a ReceiverModel's receivers after AP 0's
     (``data["first"]``, the gauge), ``u`` = [Re, Im]."""
 
@@ -228,7 +228,7 @@ class ReceiverGains(Group):
 
 
 @pytree_dataclass
-class ReceiverConstants(Group):
+class ReceiverConstantsGroup(Group):
     """``"receiver_constants"``: the receivers' additive constants, ``u`` = [Re b, Im b]."""
 
     name: ClassVar[str] = "receiver_constants"
@@ -272,7 +272,7 @@ def position_basis(model: Any, free_axes: ArrayLike | None) -> np.ndarray:
         mask = np.asarray(free_axes)
         if mask.shape != (num, 3) or mask.dtype != bool:
             raise ValueError(
-                f"free_axes must be a bool array of shape ({num}, 3) (which coordinates of "
+                f"Positions.free_axes must be a bool array of shape ({num}, 3) (which coordinates of "
                 f"each AP to fit), got {mask.dtype} {mask.shape}"
             )
         for m in range(num):
@@ -308,7 +308,7 @@ def positions_group(
         shift = basis_np.T @ delta  # the basis is orthonormal
         if np.max(np.abs(basis_np @ shift - delta), initial=0.0) > 1e-9:
             raise ValueError(
-                "position_start moves an AP along a coordinate the fit keeps fixed (free_axes "
+                "Positions.start moves an AP along a coordinate the fit keeps fixed (free_axes "
                 "or its mounting surface): start within the free coordinates"
             )
         start = jnp.asarray(position_start, nominal.dtype)
@@ -318,7 +318,7 @@ def positions_group(
         data["prior_scale"] = jnp.asarray(1.0 / prior_std, nominal.dtype)
         if position_start is not None:
             data["prior_offset"] = jnp.asarray(shift, nominal.dtype)
-    return Positions(data, u0)
+    return PositionsGroup(data, u0)
 
 
 def receiver_groups(model: Any, fit: Sequence[str]) -> list[Group]:
@@ -327,10 +327,10 @@ def receiver_groups(model: Any, fit: Sequence[str]) -> list[Group]:
     if "receiver_gains" in fit:
         g = rx.gains
         u0 = jnp.concatenate([jnp.real(g[1:]), jnp.imag(g[1:])])
-        out.append(ReceiverGains({"first": g[:1]}, u0))
+        out.append(ReceiverGainsGroup({"first": g[:1]}, u0))
     if "receiver_constants" in fit:
         b = rx.constants
-        out.append(ReceiverConstants({}, jnp.concatenate([jnp.real(b), jnp.imag(b)])))
+        out.append(ReceiverConstantsGroup({}, jnp.concatenate([jnp.real(b), jnp.imag(b)])))
     return out
 
 
@@ -374,7 +374,7 @@ def surfaces_group(model: Any, idx: Sequence[int], eps0: np.ndarray) -> Group:
             np.maximum(-eps0.imag, 0.0),
         ]
     )
-    return Surfaces({}, jnp.asarray(u0), tuple(idx))
+    return SurfacesGroup({}, jnp.asarray(u0), tuple(idx))
 
 
 def antenna_group(model: Any) -> Group:
@@ -386,4 +386,4 @@ def antenna_group(model: Any) -> Group:
         )
     q0 = np.atleast_1d(np.asarray(pattern.exponent, float))
     u0 = jnp.asarray(np.maximum(q0, MIN_EXPONENT_START))
-    return Antenna({"boresight": pattern.boresight}, u0, tuple(pattern.exponent.shape))
+    return AntennaGroup({"boresight": pattern.boresight}, u0, tuple(pattern.exponent.shape))

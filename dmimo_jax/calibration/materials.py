@@ -27,7 +27,8 @@ observed information :math:`\mathbf J^\top\mathbf J` of the whitened, CPO-profil
 in :math:`(\varepsilon', \varepsilon'')` themselves (finite at a physical bound).
 
 * :func:`fit_material`: the ground of the two-ray model (:class:`TwoRayModel`).
-* :func:`fit_surfaces`: any subset of the surfaces of an :class:`ImageSourceModel`.
+* :func:`fit_surfaces`: any subset of the surfaces of a room (an
+  :class:`~dmimo_jax.physics.ImageSourceModel`, a :class:`~dmimo_jax.physics.MeshModel`).
 * :func:`material_posterior`: the numpyro NUTS posterior of the ground's :math:`\varepsilon_r`.
 
 It sits above :mod:`dmimo_jax.estimators` (it reuses the one Levenberg-Marquardt and the CPO
@@ -47,7 +48,8 @@ from jax.typing import ArrayLike
 
 from dmimo_jax.calibration.deployment import calibrate, log_likelihood
 from dmimo_jax.calibration.groups import with_permittivities
-from dmimo_jax.physics import ImageSourceModel, TwoRayModel
+from dmimo_jax.calibration.specs import Surfaces
+from dmimo_jax.physics import CalibratableModel, TwoRayModel
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
@@ -87,16 +89,10 @@ def _fit(model, x, r, noise_var, surfaces, polarization, starts, num_steps, sque
     if polarization is not None and polarization not in ("TE", "TM"):
         raise ValueError(f"polarization must be 'TE', 'TM' or None, got {polarization!r}")
     if polarization is not None and model.scene.polarization != polarization:
-        scene = model.scene.replace(polarization=polarization)
-        model = (
-            TwoRayModel(scene)
-            if isinstance(model, TwoRayModel)
-            else ImageSourceModel(scene, model.reflectors, model.order)
-        )
-    fit = ("surfaces",) if polarization is not None else ("surfaces", "polarization")
-    cal = calibrate(
-        model, x, r, noise_var, fit=fit, surfaces=surfaces, starts=starts, num_steps=num_steps
-    )
+        model = model.with_scene(model.scene.replace(polarization=polarization))
+    surfaces_request = Surfaces(names=surfaces, starts=starts)
+    fit = (surfaces_request,) if polarization is not None else (surfaces_request, "polarization")
+    cal = calibrate(model, x, r, noise_var, fit=fit, num_steps=num_steps)
     eps, se = cal.values["surfaces"], cal.stderr["surfaces"]
     if squeeze:
         eps, se = eps[0], se[0]
@@ -169,7 +165,7 @@ def fit_surfaces(
     x: ArrayLike,
     r: ArrayLike,
     noise_var: ArrayLike,
-    model: ImageSourceModel,
+    model: CalibratableModel,
     *,
     surfaces: Sequence[str] | None = None,
     polarization: str | None = None,
@@ -186,8 +182,10 @@ def fit_surfaces(
         x: as in :func:`fit_material`.
         r: see ``x``.
         noise_var: see ``x``.
-        model: an :class:`ImageSourceModel` whose ``eps_r`` values are only placeholders for
-            the surfaces being fitted.
+        model: a model of named surfaces (an :class:`~dmimo_jax.physics.ImageSourceModel`, a
+            :class:`~dmimo_jax.physics.MeshModel`: any
+            :class:`~dmimo_jax.physics.CalibratableModel` with ``surface_names``) whose
+            permittivities are only placeholders for the surfaces being fitted.
         surfaces: reflector names to calibrate.
         polarization: as in :func:`fit_material`.
         starts: see ``polarization``.
@@ -196,8 +194,11 @@ def fit_surfaces(
     Returns:
         A :class:`MaterialFit` with ``eps_r`` (K,) in the order of ``surfaces``.
     """
-    if not isinstance(model, ImageSourceModel):
-        raise ValueError(f"model must be an ImageSourceModel, got {type(model).__name__}")
+    if not isinstance(model, CalibratableModel) or not model.surface_names:
+        raise ValueError(
+            "model must be a model of named surfaces (an ImageSourceModel, a MeshModel), got "
+            f"{type(model).__name__}"
+        )
     return _fit(model, x, r, noise_var, surfaces, polarization, starts, num_steps, False)
 
 

@@ -31,6 +31,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_positions, check_scalar
 from dmimo_jax.calibration.deployment import Calibration, calibrate
+from dmimo_jax.calibration.specs import Positions
 from dmimo_jax.physics import as_phase_model
 from dmimo_jax.receivers import ReceiverModel
 
@@ -122,22 +123,13 @@ def calibrate_receivers(
     check_scalar("spot_radius", spot_radius, positive=True)
     copies = spot_counts(x, spot_radius)[:, None]  # (L, 1): times (M,) variances, (L, M)
     groups = ("receiver_gains", "receiver_constants")
-    prior = None
-    if phase_centres:
-        groups, prior = ("ap_positions", *groups), position_prior
 
     def refit(var, cal, warn):  # every group, from the last fit's receivers and phase centres
-        return calibrate(
-            model,
-            x,
-            h,
-            var * copies,
-            fit=groups,
-            receivers=cal.receivers,
-            position_prior=prior,
-            position_start=cal.values.get("ap_positions"),
-            warn=warn,
-        )
+        fit = groups
+        if phase_centres:
+            start = cal.values.get("ap_positions")
+            fit = (Positions(prior=position_prior, start=start), *groups)
+        return calibrate(model, x, h, var * copies, fit=fit, receivers=cal.receivers, warn=warn)
 
     var = np.ones(model.num_aps)
     cal = calibrate(model, x, h, var * copies, fit=groups[-2:], warn=False)
