@@ -89,7 +89,7 @@ LONGEST_FILES = (
     "tests/test_mle.py",  # 18 s
     "tests/test_grid.py",  # 18 s
     "docs/index.md",  # 17 s
-    "tests/test_calibration_materials.py",  # 17 s
+    "tests/test_calibration_surfaces.py",  # 17 s
     "tests/test_antenna.py",  # 16 s
     "tests/test_pipeline.py",  # 16 s
     "tests/test_datasets.py",  # 15 s

@@ -58,7 +58,7 @@ def deployments(num: int, num_labeled: int, seed: int = 0):
         start = offsets_closed_form(nominal, x, r)
         grp = (
             groups.positions_group(nominal, None),
-            groups.Offsets.from_start(start),
+            groups.OffsetsGroup.from_start(start),
             groups.surfaces_group(nominal, [idx], eps0),
         )
         rows.append((grp, r, nv, jnp.concatenate([g.u0 for g in grp])[None]))

@@ -85,9 +85,11 @@ def main(argv=None) -> list[dict]:
                 dj.TwoRayModel(scene),
                 motion,
                 dt=DT,
-                window=WINDOW,
-                screen_snapshots=WINDOW if snapshots is None else snapshots,
-                screen_size=size,
+                settings=tracking.TrackerSettings(
+                    window=WINDOW,
+                    screen_snapshots=WINDOW if snapshots is None else snapshots,
+                    screen_size=size,
+                ),
             )
             state = jax.vmap(lambda x, t=tracker: t.init(x, position_std=0.04))(
                 path.positions[:, 0] + 0.04

@@ -84,7 +84,9 @@ def main(argv=None) -> list[dict]:
         ("tracker_ekf", dict(num_iterations=1)),
     ]
     for name, settings in variants:
-        tracker = tracking.Tracker(model, motion, dt=DT, **settings)
+        tracker = tracking.Tracker(
+            model, motion, dt=DT, settings=tracking.TrackerSettings(**settings)
+        )
         for b in args.num_ues:
             path, r = walks(scene, model, motion, b, args.steps)
             rs = jnp.swapaxes(r[:, 1:], 0, 1)

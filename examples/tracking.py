@@ -114,7 +114,8 @@ def run_power(power_dbm, args, single: SingleSnapshot) -> tuple[dict, dict]:
     # snapshots: the start's standard deviation), acquiring from its first window
     # the single-snapshot stage's table also serves the tracker's global re-acquisition
     # (re-acquisitions that keep failing re-centre on the window's table searches)
-    tracker = tracking.Tracker(model, motion, dt=DT, relinearize=not args.chord, table=single.table)
+    settings = tracking.TrackerSettings(relinearize=not args.chord)
+    tracker = tracking.Tracker(model, motion, dt=DT, settings=settings, table=single.table)
     init = jax.vmap(lambda x: tracker.init(x, position_std=SPEED * DT * k0))
     state0 = init(jnp.asarray(x_start))
     rs = jnp.swapaxes(r[:, 1:], 0, 1)  # (T-1, N, M)
@@ -258,7 +259,9 @@ def main(argv=None) -> list[dict]:
     )
     ap.add_argument("--resume", action="store_true", help="keep powers already in --json")
     ap.add_argument(
-        "--chord", action="store_true", help="Tracker(relinearize=False): chord second steps"
+        "--chord",
+        action="store_true",
+        help="TrackerSettings(relinearize=False): chord second steps",
     )
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/tracking"))
     ap.add_argument("--json", type=pathlib.Path, default=None)

@@ -341,7 +341,9 @@ def test_a_tracker_follows_a_walk_past_the_pillar_in_a_scene_of_faces():
     path = jnp.array([[5.3, 3.6, 1.0]]) + steps * jnp.array([[0.0, 1.0, 0.0]])
     cpo = jax.random.uniform(jax.random.key(4), (121,), minval=-np.pi, maxval=np.pi)
     r = dj.wrap(jax.vmap(model.mean)(path) + cpo[:, None])
-    tracker = tracking.Tracker(model, walk, dt=0.01, reacquire_batch=4)
+    tracker = tracking.Tracker(
+        model, walk, dt=0.01, settings=tracking.TrackerSettings(reacquire_batch=4)
+    )
     state = tracker.init(path[0] + 1e-3, position_std=3e-3, acquire=False)
     _, out = tracking.run_tracker(tracker, jax.tree.map(lambda a: a[None], state), r[1:, None])
     err = np.linalg.norm(np.asarray(out.position[:, 0]) - np.asarray(path[1:]), axis=-1)

@@ -9,6 +9,7 @@ import pytest
 
 import dmimo_jax as dj
 from dmimo_jax import tracking
+from dmimo_jax.tracking import TrackerSettings as Settings
 from dmimo_jax.tracking.kalman import position_update
 from tests.helpers import xla_optimized
 
@@ -101,7 +102,7 @@ def walked():
     """20 UEs walking 2 s at -10 dBm, tracked from their true start (+ 1 cm); all 20
     acquire at the same step (no UE waits for re-acquisition capacity)."""
     path, r = _walks(jax.random.PRNGKey(5), 20, 201)
-    tracker = tracking.Tracker(MODEL, WALK, dt=DT, reacquire_batch=20)
+    tracker = tracking.Tracker(MODEL, WALK, dt=DT, settings=Settings(reacquire_batch=20))
     x0 = path.positions[:, 0] + jnp.array([[0.01, -0.01, 0.005]])
     state = jax.vmap(lambda x: tracker.init(x, position_std=0.01))(x0)
     rs = jnp.swapaxes(r[:, 1:], 0, 1)
@@ -117,7 +118,7 @@ def test_noise_free_snapshots_converge_to_the_path(walked):
     cpo = jax.random.uniform(jax.random.PRNGKey(4), (20, 201), minval=-np.pi, maxval=np.pi)
     r = dj.wrap(jax.vmap(jax.vmap(MODEL.mean))(path.positions) + cpo[..., None])
     tracker = tracking.Tracker(
-        dj.TwoRayModel(dj.paper_scene(60.0)), WALK, dt=DT, reacquire_batch=20
+        dj.TwoRayModel(dj.paper_scene(60.0)), WALK, dt=DT, settings=Settings(reacquire_batch=20)
     )
     x0 = path.positions[:, 0] + 1e-3
     state = jax.vmap(lambda x: tracker.init(x, position_std=3e-3, acquire=False))(x0)
@@ -156,7 +157,7 @@ def test_chord_steps_land_where_relinearizing_does(walked):
     """With relinearize=False the second iteration keeps the first linearization (a chord
     step); the iterated EKF re-linearizes: through the acquisition and after, the two
     tracks differ by a small fraction of their error."""
-    chord = tracking.Tracker(MODEL, WALK, dt=DT, relinearize=False)
+    chord = tracking.Tracker(MODEL, WALK, dt=DT, settings=Settings(relinearize=False))
     rs = walked["rs"][:60]
     _, out = tracking.run_tracker(chord, walked["state"], rs)
     iterated = np.asarray(walked["out"].position[:60])
@@ -173,8 +174,8 @@ def test_long_steps_relinearize_and_short_steps_take_chords_per_ue():
     from dmimo_jax.tracking.filter import correct
 
     default = tracking.Tracker(MODEL, WALK, dt=DT)  # chord_below = lambda / 100
-    always = tracking.Tracker(MODEL, WALK, dt=DT, chord_below=0.0)
-    chords = tracking.Tracker(MODEL, WALK, dt=DT, relinearize=False)
+    always = tracking.Tracker(MODEL, WALK, dt=DT, settings=Settings(chord_below=0.0))
+    chords = tracking.Tracker(MODEL, WALK, dt=DT, settings=Settings(relinearize=False))
     x = jnp.array([[5.0, 5.0, 1.5], [6.0, 4.0, 1.2]])
     r = dj.wrap(jax.vmap(MODEL.mean)(x) + 0.3)  # noise-free, one CPO
     off = jnp.array([[2e-5, 0.0, 0.0], [0.0, 2e-2, 0.0]])  # short (20 um), long (2 cm)
@@ -280,9 +281,19 @@ def test_an_outage_is_bridged_and_reacquired(walked):
         (lambda: tracking.ConstantVelocity(-1.0), "sigma_a must be >= 0"),
         (lambda: tracking.RandomWalk(float("nan")), "sigma must be finite"),
         (lambda: tracking.Tracker(MODEL, "cv", dt=DT), "motion must be a ConstantVelocity"),
-        (lambda: tracking.Tracker(MODEL, WALK, dt=DT, window=1), "window must be an int"),
-        (lambda: tracking.Tracker(MODEL, WALK, dt=DT, relinearize=1), "relinearize must be"),
-        (lambda: tracking.Tracker(MODEL, WALK, dt=DT, chord_below=-1e-3), "chord_below must be"),
+        (
+            lambda: tracking.Tracker(MODEL, WALK, dt=DT, settings=Settings(window=1)),
+            "window must be",
+        ),
+        (
+            lambda: tracking.Tracker(MODEL, WALK, dt=DT, settings=Settings(relinearize=1)),
+            "relinearize",
+        ),
+        (lambda: tracking.Tracker(MODEL, WALK, dt=DT, settings={"window": 4}), "TrackerSettings"),
+        (
+            lambda: tracking.Tracker(MODEL, WALK, dt=DT, settings=Settings(chord_below=-1e-3)),
+            "chord_below",
+        ),
         (
             lambda: tracking.simulate_trajectory(
                 jax.random.PRNGKey(0), WALK, jnp.array([20.0, 5.0, 1.0]), None, 10, DT
@@ -363,7 +374,7 @@ def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
     bound = brute(tracker, s, candidates, velocities, prior, 2)
     assert bool(jnp.all(bound <= costs))  # the newest snapshots' cost is a lower bound
     for kw in [{}, dict(screen_snapshots=1, screen_size=1)]:
-        like = tracking.Tracker(MODEL, WALK, dt=DT, reacquire_batch=20, **kw)
+        like = tracking.Tracker(MODEL, WALK, dt=DT, settings=Settings(reacquire_batch=20, **kw))
         got = jax.jit(lattice_argmin)(like, s, candidates, velocities, prior)
         assert tuple(int(g) for g in got) == tuple(int(w) for w in want), (kw, got, want)
     # one kept bound (the misleading newest snapshot) does not certify: the fallback ran

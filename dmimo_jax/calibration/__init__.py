@@ -10,7 +10,7 @@
 * :mod:`~dmimo_jax.calibration.groups`: the parameter blocks a fit builds from them
   (:class:`Group` and one class per group: how each sets itself on a model, its natural
   values, its prior, how it is reported).
-* :mod:`~dmimo_jax.calibration.materials`: the surfaces alone (:func:`fit_material` for the
+* :mod:`~dmimo_jax.calibration.surfaces`: the surfaces alone (:func:`fit_material` for the
   ground of the two-ray model, :func:`fit_surfaces` for a room) and the numpyro NUTS
   posterior of the ground's permittivity (:func:`material_posterior`).
 * :mod:`~dmimo_jax.calibration.measured`: the recipe for measured complex snapshots
@@ -37,15 +37,6 @@ from dmimo_jax.calibration.groups import (
     ReceiverConstantsGroup,
     ReceiverGainsGroup,
     SurfacesGroup,
-)
-from dmimo_jax.calibration.materials import (
-    MaterialFit,
-    MaterialPosterior,
-    fit_material,
-    fit_surfaces,
-    log_likelihood,
-    material_posterior,
-    with_permittivities,
 )
 from dmimo_jax.calibration.measured import (
     PHASE_CENTRE_PRIOR,
@@ -79,6 +70,15 @@ from dmimo_jax.calibration.specs import (
     as_fit_groups,
 )
 from dmimo_jax.calibration.status import chi2_band, error_scale, fit_status
+from dmimo_jax.calibration.surfaces import (
+    MaterialFit,
+    MaterialPosterior,
+    fit_material,
+    fit_surfaces,
+    log_likelihood,
+    material_posterior,
+    with_permittivities,
+)
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.Calibration`): kept here so the

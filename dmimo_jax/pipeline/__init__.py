@@ -32,19 +32,17 @@ GP and trains, screens and refines under ``m``. :class:`Locator` is the one onli
 (``coarse``, ``screen``, ``fine_stage``, ``certify`` and ``__call__``: ``dj.Locator``).
 
 Modules: :mod:`~dmimo_jax.pipeline.offline` (steps 1-4), :mod:`~dmimo_jax.pipeline.online`
-(the stages and the Locator), :mod:`~dmimo_jax.pipeline.cache` (where the offline work is
-kept and the key that names it).
+(the online stages as functions), :mod:`~dmimo_jax.pipeline.locator` (the Locator, one
+program), :mod:`~dmimo_jax.pipeline.stages` (its coarse stages as pytrees),
+:mod:`~dmimo_jax.pipeline.cache` (where the offline work is kept and the key that names it).
 """
 
 from dmimo_jax.pipeline.cache import CACHE_ENV, cache_key, default_cache_dir
 from dmimo_jax.pipeline.locator import (
-    CellStage,
     ExportedLocator,
     HealReport,
     LocatorResult,
     LocatorSettings,
-    WindowScreen,
-    WindowStage,
     load_locator,
     sharded,
 )
@@ -71,6 +69,7 @@ from dmimo_jax.pipeline.online import (
     locate_candidates,
     screen_candidates,
 )
+from dmimo_jax.pipeline.stages import CellStage, WindowScreen, WindowStage
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.window_search`): kept here so the

@@ -19,34 +19,36 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, is_concrete
-from dmimo_jax.estimators import CellTable, PhasorTable, window_covers_table
+from dmimo_jax.estimators import PhasorTable
 from dmimo_jax.estimators.faults import exclude_faults, pick_excluding, region_candidates
-from dmimo_jax.estimators.hyperbola import estimate as hyperbola_estimate
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
 from dmimo_jax.estimators.rows import capacity_for, on_rows, passes_gate
-from dmimo_jax.estimators.search import coarse_to_fine_unchecked
-from dmimo_jax.estimators.window import gate_recheck, window_offsets, window_search_unchecked
+from dmimo_jax.estimators.window import gate_recheck, window_offsets
 from dmimo_jax.learning.cells import CellClassifier
-from dmimo_jax.learning.hi import HIEstimator
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel
 from dmimo_jax.pipeline.online import (
     CandidateScreen,
     ScreenSettings,
-    cell_screen,
-    check_candidates,
     check_screen_settings,
     whole_region_screen_unchecked,
+)
+from dmimo_jax.pipeline.stages import (
+    CellStage,
+    WindowScreen,
+    WindowStage,
+    check_cell_table,
+    coarse_stage,
+    window_box,
 )
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
@@ -84,13 +86,6 @@ class HealReport(NamedTuple):
     count: Array  # int: the accepted snapshots that excluded it
 
 
-class WindowScreen(NamedTuple):
-    """Output of a regression network's safeguard in :class:`Locator` (leading batch axis B)."""
-
-    x: Array  # (B, 3) refined best point of the window search
-    fallback: Array  # (B,) bool: the window spans the whole table (the whole region searched)
-
-
 class LocatorSettings(NamedTuple):
     """The static settings of a :class:`Locator` (checked at construction; see there)."""
 
@@ -114,190 +109,6 @@ class LocatorSettings(NamedTuple):
         return ScreenSettings(
             self.first_cells, self.first_mass, self.min_mass, self.num_starts, self.screen_steps
         )
-
-
-# ----------------------------------------------------------------------------- coarse stages
-
-
-@pytree_dataclass
-class Network:
-    """A Flax NNX network as a pytree: its graph (static) and its state (leaves). Calling it
-    runs ``method`` of the merged network on float32 inputs."""
-
-    graphdef: Any = static_field()
-    state: Any
-
-    @classmethod
-    def of(cls, module: nnx.Module) -> Network:
-        graphdef, state = nnx.split(module)
-        return cls(graphdef, state)
-
-    @property
-    def module(self) -> nnx.Module:
-        return nnx.merge(self.graphdef, self.state)
-
-
-@pytree_dataclass
-class CellStage:
-    """The coarse stage of a cell classifier: its ``num_cells`` most likely cells and their
-    probabilities, then the two-tier candidate screen
-    (:func:`~dmimo_jax.pipeline.cell_screen`) of its cell table."""
-
-    network: Network
-    cells: CellTable
-    defaults: ClassVar[dict] = {"num_starts": 4, "screen_steps": 2, "fine_steps": 3}
-
-    def coarse(self, loc: Locator, r: Array) -> tuple[Array, Array]:
-        return self.network.module.top_cells(r.astype(jnp.float32), loc.num_cells)
-
-    def screen(
-        self, loc: Locator, r: Array, coarse: Any, capacity: int, whole: bool = True
-    ) -> tuple[CandidateScreen, Array]:
-        """The two-tier screen; ``whole=False`` leaves the unsure rows (``fallback``) to
-        the caller (the program runs them with the cost gate's re-screen)."""
-        cells, probs = coarse
-        return cell_screen(
-            r,
-            cells.astype(jnp.int32),
-            probs,
-            loc.screen_model,
-            self.cells,
-            loc.table if whole else None,
-            loc.settings.screen,
-            capacity,
-        )
-
-    def position(self, coarse: Any) -> Array:
-        """The most likely cell's centre (B, 3)."""
-        return self.cells.cells.centre(coarse[0][:, 0])
-
-    def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Any:
-        """A user's ``(cells, probs)``, checked as :func:`screen_candidates` checks them."""
-        cells, p = check_candidates(r, *coarse, self.cells)
-        if cells.shape[1] != loc.num_cells:
-            raise ValueError(f"cells: expected {loc.num_cells} per snapshot, got {cells.shape[1]}")
-        return cells.astype(jnp.int32), jnp.asarray(p)
-
-
-@pytree_dataclass
-class Regressor:
-    """A position regressor (POPT, MLP): positions (B, 3) in the snapshots' dtype."""
-
-    network: Network
-
-    def __call__(self, r: Array) -> Array:
-        return self.network.module(r.astype(jnp.float32)).astype(r.dtype)
-
-
-@pytree_dataclass
-class Hyperbolas:
-    """The HI benchmark's coarse stage (:class:`~dmimo_jax.learning.hi.HIEstimator`) as a
-    pytree: the ambiguity classifier's integers, the hyperboloids' intersection, clipped to
-    the UE region."""
-
-    network: Network
-    ap_positions: Array
-    starts: Array
-    low: Array
-    high: Array
-    wavelength: float = static_field()
-    reference: int = static_field()
-
-    def __call__(self, r: Array) -> Array:
-        n = self.network.module.predict(r.astype(jnp.float32))
-        x = hyperbola_estimate(
-            r,
-            n,
-            self.ap_positions.astype(self.starts.dtype),
-            self.wavelength,
-            self.starts,
-            reference=self.reference,
-        )
-        return jnp.clip(x, self.low[None, :], self.high[None, :]).astype(r.dtype)
-
-
-@pytree_dataclass
-class WindowStage:
-    """The coarse stage of a regression network (POPT, MLP, HI): its position, then the
-    safeguard window of the offline stage's radius (the whole table when the window would
-    hold 1/16 of it: :func:`~dmimo_jax.estimators.window_covers_table`)."""
-
-    estimator: Regressor | Hyperbolas
-    offsets: Array  # (P, 3) the window's points around the coarse position
-    low: Array  # (3,) the box the window is clipped to
-    high: Array
-    whole: bool = static_field()
-    defaults: ClassVar[dict] = {"num_starts": 8, "screen_steps": 15, "fine_steps": 15}
-
-    def coarse(self, loc: Locator, r: Array) -> Array:
-        return self.estimator(r)
-
-    def screen(
-        self, loc: Locator, r: Array, coarse: Array, capacity: int, whole: bool = True
-    ) -> tuple[WindowScreen, Array]:
-        s = loc.settings
-        if self.whole:
-            xs = coarse_to_fine_unchecked(
-                r, loc.screen_model, loc.table, s.num_starts, s.screen_steps
-            ).x
-        else:
-            xs = window_search_unchecked(
-                r,
-                loc.screen_model,
-                coarse,
-                self.offsets,
-                self.low,
-                self.high,
-                s.num_starts,
-                s.screen_steps,
-            )
-        none = jnp.zeros(r.shape[0], bool)
-        return WindowScreen(xs, jnp.full(r.shape[0], self.whole)), none
-
-    def position(self, coarse: Array) -> Array:
-        return coarse
-
-    def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Array:
-        """A user's coarse positions: (B, 3), finite."""
-        x = jnp.asarray(coarse, r.dtype)
-        if x.shape != (r.shape[0], 3) or not bool(jnp.all(jnp.isfinite(x))):
-            raise ValueError(f"coarse: expected finite positions of shape ({r.shape[0]}, 3)")
-        return x
-
-
-def _window_box(scene: Any) -> tuple[Array, Array]:
-    return jnp.asarray(scene.ue_low) - 0.25, jnp.asarray(scene.ue_high) + 0.25
-
-
-def _stage_of(offline: Any, kind: str, estimator: Any) -> CellStage | WindowStage:
-    """The coarse stage of a trained estimator, chosen by its type."""
-    if isinstance(estimator, CellClassifier):
-        return CellStage(Network.of(estimator), offline.cells)
-    if isinstance(estimator, HIEstimator):
-        clf = estimator.classifier
-        coarse = Hyperbolas(
-            Network.of(clf),
-            jnp.asarray(clf.ap_positions[...]),
-            estimator.starts,
-            estimator.low,
-            estimator.high,
-            float(clf.wavelength),
-            int(clf.config.reference),
-        )
-    elif isinstance(estimator, nnx.Module):
-        coarse = Regressor(Network.of(estimator))
-    else:
-        raise ValueError(
-            f"offline.estimators[{kind!r}] must be a trained network (a cell classifier, POPT, "
-            f"the MLP) or an HIEstimator, got {type(estimator).__name__}"
-        )
-    scene = offline.screen.scene
-    lam = float(scene.wavelength)
-    low, high = _window_box(scene)
-    radius = min(float(offline.radii[kind]), float(jnp.max(high - low)))
-    whole = window_covers_table(scene, offline.radii[kind], offline.table)
-    offsets = jnp.asarray(window_offsets(radius, lam / 4), low.dtype)
-    return WindowStage(coarse, offsets, low, high, bool(whole))
 
 
 # ----------------------------------------------------------------------------- the Locator
@@ -396,11 +207,11 @@ class Locator:
             raise ValueError(f"fine must be 'screen' or 'model', got {fine!r}")
         estimator = estimators[kind]
         if isinstance(estimator, CellClassifier):
-            _check_cell_table(estimator, offline.cells)
-        stage = _stage_of(offline, kind, estimator)
+            check_cell_table(estimator, offline.cells)
+        stage = coarse_stage(offline, kind, estimator)
         scene = offline.screen.scene
         lam = float(scene.wavelength)
-        low, high = _window_box(scene)
+        low, high = window_box(scene)
         recheck_radius = min(lam / 4, float(jnp.max(high - low)))
         fields = dict(
             stage=stage,
@@ -885,27 +696,6 @@ _screen = jax.jit(lambda loc, r, c, cap: loc.stage.screen(loc, r, c, cap), stati
 _refine = jax.jit(Locator.refine)
 _region = jax.jit(Locator.region_search)
 _gate = jax.jit(Locator.gate, static_argnums=4)
-
-
-def _check_cell_table(classifier: CellClassifier, table: Any) -> None:
-    grid, tabled = classifier.cells, getattr(table, "cells", None)
-    if tabled is None or (
-        grid.shape != tabled.shape
-        or grid.cell_size != tabled.cell_size
-        or not np.allclose(np.asarray(grid.low), np.asarray(tabled.low))
-    ):
-        raise ValueError(
-            "offline.cells (the cell table) does not belong to the classifier's cells "
-            f"(classifier: {grid.shape} cells of {grid.cell_size} m from "
-            f"{np.asarray(grid.low).tolist()}; table: "
-            + (
-                "none"
-                if tabled is None
-                else f"{tabled.shape} cells of {tabled.cell_size} m from "
-                f"{np.asarray(tabled.low).tolist()}"
-            )
-            + "): use the Offline of one run_offline call"
-        )
 
 
 # ----------------------------------------------------------------------------- beyond one process

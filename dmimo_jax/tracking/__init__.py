@@ -13,7 +13,13 @@ snapshots along a path, a tracking filter on the carrier phases and its posterio
 """
 
 from dmimo_jax.tracking.bound import pcrb, pcrb_position_rmse
-from dmimo_jax.tracking.filter import TrackOutput, TrackState, medoid_start, run_tracker
+from dmimo_jax.tracking.filter import (
+    TrackerSettings,
+    TrackOutput,
+    TrackState,
+    medoid_start,
+    run_tracker,
+)
 from dmimo_jax.tracking.motion import (
     ConstantVelocity,
     RandomWalk,
@@ -29,6 +35,7 @@ from dmimo_jax.tracking.paths import PathResult, most_likely_path
 from dmimo_jax.tracking.filter import Tracker  # noqa: F401
 
 __all__ = [
+    "TrackerSettings",
     "ConstantVelocity",
     "RandomWalk",
     "Trajectory",

@@ -123,16 +123,11 @@ class TrackOutput(NamedTuple):
     # still resolves the comb. A track whose re-acquisitions keep firing never is.
 
 
-@pytree_dataclass(init=False)
-class Tracker:
-    """An (iterated) extended Kalman filter on wrapped carrier phases with profiled CPOs,
-    a windowed lock test and lattice re-acquisition (module docstring).
+class TrackerSettings(NamedTuple):
+    """How a :class:`Tracker` iterates, tests its lock and re-acquires (the defaults are the
+    ones every measurement in docs/tracking.md used).
 
-    Args:
-        model: the PhaseModel the filter believes (or a Scene: its two-ray model).
-        motion: :class:`~dmimo_jax.tracking.ConstantVelocity` or
-            :class:`~dmimo_jax.tracking.RandomWalk`.
-        dt: snapshot interval, s.
+    Attributes:
         num_iterations: Gauss-Newton iterations per snapshot (1: EKF; more: iterated EKF).
         relinearize: iterations after the first re-linearize (Jacobian and weights at the
             iterate: the iterated EKF, the default) where the previous step was at least
@@ -158,15 +153,48 @@ class Tracker:
         screen_snapshots: newest snapshots the re-acquisition's certified screen scores
             every lattice point on (:func:`lattice_argmin`; 1 to ``window``).
         screen_size: lattice points (times velocities) it scores on the whole window.
+        global_after: failed local re-acquisitions before a global one (with a ``table``).
+    """
+
+    num_iterations: int = 2
+    relinearize: bool = True
+    chord_below: float | None = None
+    window: int = 10
+    false_alarm: float = 1e-6
+    gate_false_alarm: float = 1e-9
+    max_position_std: float | None = None
+    reacquire_radius: float | None = None
+    reacquire_spacing: float | None = None
+    reacquire_batch: int = 8
+    screen_snapshots: int = 2
+    screen_size: int = 256
+    global_after: int = 2
+
+
+@pytree_dataclass(init=False)
+class Tracker:
+    """An (iterated) extended Kalman filter on wrapped carrier phases with profiled CPOs,
+    a windowed lock test and lattice re-acquisition (module docstring).
+
+    Args:
+        model: the PhaseModel the filter believes (or a Scene: its two-ray model).
+        motion: :class:`~dmimo_jax.tracking.ConstantVelocity` or
+            :class:`~dmimo_jax.tracking.RandomWalk`.
+        dt: snapshot interval, s.
+        settings: how it iterates, tests its lock and re-acquires (:class:`TrackerSettings`;
+            default its defaults).
+        table: a :class:`~dmimo_jax.estimators.PhasorTable` of the model over the region:
+            global re-acquisition after ``settings.global_after`` failed local ones.
 
     Examples:
         >>> import jax, jax.numpy as jnp
         >>> from dmimo_jax import paper_scene
         >>> from dmimo_jax.tracking import ConstantVelocity
-        >>> tracker = Tracker(paper_scene(), ConstantVelocity(1.0), dt=0.01)
+        >>> tracker = Tracker(paper_scene(), ConstantVelocity(1.0), dt=0.01,
+        ...                   settings=TrackerSettings(window=8))
         >>> state = tracker.init(jnp.array([5.0, 5.0, 1.5]), position_std=0.01)
         >>> state.mean.shape, state.recent_r.shape
-        ((6,), (10, 17))
+        ((6,), (8, 17))
     """
 
     model: PhaseModel
@@ -194,21 +222,18 @@ class Tracker:
         motion: MotionModel,
         *,
         dt: float,
-        num_iterations: int = 2,
-        relinearize: bool = True,
-        chord_below: float | None = None,
-        window: int = 10,
-        false_alarm: float = 1e-6,
-        gate_false_alarm: float = 1e-9,
-        max_position_std: float | None = None,
-        reacquire_radius: float | None = None,
-        reacquire_spacing: float | None = None,
-        reacquire_batch: int = 8,
-        screen_snapshots: int = 2,
-        screen_size: int = 256,
+        settings: TrackerSettings | None = None,
         table: PhasorTable | None = None,
-        global_after: int = 2,
     ):
+        s = TrackerSettings() if settings is None else settings
+        if not isinstance(s, TrackerSettings):
+            raise ValueError(
+                f"settings must be a TrackerSettings (or None: the defaults), got "
+                f"{type(settings).__name__}"
+            )
+        num_iterations, relinearize, chord_below, window = s[:4]
+        false_alarm, gate_false_alarm, max_position_std, reacquire_radius = s[4:8]
+        reacquire_spacing, reacquire_batch, screen_snapshots, screen_size, global_after = s[8:]
         model = as_phase_model(model)
         check_num_aps(model.num_aps)
         check_motion(motion)

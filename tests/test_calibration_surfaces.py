@@ -1,4 +1,4 @@
-"""dmimo_jax.calibration.materials: the ground and a room's surfaces from labeled snapshots."""
+"""dmimo_jax.calibration.surfaces: the ground and a room's surfaces from labeled snapshots."""
 
 import jax
 import jax.numpy as jnp
