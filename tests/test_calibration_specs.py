@@ -50,6 +50,7 @@ def test_strings_are_the_groups_with_their_defaults():
             as_fit_groups(bad)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_an_object_fit_equals_its_shorthand_and_its_options_apply():
     x, r, var = _data()
     nominal = dj.TwoRayModel(SCENE)

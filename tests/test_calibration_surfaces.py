@@ -60,6 +60,7 @@ def test_calibrated_mle_equals_matched_mle():
     assert float(jnp.max(jnp.abs(matched - calibrated))) < 1e-8
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_room_surfaces_calibrated_jointly():
     scene = dj.paper_scene(-10.0, convention="itu")
     truth = dj.room_model(

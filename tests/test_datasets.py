@@ -433,6 +433,7 @@ def test_confirmed_by_neighbours():
         confirmed_by_neighbours(x, r[:4], t)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_self_training_finds_the_lobes_the_labels_miss(tmp_path):
     """A raster walk (5 cm steps) through a smooth 1.2 rad field the LoS model lacks, 12 labels:
     the labels-only field lands on wrong lobes; pseudo-labels confirmed in time fix most."""

@@ -40,6 +40,7 @@ def _noise_free_snapshots(n, seed):
     return xs, dj.simulate_phases_batch(jax.random.key(seed + 2), loud, xs, cpos)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_lambda8_egs_noise_free_within_one_cell_diagonal():
     grid = est.make_grid(BOX_LOW, BOX_HIGH, LAM / 8)
     xs, r = _noise_free_snapshots(200, seed=0)
@@ -160,6 +161,7 @@ print("IDENTICAL")
 """
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_sharded_and_single_device_results_identical(tmp_path):
     import os
     import subprocess

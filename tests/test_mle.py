@@ -125,6 +125,7 @@ def test_refine_batch_bad_rows():
         est.refine_batch(jnp.ones((3, 3)), jnp.zeros((2, 17)), SCENE)
 
 
+@pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
 def test_recheck_costly_searches_again_only_the_answers_whose_cost_is_wrong():
     scene = dj.paper_scene()
     truth = dj.TwoRayModel(scene)
