@@ -22,7 +22,8 @@ autodiff Jacobian. The groups (``fit=``; each a class of
 * ``"ap_positions"``: the APs' phase centres. An AP mounted on a reflector of an
   :class:`~dmimo_jax.physics.ImageSourceModel` or a face of a
   :class:`~dmimo_jax.physics.MeshModel` (within ``MOUNT_TOLERANCE`` of its plane) moves
-  only within that plane; ``free_axes`` (M, 3) restricts the coordinates further.
+  only within that plane; ``Positions(free_axes=...)`` (M, 3) restricts the coordinates
+  further (:mod:`~dmimo_jax.calibration.specs`).
 * ``"ap_phase_offsets"``: the static per-AP offsets :math:`\delta_m`. Only differences are
   observable (a common part is the CPO), so AP 0 keeps the model's value (the gauge).
   Offsets uniform in :math:`[-\pi,\pi)` are far outside any local basin, so the fit starts
@@ -193,7 +194,7 @@ class Calibration:
         stderr: standard errors, same keys and shapes (for ``"surfaces"`` a complex number
             whose real part is the error of :math:`\mathrm{Re}\,\varepsilon_r` and imaginary
             part that of :math:`\mathrm{Im}\,\varepsilon_r`; 0 for what the gauge or
-            ``free_axes`` hold fixed; ``inf`` for a direction the data cannot identify).
+            ``Positions.free_axes`` hold fixed; ``inf`` for a direction the data cannot identify).
         log_likelihood: () profiled log-likelihood at the estimate.
         cpo: (L,) CPOs of the labeled snapshots, wrapped, rad.
         reduced_chi2: () sum of squared whitened residuals / dof (about 1 for a model that
