@@ -73,6 +73,7 @@ def test_run_offline_trains_every_kind_under_the_given_model(trained):
         )
 
 
+@pytest.mark.slow  # the Locator's program compiles (about 25 s here): the slow tier's
 def test_cells_locator_equals_the_composed_stages(trained):
     _, off = trained
     x, r, _ = _labeled(LOCATOR_BATCH, seed=3)
