@@ -78,12 +78,12 @@ def _xla_optimized_if_marked(request):
 # fresh compilation cache, after the tests over about 6 s moved to the slow tier):
 # a stale entry only costs balance, never a result. Files not listed run after these.
 LONGEST_FILES = (
-    "tests/test_offline_online.py",  # 48 s (the Locator's program compiles)
     "tests/test_tracking.py",  # 42 s
     "tests/test_candidates.py",  # 32 s
     "tests/test_bad_input.py",  # 27 s
     "tests/test_physics.py",  # 25 s
     "tests/test_gp.py",  # 23 s
+    "tests/test_offline_online.py",  # 22 s (48 s before its Locator test moved to the slow tier)
     "tests/test_learning.py",  # 21 s
     "tests/test_calibration_deployment.py",  # 19 s
     "tests/test_mle.py",  # 18 s
