@@ -342,16 +342,14 @@ def orient_polygons(
         w = winding_numbers(pts, tris)
         inside, outside = int(np.sum(w > 0.75)), int(np.sum(w < 0.25))
         if inside == outside:  # no vote: a room when it encloses most of the rest
-            rest = [polys[i].mean(axis=0) for i in np.flatnonzero(comp != c)]
-            mine = tris.reshape(-1, 3)
-            near = [
-                x for x in rest if np.all(x >= mine.min(0) - tol) and np.all(x <= mine.max(0) + tol)
-            ]
-            room = 2 * len(near) >= len(rest) and (
-                not rest
-                or 2 * int(np.sum(winding_numbers(np.array(near).reshape(-1, 3), tris) > 0.5))
-                >= len(rest)
+            rest = np.array([polys[i].mean(axis=0) for i in np.flatnonzero(comp != c)]).reshape(
+                -1, 3
             )
+            mine = tris.reshape(-1, 3)
+            # only centres inside its bounding box can be inside it (spares the winding numbers)
+            near = rest[np.all((rest >= mine.min(0) - tol) & (rest <= mine.max(0) + tol), axis=1)]
+            enclosed = int(np.sum(winding_numbers(near, tris) > 0.5)) if len(near) else 0
+            room = 2 * enclosed >= len(rest)
         else:
             room = inside > outside
         if room:
@@ -679,21 +677,12 @@ def load_mitsuba(
 
     Args:
         path: the ``.xml`` scene; its meshes' paths are relative to it.
-        materials: a material for a name of the file: a complex relative permittivity, an
-            ITU-R P.2040 name (``"concrete"``; ``"metal"``) or None (a perfect conductor).
-            Names not given here must be ITU names themselves (``"concrete"``,
-            ``"itu_concrete"``, ``"mat-itu_concrete"``).
-        frequency_hz: the carrier at which ITU material names are evaluated (needed when a
-            material is a name).
-        convention: ``"itu"`` (f in GHz, the correct one) or ``"paper"`` (f in Hz: the
-            paper's permittivity, :func:`~dmimo_jax.materials.relative_permittivity`).
-        merge: merge coplanar triangles where their union is convex (fewer faces, the same
-            surfaces).
-        orient: decide each face's air side from the meshes' connectivity
-            (:func:`orient_polygons`: closed meshes are solids or rooms, open ones sheets)
-            instead of trusting the file's vertex order.
-        air: (A, 3) points known to be in the air, e.g. the scene's APs: a closed mesh
-            around most of them is a room (its normals point in), not a solid.
+        materials: as in :func:`load_obj`.
+        frequency_hz: as in :func:`load_obj`.
+        convention: as in :func:`load_obj`.
+        merge: as in :func:`load_obj`.
+        orient: as in :func:`load_obj` (all shapes oriented together).
+        air: as in :func:`load_obj`.
 
     Returns:
         The faces (``Face``), ready for :class:`~dmimo_jax.physics.MeshModel`.

@@ -231,9 +231,20 @@ class Tracker:
                 f"settings must be a TrackerSettings (or None: the defaults), got "
                 f"{type(settings).__name__}"
             )
-        num_iterations, relinearize, chord_below, window = s[:4]
-        false_alarm, gate_false_alarm, max_position_std, reacquire_radius = s[4:8]
-        reacquire_spacing, reacquire_batch, screen_snapshots, screen_size, global_after = s[8:]
+        num_iterations, relinearize, chord_below, window = (
+            s.num_iterations,
+            s.relinearize,
+            s.chord_below,
+            s.window,
+        )
+        false_alarm, gate_false_alarm = s.false_alarm, s.gate_false_alarm
+        max_position_std, reacquire_radius = s.max_position_std, s.reacquire_radius
+        reacquire_spacing, reacquire_batch = s.reacquire_spacing, s.reacquire_batch
+        screen_snapshots, screen_size, global_after = (
+            s.screen_snapshots,
+            s.screen_size,
+            s.global_after,
+        )
         model = as_phase_model(model)
         check_num_aps(model.num_aps)
         check_motion(motion)
