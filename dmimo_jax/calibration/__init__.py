@@ -4,6 +4,11 @@
   group of the model's unknowns (AP phase centres, per-AP phase offsets, surfaces'
   permittivities, the antenna exponent, the polarization), with honest standard errors and
   the fit's reduced chi-square.
+  :func:`calibrate_many`: N deployments of the same shapes at once (each LM stage one
+  vmapped program), each calibration as its own :func:`calibrate` call would give it.
+* :mod:`~dmimo_jax.calibration.staging`: how a fit is staged (the closed-form starts
+  :func:`offsets_closed_form` and :func:`receivers_closed_form`, the multi-start of the
+  surfaces, the joint rounds, the extra round of a scene of faces).
 * :mod:`~dmimo_jax.calibration.specs`: what :func:`calibrate` fits, one object per group
   with its own options (``fit=(Positions(prior=0.01), Offsets(), Surfaces(names=...))``;
   the strings ``"ap_positions"``, ... are their shorthands).
@@ -22,12 +27,7 @@
   in time order, pseudo-labels confirmed by their neighbours (:func:`self_train_field`).
 """
 
-from dmimo_jax.calibration.deployment import (
-    CALIBRATION_STARTS,
-    Unlabeled,
-    offsets_closed_form,
-    receivers_closed_form,
-)
+from dmimo_jax.calibration.deployment import CALIBRATION_STARTS, Unlabeled, calibrate_many
 from dmimo_jax.calibration.groups import (
     MIN_EXPONENT_START,
     AntennaGroup,
@@ -69,6 +69,12 @@ from dmimo_jax.calibration.specs import (
     Surfaces,
     as_fit_groups,
 )
+from dmimo_jax.calibration.staging import (
+    BOUNDARY_OUTLIER_Z,
+    check_calibratable,
+    offsets_closed_form,
+    receivers_closed_form,
+)
 from dmimo_jax.calibration.status import chi2_band, error_scale, fit_status
 from dmimo_jax.calibration.surfaces import (
     MaterialFit,
@@ -86,12 +92,15 @@ from dmimo_jax.calibration.surfaces import (
 from dmimo_jax.calibration.deployment import Calibration, calibrate  # noqa: F401
 
 __all__ = [
+    "BOUNDARY_OUTLIER_Z",
     "CALIBRATION_STARTS",
     "CONVERGENCE_TOLERANCE",
     "GROUPS",
     "MIN_EXPONENT_START",
     "UNLABELED_STEPS",
     "Unlabeled",
+    "calibrate_many",
+    "check_calibratable",
     "FIT_GROUPS",
     "FitGroup",
     "Positions",

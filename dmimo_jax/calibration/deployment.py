@@ -44,7 +44,8 @@ autodiff Jacobian. The groups (``fit=``; each a class of
 Staging: offsets from the closed form; then, when surfaces are fitted, surfaces and offsets
 from each material start (the best kept); then every group jointly. For a scene of faces
 (whose phases jump across shadow boundaries) a fit that ends outside its chi-square band gets
-one more round with the residuals beyond :data:`BOUNDARY_OUTLIER_Z` set aside, then all of
+one more round with the residuals beyond
+:data:`~dmimo_jax.calibration.staging.BOUNDARY_OUTLIER_Z` set aside, then all of
 them again, kept when it lowers the full cost.
 
 Unlabeled snapshots (``unlabeled=``, beyond the paper). A deployment in operation collects
@@ -93,7 +94,6 @@ not converge and warns on the others.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -107,7 +107,6 @@ from jax.typing import ArrayLike
 from dmimo_jax._checks import (
     check_finite,
     check_int,
-    check_phases,
     check_positions,
     check_scalar,
     is_concrete,
@@ -115,11 +114,7 @@ from dmimo_jax._checks import (
 )
 from dmimo_jax.calibration.groups import (
     Group,
-    OffsetsGroup,
     antenna_group,
-    positions_group,
-    receiver_groups,
-    surfaces_group,
 )
 from dmimo_jax.calibration.solver import (
     apply_groups,
@@ -131,8 +126,13 @@ from dmimo_jax.calibration.solver import (
     whitened,
 )
 from dmimo_jax.calibration.specs import GROUPS, FitGroup, Positions, Surfaces, as_fit_groups
+from dmimo_jax.calibration.staging import (
+    Deployment,
+    check_calibratable,
+    fit_staged,
+    receivers_closed_form,
+)
 from dmimo_jax.calibration.status import (
-    chi2_band,
     error_scale,
     fit_status,
     log_normalizer,
@@ -145,11 +145,10 @@ from dmimo_jax.likelihood import cpo_estimate
 from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import (
-    CalibratableModel,
     PhaseModel,
     check_in_domain,
 )
-from dmimo_jax.pytree import jit_or_eager, pytree_dataclass, static_field
+from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.receivers import (
     ReceiverModel,
     Receivers,
@@ -160,12 +159,6 @@ from dmimo_jax.receivers import (
 
 CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
 """ITU-R P.2040 materials used as starting points (Table I of the paper, metal excepted)."""
-
-
-BOUNDARY_OUTLIER_Z = 10.0
-"""Standard deviations: the smallest residual of a piecewise model's fit (a scene of faces)
-set aside for one round when the fit ends outside its chi-square band (a labeled UE on the
-wrong side of a shadow boundary; :func:`calibrate`)."""
 
 
 class Unlabeled(NamedTuple):
@@ -240,145 +233,6 @@ class Calibration:
     receivers: Receivers | None = None
 
 
-def offsets_closed_form(
-    model: Any, x: ArrayLike, r: ArrayLike, *, num_iterations: int = 10
-) -> Array:
-    r"""Per-AP phase offsets from the residuals of ``model`` at L labeled snapshots, (M,).
-
-    Start: :math:`\delta_m = \delta^{\rm model}_m + \arg\sum_l e^{j(e_{lm}-e_{l0})}` with
-    :math:`e_{lm} = \mathrm{wrap}(r_{lm} - \mu_m(\mathbf x_l))`: the circular mean of each
-    AP's residual relative to AP 0's, which removes the snapshots' CPOs. Then
-    ``num_iterations`` rounds of coordinate ascent of :math:`\sum_{lm}\cos(e_{lm} - \delta_m
-    - \phi_l)`: each snapshot's CPO :math:`\phi_l` is the circular mean over the APs (eq. 15),
-    each offset the circular mean over the snapshots; so AP 0's own residual no longer enters
-    every offset (on measured data with ~1 rad model error that halves the offsets' error).
-    AP 0 keeps its offset (the gauge). Valid whatever the offsets (no local basin), the start
-    of :func:`calibrate`.
-
-    Raises:
-        ValueError: a model :func:`calibrate` does not take, x not (L, 3) with L >= 2, r not
-            (L, M) or not finite, ``num_iterations`` not an int >= 0.
-    """
-    _check_model(model)
-    check_int("num_iterations", num_iterations)
-    check_positions("x", x, batched=True)
-    num_l = np.shape(x)[0]
-    if num_l < 2:
-        raise ValueError(f"x must hold at least L = 2 labeled positions, got shape {np.shape(x)}")
-    check_phases("r", r, model.num_aps, batched=True)
-    if np.shape(r)[0] != num_l:
-        raise ValueError(f"r must have shape ({num_l}, {model.num_aps}) (L, M), got {np.shape(r)}")
-    dtype = model.scene.ap_positions.dtype
-    return _offsets(num_iterations, model, jnp.asarray(x, dtype), jnp.asarray(r, dtype))
-
-
-def _offsets_closed_form(num_iterations: int, model: Any, x: Array, r: Array) -> Array:
-    mean = jax.vmap(model.mean)(x)
-    e = wrap(r - mean)
-    rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - e[:, :1])), axis=0))
-    for _ in range(num_iterations):
-        cpo = jnp.angle(jnp.sum(jnp.exp(1j * (e - rel[None, :])), axis=1, keepdims=True))
-        rel = jnp.angle(jnp.sum(jnp.exp(1j * (e - cpo)), axis=0))
-        rel = wrap(rel - rel[0])
-    return model.scene.ap_phase_offsets + rel
-
-
-# one compiled program per model and shape (not an eager dispatch per operation)
-_offsets = jit_or_eager(_offsets_closed_form, static_argnums=(0,))
-
-
-def receivers_closed_form(
-    model: Any,
-    x: ArrayLike,
-    h: ArrayLike,
-    receivers: Receivers | None = None,
-    *,
-    fit: Sequence[str] = ("receiver_gains", "receiver_constants"),
-    num_iterations: int = 50,
-) -> Receivers:
-    r"""Receivers' gains and constants from complex labeled snapshots under ``model``'s
-    geometry: :math:`h_{lm} = s_l G_m c_m(\mathbf x_l) + b_m` is linear in :math:`(G_m, b_m)`
-    given the snapshot factors :math:`s_l` and in :math:`s_l` given them, so alternating least
-    squares (``num_iterations`` rounds) from the gains' phases of the closed form of
-    :func:`offsets_closed_form` applied to :math:`\arg h` (uniform random phases are no
-    start for a local method). Groups not in ``fit`` keep ``receivers``' values (default
-    ideal). Gauge: :math:`G_0` = 1 (the snapshot factors take the common complex scale).
-    The start of :func:`calibrate` on complex snapshots.
-
-    Raises:
-        ValueError: a model :func:`calibrate` does not take, x not (L, 3) with L >= 2, h not
-            (L, M) finite complex, an unknown group, ``num_iterations`` < 1.
-    """
-    _check_model(model)
-    check_int("num_iterations", num_iterations, minimum=1)
-    check_positions("x", x, batched=True)
-    num_l = np.shape(x)[0]
-    if num_l < 2 or np.shape(h) != (num_l, model.num_aps) or not np.iscomplexobj(h):
-        raise ValueError(
-            f"x must be (L, 3) with L >= 2 and h complex of shape (L, {model.num_aps}), got "
-            f"{np.shape(x)} and {np.asarray(h).dtype} {np.shape(h)}"
-        )
-    check_finite("h", h)
-    bad = [f for f in fit if f not in ("receiver_gains", "receiver_constants")]
-    if bad:
-        raise ValueError(f"fit: receivers_closed_form fits receiver groups only, got {bad}")
-    rx = ideal_receivers(model.num_aps) if receivers is None else receivers
-    dtype = model.scene.ap_positions.dtype
-    g, b = _receivers_als(
-        num_iterations,
-        "receiver_gains" in fit,
-        "receiver_constants" in fit,
-        model,
-        jnp.asarray(x, dtype),
-        jnp.asarray(h),
-        rx.gains,
-        rx.constants,
-    )
-    return Receivers(g, b)
-
-
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _receivers_als(num_iterations, fit_g, fit_b, model, x, h, g0, b0):
-    c = jax.vmap(partial(channel, model))(x)  # (L, M)
-    num_l = h.shape[0]
-    if fit_g:
-        # phases: offsets_closed_form on arg h (relative to the model's own offsets), moduli:
-        # the median ratio of |h| to |c|, so the first snapshot factors are right
-        rel = _offsets_closed_form(10, model, x, jnp.angle(h)) - model.scene.ap_phase_offsets
-        ratio = jnp.median(jnp.abs(h) / jnp.abs(c), axis=0)
-        g0 = ratio / ratio[0] * jnp.exp(1j * rel)
-        b0 = jnp.zeros_like(b0) if fit_b else b0
-
-    def body(_, gb):
-        g, b = gb
-        v = g[None, :] * c
-        s = jnp.sum(jnp.conj(v) * (h - b[None, :]), axis=1) / jnp.sum(jnp.abs(v) ** 2, axis=1)
-        z = s[:, None] * c  # (L, M): h[:, m] = G_m z[:, m] + b_m
-        a11 = jnp.sum(jnp.abs(z) ** 2, axis=0)
-        a12 = jnp.sum(jnp.conj(z), axis=0)
-        r1 = jnp.sum(jnp.conj(z) * h, axis=0)
-        r2 = jnp.sum(h, axis=0)
-        if fit_g and fit_b:
-            det = a11 * num_l - a12 * jnp.conj(a12)
-            g_new = (num_l * r1 - a12 * r2) / det
-            b_new = (a11 * r2 - jnp.conj(a12) * r1) / det
-        elif fit_g:
-            g_new, b_new = (r1 - a12 * b) / a11, b
-        else:
-            g_new, b_new = g, (r2 - jnp.sum(z * g[None, :], axis=0)) / num_l
-        return g_new, b_new
-
-    g, b = jax.lax.fori_loop(0, num_iterations, body, (g0.astype(h.dtype), b0.astype(h.dtype)))
-    if fit_g:
-        g = g / g[0]
-    return g, b
-
-
-def _offsets_group(model: Any, x: Array, r: Array) -> Group:
-    start = offsets_closed_form(model, x, r)
-    return OffsetsGroup.from_start(start)
-
-
 def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike) -> Array:
     """The CPO-profiled Gaussian log-likelihood of L labeled snapshots (module docstring).
 
@@ -401,16 +255,6 @@ def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: Arr
 
 
 # ------------------------------------------------------------------------------ calibrate
-
-
-def _check_model(model: Any) -> None:
-    # the receivers are calibrate's own argument: a ReceiverModel would carry them twice
-    if isinstance(model, ReceiverModel) or not isinstance(model, CalibratableModel):
-        raise ValueError(
-            "model must be a TwoRayModel, an ImageSourceModel, a MeshModel or another "
-            "CalibratableModel (a physical model that knows its surfaces, mounts and scene: "
-            f"dmimo_jax.physics.CalibratableModel), got {type(model).__name__}"
-        )
 
 
 def _check_positions_request(request: Positions, num_aps: int) -> None:
@@ -444,88 +288,6 @@ def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.n
             )
         values.append(e)
     return np.asarray(values)
-
-
-def _fit_one_polarization(
-    model, x, r, noise_var, fit, idx, eps_starts, num_steps, max_steps, jacobian="auto"
-):
-    """Staged fit under the model's polarization: (final groups, u, cost, converged).
-    ``fit``: the requested groups by name (:mod:`~dmimo_jax.calibration.specs`)."""
-    groups: dict[str, Group] = {}
-    if "ap_phase_offsets" in fit:
-        groups["ap_phase_offsets"] = _offsets_group(model, x, r)
-    if isinstance(model, ReceiverModel):
-        groups.update({g.name: g for g in receiver_groups(model, list(fit))})
-    closed = ("ap_phase_offsets", "receiver_gains", "receiver_constants")  # closed-form starts
-    if "surfaces" in fit:
-        # stage 2: surfaces (and offsets or receivers) from every material start, all alike
-        first = [groups[g] for g in closed if g in groups]
-        rows = []
-        for e in eps_starts:
-            s = surfaces_group(model, idx, np.full(len(idx), e))
-            rows.append(np.concatenate([np.asarray(g.u0) for g in first] + [np.asarray(s.u0)]))
-        stage = first + [s]
-        u, _, _ = fit_lm(
-            model, stage, x, r, noise_var, np.stack(rows), num_steps, jacobian=jacobian
-        )
-        parts = split(stage, jnp.asarray(u))
-        for g, part in zip(first, parts, strict=False):
-            groups[g.name] = dataclasses.replace(g, u0=part)
-        groups["surfaces"] = dataclasses.replace(s, u0=parts[-1])
-    if "ap_positions" in fit:
-        pos = fit["ap_positions"]
-        groups["ap_positions"] = positions_group(model, pos.free_axes, pos.prior, pos.start)
-    if "antenna" in fit:
-        groups["antenna"] = antenna_group(model)
-    final = [groups[g] for g in GROUPS if g in groups]
-    u0 = np.concatenate([np.asarray(g.u0) for g in final])
-    # every fit ends in the converging rounds, also one whose groups stage 2 fitted already
-    # (one round of a multi-start is no proof of convergence; a converged start stops
-    # after one round)
-    u, cost, converged = fit_lm(
-        model, final, x, r, noise_var, u0[None], num_steps, None, max_steps, jacobian
-    )
-    if _piecewise(model):
-        u, cost, converged = _across_boundaries(
-            model, final, x, r, noise_var, u, cost, converged, num_steps, max_steps, jacobian
-        )
-    return final, u, cost, converged
-
-
-def _piecewise(model: Any) -> bool:
-    """A model whose paths appear and disappear with the geometry (shadows, finite faces)."""
-    return bool(model.piecewise)
-
-
-def _across_boundaries(
-    model, groups, x, r, noise_var, u, cost, converged, num_steps, max_steps, jacobian="auto"
-):
-    """One more try when a fit of a piecewise model ends outside the chi-square band.
-
-    A labeled UE near a shadow boundary of a displaced AP can sit on the wrong side of it at
-    the start: its residual for that AP is radians, and no continuous step crosses the
-    boundary (the Jacobian does not see it), and pulling the AP toward it displaces the AP
-    for every other snapshot. The worst residuals (beyond :data:`BOUNDARY_OUTLIER_Z` and a
-    quarter of the largest, in standard deviations; at most 5% of them) are set aside (their
-    variance multiplied by 1e12), the fit continues from where it stopped, then runs again on
-    every residual from there; the result is kept only if its full cost is lower.
-    """
-    dof = max(r.size - len(u), 1)
-    if cost / dof <= chi2_band(dof)[1]:
-        return u, cost, converged
-    m = apply_groups(model, groups, jnp.asarray(u))
-    z = np.abs(np.asarray(whitened(m, x, r, noise_var))).reshape(r.shape + (-1,))
-    # the worst residuals: a displaced AP drags every residual of its own up with it, so a
-    # fixed threshold would also set aside the many moderate ones that show the displacement
-    outliers = np.any(z > max(BOUNDARY_OUTLIER_Z, 0.25 * float(z.max())), axis=-1)
-    if not outliers.any() or outliers.mean() > 0.05:
-        return u, cost, converged
-    aside = jnp.where(jnp.asarray(outliers), noise_var * 1e12, noise_var)
-    u1, _, _ = fit_lm(model, groups, x, r, aside, u[None], num_steps, None, max_steps, jacobian)
-    u2, c2, conv2 = fit_lm(
-        model, groups, x, r, noise_var, u1[None], num_steps, None, max_steps, jacobian
-    )
-    return (u2, c2, conv2) if c2 < cost else (u, cost, converged)
 
 
 def calibrate(
@@ -604,46 +366,130 @@ def calibrate(
         >>> bool(np.max(np.abs(err)) < 1e-2)
         True
     """
-    _check_model(model)
+    return _calibrate(
+        model, [(x, r, noise_var)], fit, num_steps, max_steps, receivers, jacobian, warn, unlabeled
+    )[0]
+
+
+def calibrate_many(
+    model: Any,
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    *,
+    fit: Sequence[str | FitGroup] | str | FitGroup = ("ap_positions", "ap_phase_offsets"),
+    num_steps: int = 40,
+    max_steps: int = 600,
+    receivers: Receivers | None = None,
+    jacobian: str = "auto",
+    warn: bool = True,
+) -> list[Calibration]:
+    r""":func:`calibrate` of N deployments of the same shapes at once: a study over many
+    worlds (a robustness benchmark, a Monte Carlo of surveys) or many sites of one plan.
+
+    Each deployment's calibration equals its own :func:`calibrate` call (the same checks,
+    starts, stages, status, warnings and standard errors; answers equal to rounding, tested
+    to 1e-9), but each LM stage of the N fits runs as one program: the fitting core
+    :func:`~dmimo_jax.calibration.solver.fit_rounds` ``jax.vmap``-ed over the deployments
+    (:func:`~dmimo_jax.calibration.solver.fit_lm_many`), each stopping at its own round.
+    Labeled snapshots only (``unlabeled=`` is :func:`calibrate`'s).
+
+    Args:
+        model: the nominal model shared by every deployment (as :func:`calibrate`'s), or a
+            sequence of N nominal models of the same kind and shapes (one per deployment).
+        x: (N, L, 3) labeled UE positions, m.
+        r: (N, L, M) their wrapped phases, rad, or complex snapshots.
+        noise_var: (N, L, M) noise variances (as :func:`calibrate`'s).
+        fit, num_steps, max_steps, receivers, jacobian, warn: as :func:`calibrate`'s, the
+            same for every deployment.
+
+    Returns:
+        N :class:`Calibration`, in the deployments' order.
+
+    Raises:
+        ValueError: x, r, noise_var not (N, L, 3), (N, L, M), (N, L, M) with N >= 1; models
+            of different kinds or shapes; anything :func:`calibrate` refuses (naming it).
+    """
+    shapes = (np.shape(x), np.shape(r), np.shape(noise_var))
+    num = shapes[0][0] if len(shapes[0]) == 3 and shapes[0][0] >= 1 else -1
+    if num < 0 or shapes[0][2] != 3 or not shapes[1] == shapes[2] == shapes[0][:2] + shapes[1][2:]:
+        raise ValueError(
+            "x, r and noise_var must have shapes (N, L, 3), (N, L, M), (N, L, M) with N >= 1 "
+            f"deployments, got {shapes[0]}, {shapes[1]}, {shapes[2]}"
+        )
+    models = list(model) if isinstance(model, (list, tuple)) else [model] * num
+    if len(models) != num:
+        raise ValueError(f"model: a sequence of models must hold N = {num}, got {len(models)}")
+    for m in models:
+        check_calibratable(m)
+    if len({type(m) for m in models}) > 1:
+        raise ValueError("model: every deployment's model must be of one kind")
+    data = [(models[i], x[i], r[i], noise_var[i]) for i in range(num)]
+    return _calibrate(models[0], data, fit, num_steps, max_steps, receivers, jacobian, warn)
+
+
+def _calibrate(
+    model, data, fit, num_steps, max_steps, receivers, jacobian, warn, unlabeled=None
+) -> list[Calibration]:
+    """The shell of :func:`calibrate` and :func:`calibrate_many`: ``data`` a list of
+    ``(x, r, noise_var)`` under ``model``, or of ``(model, x, r, noise_var)``; the fits of
+    every deployment staged together (:func:`~dmimo_jax.calibration.staging.fit_staged`)."""
+    check_calibratable(model)
     requests = {g.name: g for g in as_fit_groups(fit)}
     fit = tuple(name for name in GROUPS if name in requests)
     check_int("num_steps", num_steps, minimum=1)
     check_int("max_steps", max_steps, minimum=num_steps)
     if jacobian not in ("auto", "autodiff"):
         raise ValueError(f"jacobian must be 'auto' or 'autodiff', got {jacobian!r}")
-    x, r, noise_var = _checked_data(model, x, r, noise_var, requests)
-    complex_data = bool(jnp.iscomplexobj(r))
-    inner = model
-    model = _with_receivers(model, x, r, fit, receivers, complex_data)
+    deployments, nominals = [], []
+    for item in data:
+        nominal, (x, r, noise_var) = (model, item) if len(item) == 3 else (item[0], item[1:])
+        x, r, noise_var = _checked_data(nominal, x, r, noise_var, requests)
+        complex_data = bool(jnp.iscomplexobj(r))
+        m = _with_receivers(nominal, x, r, fit, receivers, complex_data)
+        deployments.append(Deployment(m, x, r, noise_var))
+        nominals.append(nominal)
+    model = deployments[0].model
     idx, names, eps_starts = [], [], np.zeros(0)
     if "surfaces" in fit:
         request: Surfaces = requests["surfaces"]
-        idx, names = inner.calibration_surfaces(request.names)
+        idx, names = nominals[0].calibration_surfaces(request.names)
         eps_starts = _starts(float(model.scene.frequency), request.starts)
     if "antenna" in fit:
         antenna_group(model)  # refuse a pattern with nothing to fit before any work
     unl_all = None
     if unlabeled is not None:
-        unl_all = _unlabeled_arrays(unlabeled, model, x.dtype, complex_data)
-    pols = ("TE", "TM") if "polarization" in fit else (model.scene.polarization,)
-    lls, best = {"TE": -np.inf, "TM": -np.inf}, None
+        unl_all = _unlabeled_arrays(unlabeled, model, deployments[0].x.dtype, complex_data)
+    # each deployment under its own polarization, or (fitted) under each in turn
+    pols = ("TE", "TM") if "polarization" in fit else (None,)
+    lls = [{"TE": -np.inf, "TM": -np.inf} for _ in deployments]
+    best: list[_Fit | None] = [None] * len(deployments)
     for pol in pols:
-        m = model if model.scene.polarization == pol else model.with_scene(
-            model.scene.replace(polarization=pol)
-        )  # fmt: skip
-        groups, u, cost, converged = _fit_one_polarization(
-            m, x, r, noise_var, requests, idx, eps_starts, num_steps, max_steps, jacobian
+        under = [d._replace(model=_with_polarization(d.model, pol)) for d in deployments]
+        staged = fit_staged(under, requests, idx, eps_starts, num_steps, max_steps, jacobian)
+        for i, (d, s) in enumerate(zip(under, staged, strict=True)):
+            p = d.model.scene.polarization
+            lls[i][p] = -0.5 * (s.cost + log_normalizer(d.noise_var, complex_data))
+            if best[i] is None or lls[i][p] > best[i].log_likelihood:
+                best[i] = _Fit(d.model, s.groups, s.u, s.cost, s.converged, lls[i][p], p)
+    out = []
+    for d, fitted, ll in zip(deployments, best, lls, strict=True):
+        fitted = _degrees_of_freedom(fitted, d.r, complex_data)
+        dof_labeled, unl = fitted.dof, unl_all
+        if unl is not None:
+            fitted, unl = _with_unlabeled(fitted, d.x, d.r, d.noise_var, unl, num_steps, max_steps)
+        out.append(
+            _report(fitted, *d[1:], unl, dof_labeled, fit, tuple(names), ll, warn, max_steps)
         )
-        lls[pol] = -0.5 * (cost + log_normalizer(noise_var, complex_data))
-        if best is None or lls[pol] > best.log_likelihood:
-            best = _Fit(m, tuple(groups), u, cost, converged, lls[pol], pol, None, None)
-    best = _degrees_of_freedom(best, r, complex_data)
-    dof_labeled = best.dof
-    if unl_all is not None:
-        best, unl_all = _with_unlabeled(best, x, r, noise_var, unl_all, num_steps, max_steps)
-    return _report(
-        best, x, r, noise_var, unl_all, dof_labeled, fit, tuple(names), lls, warn, max_steps
-    )
+    return out
+
+
+def _with_polarization(model: Any, pol: str) -> Any:
+    """``model`` under polarization ``pol`` (itself when it has it already or ``pol`` is
+    None)."""
+    if pol is None or model.scene.polarization == pol:
+        return model
+    return model.with_scene(model.scene.replace(polarization=pol))
 
 
 class _Fit(NamedTuple):
@@ -656,8 +502,8 @@ class _Fit(NamedTuple):
     converged: bool
     log_likelihood: float
     polarization: str
-    dof: int | None  # degrees of freedom of the residuals (with the unlabeled ones)
-    used: Any  # (N,) bool: the unlabeled snapshots kept, or None
+    dof: int | None = None  # degrees of freedom of the residuals (with the unlabeled ones)
+    used: Any = None  # (N,) bool: the unlabeled snapshots kept, or None
 
 
 def _checked_data(model, x, r, noise_var, requests) -> tuple[Array, Array, Array]:

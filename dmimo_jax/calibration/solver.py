@@ -317,6 +317,76 @@ def fit_rounds(
     return FitRounds(u, cost, done, steps)
 
 
+@partial(jax.jit, static_argnames=("num_steps", "max_steps"))
+def fit_rounds_many(
+    model: Any,
+    groups: tuple[Group, ...],
+    x: Array,
+    r: Array,
+    noise_var: Array,
+    u0: Array,
+    num_steps: int,
+    max_steps: int | None,
+    structure: Any = None,
+) -> FitRounds:
+    """:func:`fit_rounds` over a leading axis of deployments in every argument (their models,
+    groups, snapshots, starts and structures stacked; labeled snapshots only): one program,
+    each deployment stopping at its own round (``jax.vmap`` of the core)."""
+
+    def one(m, g, xi, ri, nv, u, st):
+        return fit_rounds(m, g, xi, ri, nv, u, num_steps, max_steps, None, st)
+
+    return jax.vmap(one)(model, groups, x, r, noise_var, u0, structure)
+
+
+def stack_deployments(trees: Sequence[Any], what: str = "deployments") -> Any:
+    """Pytrees of the same structure and shapes stacked along a new leading axis.
+
+    Raises:
+        ValueError: the trees differ in structure (a model kind, a static field such as the
+            polarization, the groups' layout) or in a leaf's shape.
+    """
+    first = jax.tree.structure(trees[0])
+    shapes = [np.shape(v) for v in jax.tree.leaves(trees[0])]
+    for i, tree in enumerate(trees[1:], 1):
+        # a treedef holds the static fields too (the polarization, the groups' layout)
+        if (
+            jax.tree.structure(tree) != first
+            or [np.shape(v) for v in jax.tree.leaves(tree)] != shapes
+        ):
+            raise ValueError(
+                f"{what} must share their structure and shapes to be fitted at once (the same "
+                "model kind and static fields such as the polarization, the same groups and "
+                f"numbers of snapshots, APs and surfaces): {what} 0 and {i} differ"
+            )
+    return jax.tree.map(lambda *a: jnp.stack([jnp.asarray(v) for v in a]), *trees)
+
+
+def fit_lm_many(
+    deployments: Sequence[Any],
+    groups: Sequence[Sequence[Group]],
+    u0: Sequence[Array],
+    num_steps: int,
+    max_steps: int | None = None,
+    jacobian: str = "auto",
+) -> list[tuple[np.ndarray, float, bool]]:
+    """:func:`fit_lm` of each deployment (``(model, x, r, noise_var)`` each, labeled), its
+    groups and its starts (S, n): one deployment runs :func:`fit_lm` itself; more run
+    :func:`fit_rounds_many` once on their stacked arguments (:func:`stack_deployments`), with
+    the same answers (tested to 1e-9)."""
+    if len(deployments) == 1:
+        (model, x, r, noise_var), (grp,), (start,) = deployments[0], groups, u0
+        return [fit_lm(model, grp, x, r, noise_var, start, num_steps, None, max_steps, jacobian)]
+    rows = []
+    for (model, x, r, noise_var), grp, start in zip(deployments, groups, u0, strict=True):
+        structure = per_ap_structure(model, grp) if jacobian == "auto" else None
+        rows.append((model, tuple(grp), x, r, noise_var, jnp.asarray(start), structure))
+    *args, structure = stack_deployments(rows)
+    out = fit_rounds_many(*args, num_steps, max_steps, structure)
+    u, cost, converged = np.asarray(out.u), np.asarray(out.cost), np.asarray(out.converged)
+    return [(u[i], float(cost[i]), bool(converged[i])) for i in range(len(rows))]
+
+
 def fit_lm(
     model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, max_steps=None, jacobian="auto"
 ):
