@@ -131,8 +131,19 @@ def screened_errors(model, exact, r, x):
     return e, float(np.sqrt(np.mean(e**2)))
 
 
-def estimators_at(truth, args, power):
-    """The believed models at one power: matched, mismatched, calibrated, GP."""
+def estimators_at(truth, args, power, built=None):
+    """The believed models at one power: matched, mismatched, calibrated, GP. ``built``: a
+    dict of those already built this run, by power (the sweep and the region part share
+    the region's power: its calibration and GP are fitted once)."""
+    if built is not None and power in built:
+        return built[power]
+    out = _estimators_at(truth, args, power)
+    if built is not None:
+        built[power] = out
+    return out
+
+
+def _estimators_at(truth, args, power):
     x, r, nv = labeled(truth, 50, seed=1000 + int(power))
     fit = calibration.fit_material(x, r, nv, truth)
     gp_model = pipeline.fit_phase_model(x, r, nv, truth)
@@ -150,12 +161,12 @@ def estimators_at(truth, args, power):
     return models, fit
 
 
-def sweep(args) -> list[dict]:
+def sweep(args, built=None) -> list[dict]:
     rows = []
     x0 = jnp.asarray(TEST_POINT)
     for power in args.powers_dbm:
         truth = dj.paper_scene(power, "concrete", convention=args.convention)
-        models, fit = estimators_at(truth, args, power)
+        models, fit = estimators_at(truth, args, power, built)
         xs = jnp.broadcast_to(x0, (args.draws, 3))
         r = dj.simulate_phases_batch(
             jax.random.key(int(power) + 77), truth, xs, jnp.full(args.draws, jnp.pi / 2)
@@ -179,9 +190,9 @@ def sweep(args) -> list[dict]:
     return rows
 
 
-def random_ues(args) -> list[dict]:
+def random_ues(args, built=None) -> list[dict]:
     truth = dj.paper_scene(args.region_power_dbm, "concrete", convention=args.convention)
-    models, _ = estimators_at(truth, args, args.region_power_dbm)
+    models, _ = estimators_at(truth, args, args.region_power_dbm, built)
     k_x, k_cpo, k_n = jax.random.split(jax.random.key(args.seed + 5), 3)
     xs = dj.sample_positions(k_x, args.num_test, truth)
     r = dj.simulate_phases_batch(k_n, truth, xs, dj.random_cpos(k_cpo, args.num_test))
@@ -294,10 +305,11 @@ def main(argv=None):
         ("region", random_ues),
         ("coverage", coverage),
     )
+    built = {}  # the believed models by power, fitted once for the sweep and the region
     for part, fn in parts:
         if part in args.skip:
             continue
-        result[part] = fn(args)
+        result[part] = fn(args, built) if part in ("sweep", "region") else fn(args)
         json_path.write_text(json.dumps(result, indent=1))  # after each part
     print(f"wrote {json_path}")
     if "sweep" in result:

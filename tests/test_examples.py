@@ -83,7 +83,6 @@ def test_gp_examples_quick(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.optimized
 def test_quickstart_tiny(tmp_path, monkeypatch):
     """The README's main job end to end at toy sizes: offline stage, cache, online stage."""
     out = tmp_path / "q.json"
@@ -156,12 +155,12 @@ def test_receiver_jacobian_benchmark_quick(tmp_path, monkeypatch):
 
 @pytest.mark.slow  # .ci/run runs these after the test command
 def test_calibration_batch_benchmark_quick(tmp_path, monkeypatch):
-    """The vmapped fitting core reaches the loop's fits (every deployment converged)."""
+    """calibrate_many reaches the loop's calibrations (every deployment converged)."""
     out = tmp_path / "batch.json"
     _run("benchmarks/calibration_batch.py", ["--quick", "--json", str(out)], monkeypatch)
     (row,) = read_rows(out)
-    assert row["deployments"] == row["converged"] == 8
-    assert row["max_unknown_difference"] < 1e-8 and row["speedup"] > 0
+    assert row["deployments"] == row["converged"] == 4 and row["same_status"]
+    assert row["max_position_difference_m"] < 1e-9 and row["speedup"] > 0
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
@@ -238,11 +237,10 @@ def test_multipath_room_example_tiny(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.optimized
 def test_calibrate_material_example_tiny(tmp_path, monkeypatch):
     out = tmp_path / "cal"
     argv = ["--powers-dbm", "-10", "--num-train", "10", "--draws", "8", "--num-test", "16"]
-    argv += ["--coverage-repeats", "2"]
+    argv += ["--coverage-repeats", "1"]  # no assert on coverage: the NUTS run, once
     _run(
         "examples/calibrate_material.py", [*argv, "--betas", "1.05", "--out", str(out)], monkeypatch
     )
@@ -271,7 +269,7 @@ def test_deployment_example_tiny(tmp_path, monkeypatch):
     """Calibration of a generated deployment, the learned stage on the calibrated room."""
     out = tmp_path / "dep.json"
     argv = ["--num-test", "16", "--num-samples", "2000", "--preset", "quick", "--spacing-div", "2"]
-    argv += ["--no-baselines"]
+    argv += ["--no-baselines", "--repeats", "1"]
     argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "d"), "--json", str(out)]
     _run("examples/deployment.py", argv, monkeypatch)
     result = read_rows(out)
@@ -301,6 +299,7 @@ def test_deployment_example_with_unlabeled_snapshots(tmp_path, monkeypatch):
     out = tmp_path / "dep.json"
     argv = ["--world", "two-ray", "--num-test", "16", "--num-samples", "2000"]
     argv += ["--preset", "quick", "--spacing-div", "4", "--no-baselines", "--unlabeled", "12"]
+    argv += ["--repeats", "1"]
     argv += ["--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "d"), "--json", str(out)]
     _run("examples/deployment.py", argv, monkeypatch)
     result = read_rows(out)
@@ -348,7 +347,6 @@ def test_reacquisition_benchmark_quick(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.optimized
 def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "tt.json"
     argv = ["--quick", "--num-ues", "4", "--online-snapshots", "8", "--json", str(out)]
