@@ -164,9 +164,8 @@ def test_per_ap_normal_equations_equal_autodiffs():
     """The calibration's normal equations by column compression (7 tangents for 17 APs'
     gains, constants and phase centres, a prior, unequal variances) are those of jax.jacfwd's
     Jacobian; a group that moves every AP (phase offsets) or phase data gets no structure."""
-    from dmimo_jax.calibration import deployment as dep
     from dmimo_jax.calibration import groups as grp
-    from dmimo_jax.calibration import solver
+    from dmimo_jax.calibration import offsets_closed_form, solver
 
     real, truth, recv, x, s = _world()
     h = rx.simulate_snapshots(jax.random.key(6), truth, x[:20], recv, s[:20])
@@ -199,7 +198,7 @@ def test_per_ap_normal_equations_equal_autodiffs():
     np.testing.assert_allclose(
         atg, expect_g, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(expect_g)))
     )
-    offsets = dep._offsets_group(MODEL, x[:20], jnp.angle(h))
+    offsets = grp.OffsetsGroup.from_start(offsets_closed_form(MODEL, x[:20], jnp.angle(h)))
     assert solver.per_ap_structure(model, (*groups, offsets)) is None
     assert solver.per_ap_structure(MODEL, groups[-1:]) is None
 

@@ -96,7 +96,8 @@ def warn_status(status, chi2, dof, chi2_by_ap, max_steps) -> None:
             f"model misses something, {where}; standard errors are inflated by "
             f"sqrt({chi2:.3g})"
         )
-    warnings.warn(msg, UserWarning, stacklevel=3)
+    # at the caller of calibrate (or calibrate_many): through _report and their shell
+    warnings.warn(msg, UserWarning, stacklevel=5)
 
 
 def warn_unidentified(stderr: dict[str, Array]) -> None:
@@ -113,5 +114,5 @@ def warn_unidentified(stderr: dict[str, Array]) -> None:
             "error): spread the labels over the region (in 3-D for AP positions) or fix "
             "those values",
             UserWarning,
-            stacklevel=3,
+            stacklevel=5,  # at the caller of calibrate, as warn_status
         )
