@@ -400,8 +400,8 @@ def calibrate_many(
         x: (N, L, 3) labeled UE positions, m.
         r: (N, L, M) their wrapped phases, rad, or complex snapshots.
         noise_var: (N, L, M) noise variances (as :func:`calibrate`'s).
-        fit, num_steps, max_steps, receivers, jacobian, warn: as :func:`calibrate`'s, the
-            same for every deployment.
+        fit: as :func:`calibrate`'s (so are ``num_steps``, ``max_steps``, ``receivers``,
+            ``jacobian`` and ``warn``), the same for every deployment.
 
     Returns:
         N :class:`Calibration`, in the deployments' order.
