@@ -12,6 +12,10 @@ as a lost synchronisation is a property of the AP), on the same test snapshots:
 * the rejected fraction (answers the Locator flags), the answers both accepted and more
   than 1 mm off (confident wrong answers), detection recall (the faulty APs all excluded)
   and the false-exclusion rate (healthy APs excluded / healthy APs);
+* the protection level at integrity risk 1% (:func:`dmimo_jax.bounds.protection_level`
+  under the Locator's own model, with the answer's excluded APs and ML cost): the fraction
+  of snapshots accepted with their error above it (integrity holds when that is at most
+  1%), and its median over the healthy APs' PEB;
 * seconds per snapshot relative to the fault-free batch (k = 0) of the same run (each
   batch run once before it is timed: compilation excluded), and for
   the fault-free batch its cost with fault exclusion on against ``max_excluded=0`` (median
@@ -37,6 +41,8 @@ from _common import labeled_snapshots, print_table, write_json  # noqa: E402
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import bounds, pipeline  # noqa: E402
 from dmimo_jax.measure import FAULT_KINDS, inject_faults  # noqa: E402
+
+RISK = 1e-2  # the integrity risk of the protection level reported
 
 
 def fault_mask(rng, n, k, kind):
@@ -99,6 +105,11 @@ def main(argv=None):
                     jnp.asarray(xt), truth, jnp.asarray(mask)
                 )
             )
+            level = np.asarray(
+                jax.vmap(bounds.protection_level_unchecked, in_axes=(0, None, 0, None, 0))(
+                    out.x, loc.fine_model, out.excluded, RISK, out.cost
+                )
+            )
             rejected = np.asarray(out.rejected)
             excluded = np.asarray(out.excluded)
             ok = ~rejected
@@ -117,6 +128,10 @@ def main(argv=None):
                 confident_wrong=float(np.mean(ok & (err > 1e-3))),
                 recall=float(np.mean(np.all(excluded >= mask, axis=1))) if k else None,
                 false_exclusion=float(np.sum(excluded & healthy) / np.sum(healthy)),
+                # the protection level at risk RISK under the Locator's own model: how often
+                # an accepted answer's error exceeds it, and its median over the PEB
+                beyond_protection=float(np.mean(ok & (err > level))),
+                protection_over_peb=float(np.median(level[ok] / peb[ok])) if ok.any() else None,
                 cost_ratio=seconds / t_clean,
             )
             if k == 0:
@@ -137,6 +152,8 @@ def main(argv=None):
             ("confident_wrong", "wrong, kept", ".3f"),
             ("recall", "recall", ".3f"),
             ("false_exclusion", "false excl", ".4f"),
+            ("beyond_protection", "err > PL", ".4f"),
+            ("protection_over_peb", "PL/PEB", ".1f"),
             ("cost_ratio", "cost x", ".1f"),
         ],
     )

@@ -141,6 +141,16 @@ def check_scalar(name: str, value: Any, *, positive: bool = False) -> None:
         raise ValueError(f"{name} must be > 0, got {arr.item()!r}")
 
 
+def check_probability(name: str, value: Any) -> None:
+    """A probability strictly between 0 and 1 (a Python or NumPy real scalar)."""
+    try:
+        ok = np.shape(value) == () and 0.0 < float(value) < 1.0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be a probability in (0, 1), got {value!r}")
+
+
 def check_covariance(name: str, cov: Any) -> None:
     """A concrete (S, S) covariance must be symmetric and positive definite (``ValueError``
     naming it otherwise); traced values pass."""

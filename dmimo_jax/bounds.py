@@ -30,6 +30,8 @@ from dmimo_jax._checks import (
     check_finite,
     check_num_aps,
     check_positions,
+    check_probability,
+    check_scalar,
     is_concrete,
     warn_if_float32,
 )
@@ -60,6 +62,9 @@ __all__ = [
     "jacobian_analytic",
     "linearize",
     "peb_from_fim",
+    "protection_level",
+    "protection_level_unchecked",
+    "subset_fim_unchecked",
     "subset_peb",
     "subset_peb_unchecked",
 ]
@@ -351,15 +356,89 @@ def subset_peb(x: ArrayLike, model: PhaseModel | Scene, excluded: ArrayLike) -> 
     return subset_peb_unchecked(jnp.asarray(x), model, jnp.asarray(mask))
 
 
+def subset_fim_unchecked(x: Array, model: PhaseModel, excluded: Array) -> Array:
+    r"""The (3, 3) position FIM (eq. 14's :math:`\mathbf H^\top\mathbf J_e\mathbf H`) of the
+    APs not ``excluded`` (M,) bool (theirs at infinite variance: eq. 13b without their rows
+    and columns). Traced, unchecked; one position (batch with ``jax.vmap``)."""
+    _, h, variance = linearize(x, model)
+    w = jnp.where(excluded, 0.0, 1.0 / jnp.where(excluded, 1.0, variance))
+    efim = jnp.diag(w) - jnp.outer(w, w) / jnp.sum(w)
+    return h.T @ efim @ h
+
+
 @jax.jit
 def subset_peb_unchecked(x: Array, model: PhaseModel, excluded: Array) -> Array:
     """:func:`subset_peb`'s traced core (one position; batch with ``jax.vmap``)."""
-    _, h, variance = linearize(x, model)
-    left = jnp.sum(~excluded)
-    w = jnp.where(excluded, 0.0, 1.0 / jnp.where(excluded, 1.0, variance))
-    efim = jnp.diag(w) - jnp.outer(w, w) / jnp.sum(w)
-    bound = peb_from_fim(h.T @ efim @ h)
-    return jnp.where(left >= 4, bound, jnp.inf)
+    bound = peb_from_fim(subset_fim_unchecked(x, model, excluded))
+    return jnp.where(jnp.sum(~excluded) >= 4, bound, jnp.inf)
+
+
+def protection_level(
+    x: ArrayLike,
+    model: PhaseModel | Scene,
+    excluded: ArrayLike,
+    risk: float = 1e-3,
+    cost: ArrayLike | None = None,
+) -> Array:
+    r"""An error bound at integrity risk ``risk`` for an answer ``x`` located with the APs
+    not ``excluded`` (beyond the paper; GNSS integrity monitoring's protection level made
+    for carrier phases), m:
+
+    .. math::
+        \mathrm{PL} = s\,\sqrt{\lambda_{\max}(\mathbf J_S^{-1})\,
+        F^{-1}_{\chi^2_3}(1 - lpha)},\qquad
+        s = \max\Bigl(1, \sqrt{c / (M - k - 4)}\Bigr)
+
+    with :math:`\mathbf J_S` the position FIM of the APs left (:func:`subset_fim_unchecked`,
+    the bound of :func:`subset_peb`). An efficient estimate on the right lobe has
+    :math:`\mathbf e\sim\mathcal N(0, \mathbf J_S^{-1})`, so
+    :math:`\|\mathbf e\|^2 \le \lambda_{\max}\,\mathbf e^	op\mathbf J_S\mathbf e` with the
+    latter :math:`\chi^2_3`: :math:`P(\|\mathbf e\| > \mathrm{PL}) \le lpha`. The factor
+    :math:`s` is weighted least squares' a-posteriori variance factor from the answer's ML
+    cost ``cost`` (eq. 17; omitted: 1): where the model misfits (a learned mean phase's
+    error) the residuals show it and the bound widens with them. What it cannot cover is an
+    answer on the wrong lobe: that is the cost gate's risk (measured in
+    ``benchmarks/fault_tolerance.py``, where the bound itself is checked). ``inf`` when fewer
+    than four APs are left or a direction is unobservable.
+
+    Args:
+        x: (3,) the answer, m.
+        model: the model it was located under (a Scene or any PhaseModel).
+        excluded: (M,) bool, the APs left out (:attr:`LocatorResult.excluded` of the row).
+        risk: the integrity risk :math:`lpha`, in (0, 1).
+        cost: () the answer's ML cost over the APs left, or None.
+
+    Raises:
+        ValueError: as :func:`subset_peb`, ``risk`` outside (0, 1), ``cost`` negative or
+            not finite.
+    """
+    check_probability("risk", risk)
+    if cost is not None:
+        check_scalar("cost", cost)
+        if is_concrete(cost) and not np.asarray(cost) >= 0:
+            raise ValueError(f"cost must be >= 0, got {np.asarray(cost).item()!r}")
+    subset_peb(x, model, excluded)  # its checks
+    model = as_phase_model(model)
+    return protection_level_unchecked(
+        jnp.asarray(x), model, jnp.asarray(excluded), float(risk), cost
+    )
+
+
+@partial(jax.jit, static_argnames="risk")
+def protection_level_unchecked(
+    x: Array, model: PhaseModel, excluded: Array, risk: float, cost: Array | None = None
+) -> Array:
+    """:func:`protection_level`'s traced core (one answer; batch with ``jax.vmap``);
+    ``risk`` static."""
+    import scipy.stats
+
+    fim = subset_fim_unchecked(x, model, excluded)
+    lowest = jnp.linalg.eigvalsh(fim)[0]
+    tol = 1e3 * jnp.finfo(fim.dtype).eps * jnp.max(jnp.diagonal(fim))
+    dof = jnp.sum(~excluded) - 4
+    scale = 1.0 if cost is None else jnp.sqrt(jnp.maximum(1.0, cost / jnp.maximum(dof, 1)))
+    level = scale * jnp.sqrt(scipy.stats.chi2.isf(risk, 3) / lowest)
+    return jnp.where((dof >= 0) & (lowest > tol), level, jnp.inf)
 
 
 def peb_from_fim(fim: ArrayLike) -> Array:

@@ -39,7 +39,6 @@ from dmimo_jax.estimators.grid import PhasorTable, grid_points
 from dmimo_jax.estimators.mle import (
     RefineResult,
     excluded_variance,
-    refine_batch_unchecked,
     refine_excluding,
 )
 from dmimo_jax.estimators.rows import passes_gate
@@ -47,6 +46,8 @@ from dmimo_jax.estimators.search import screen
 from dmimo_jax.likelihood import compressed_residuals, wrap_corrected_residuals
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel
+
+ROBUST_POOL = 1024  # the most coherent grid points re-ranked by the trimmed coherence
 
 
 class ExclusionResult(NamedTuple):
@@ -105,21 +106,100 @@ def exclude_faults(
     return jax.lax.fori_loop(0, max_excluded, step, start)
 
 
+def trimmed_coherence(rows: Array, r: Array, drop: int, iterations: int = 2) -> Array:
+    r"""Coherence with the ``drop`` least coherent APs left out (beyond the paper), of
+    snapshots ``r`` (B, M) against phasor rows ``rows`` (B, N, 2M) (``[cos, sin]`` of
+    the model phases :math:`\theta_{nm}`, :func:`~dmimo_jax.estimators.phasors.phasor_rows`):
+    (B, N), at most 1.
+
+    With :math:`z_m = e^{j(r_m - \theta_m)}` and :math:`u` the direction of
+    :math:`\sum_m z_m` over the APs kept, each AP's share is :math:`\mathrm{Re}(z_m
+    \bar u) = \cos(\arg z_m - \arg u)`; the ``drop`` smallest are left out and the
+    direction taken again from the rest (``iterations`` times); the score is the mean
+    share of the :math:`M - d` kept. At the right position the healthy APs' shares are all
+    near 1 whatever the faulty ones do, so up to ``drop`` faulty APs cost it nothing,
+    while the plain coherence :math:`|\sum_m z_m|^2/M^2` loses their share and a wrong
+    lobe that happens to fit the faulty phases can outrank it. Traced, unchecked;
+    ``drop`` (at least 1, below M) and ``iterations`` static."""
+    return _trim(rows, r, drop, iterations)[0]
+
+
+def _trim(rows: Array, r: Array, drop: int, iterations: int = 2) -> tuple[Array, Array]:
+    """:func:`trimmed_coherence` (B, N) and the (B, N, M) mask of the APs it dropped."""
+    m = r.shape[-1]
+    c, s = rows[..., :m], rows[..., m:]
+    cr = jnp.cos(r).astype(rows.dtype)[:, None, :]
+    sr = jnp.sin(r).astype(rows.dtype)[:, None, :]
+    re, im = cr * c + sr * s, sr * c - cr * s  # z_m = e^{j(r_m - theta_m)}, (B, N, M)
+    keep = jnp.ones(re.shape, bool)
+    for _ in range(iterations):
+        sre = jnp.sum(jnp.where(keep, re, 0.0), axis=-1, keepdims=True)
+        sim = jnp.sum(jnp.where(keep, im, 0.0), axis=-1, keepdims=True)
+        share = (re * sre + im * sim) / jnp.maximum(jnp.hypot(sre, sim), 1e-30)
+        neg, worst = jax.lax.top_k(-share, drop)  # (B, N, drop): the lowest shares first
+        keep = share > -neg[..., -1:]
+    dropped = jnp.any(worst[..., None] == jnp.arange(m)[None, None, None], axis=-2)
+    return (jnp.sum(share, axis=-1) + jnp.sum(neg, axis=-1)) / (m - drop), dropped
+
+
+def readmitted(x: Array, r: Array, model: PhaseModel, suspects: Array, gate: float) -> Array:
+    r"""The (M,) mask of the ``suspects`` that stay out at a position ``x`` fitted without
+    them: a suspect whose residual from the robust CPO (the median of the others', as
+    :func:`robust_residuals`) is within :math:`\sqrt{g}\,\sigma_m` rejoins (a healthy AP
+    the trimmed coherence happened to drop); ``gate`` :math:`g` is the cost gate per degree
+    of freedom. One snapshot (M,), traced."""
+    e = wrap_corrected_residuals(r, model.mean(x))
+    phi = jnp.nanmedian(jnp.where(suspects, jnp.nan, e))
+    z2 = wrap(e - phi) ** 2 / model.variance(x)
+    return suspects & ~(z2 <= gate)
+
+
 def region_candidates(
-    r: Array, model: PhaseModel, table: PhasorTable, k: int, num_steps: int
-) -> tuple[Array, Array]:
-    """The whole-region screen's ``k`` most coherent grid points of each snapshot ``r``
-    (B, M), each refined (``num_steps`` LM steps under ``model``), *before* the pick of
-    the cheapest (:func:`~dmimo_jax.estimators.coarse_to_fine` keeps only that one):
-    positions (B, k, 3) and ML costs (B, k). With a faulty AP the cheapest under the ML
-    cost of every AP is often a wrong lobe while the right one is among the k (the
-    coherence bounds each AP's share); :func:`pick_excluding` chooses after the exclusion.
-    Traced, unchecked; ``k``, ``num_steps`` static."""
-    batch = r.shape[0]
-    _, cand = screen(r, table, k)
-    x0 = grid_points(table.grid, cand).reshape(batch * k, 3).astype(r.dtype)
-    fine = refine_batch_unchecked(x0, jnp.repeat(r, k, axis=0), model, num_steps)
-    return fine.x.reshape(batch, k, 3), fine.cost.reshape(batch, k)
+    r: Array,
+    model: PhaseModel,
+    table: PhasorTable,
+    k: int,
+    num_steps: int,
+    robust: int = 0,
+    drop: int = 0,
+    gate: float = 100.0,
+) -> tuple[Array, Array, Array]:
+    """The whole-region screen's candidates of each snapshot ``r`` (B, M), each refined
+    (``num_steps`` LM steps under ``model``), *before* the pick of the cheapest
+    (:func:`~dmimo_jax.estimators.coarse_to_fine` keeps only that one): positions
+    (B, k, 3), ML costs (B, k) and (B, k, M) the APs each leaves out. The first
+    ``k - robust`` are the screen's most coherent grid points, refined with every AP; the
+    last ``robust`` the best of its :data:`ROBUST_POOL` most coherent under
+    :func:`trimmed_coherence` with ``drop`` APs left out, each refined without the APs it
+    dropped; in the mask the suspects that fit there rejoin (:func:`readmitted`, ``gate``
+    per degree of freedom), for the caller's re-fit. With faulty APs the cheapest under the ML cost of every AP is often a wrong
+    lobe, and with two or three of them the right lobe is often not among the most
+    coherent either, nor stays there when refined with the faulty APs in, while the
+    trimmed coherence ranks it near the top and names its faulty APs (measured in
+    docs/learning.md); :func:`pick_excluding` chooses after the exclusion. Traced,
+    unchecked; ``k``, ``num_steps``, ``robust`` (< k), ``drop`` (>= 1 when ``robust``) and
+    ``gate`` static."""
+    batch, size, m = r.shape[0], table.grid.size, r.shape[1]
+    pool = max(k, min(ROBUST_POOL, size)) if robust else k
+    _, cand = screen(r, table, pool)
+    suspects = jnp.zeros((batch, k - robust, m), bool)
+    if robust:
+        score, _ = _trim(table.data[cand], r, drop)
+        best = jnp.take_along_axis(cand, jax.lax.top_k(score, robust)[1], axis=1)
+        suspects = jnp.concatenate([suspects, _trim(table.data[best], r, drop)[1]], axis=1)
+        cand = jnp.concatenate([cand[:, : k - robust], best], axis=1)
+    x0 = grid_points(table.grid, cand[:, :k]).reshape(batch * k, 3).astype(r.dtype)
+    rk, suspects = jnp.repeat(r, k, axis=0), suspects.reshape(batch * k, m)
+    # one LM for every start (the plain ones with nothing out: refine_batch's answers)
+    fine = jax.vmap(lambda x, ri, out: refine_excluding(x, ri, model, out, num_steps))(
+        x0, rk, suspects
+    )
+    out = jax.vmap(lambda x, ri, sus: readmitted(x, ri, model, sus, gate))(fine.x, rk, suspects)
+    return (
+        fine.x.reshape(batch, k, 3),
+        fine.cost.reshape(batch, k),
+        out.reshape(batch, k, m),
+    )
 
 
 def pick_excluding(cost: Array, first: Array, passed: Array, num_excluded: Array) -> Array:

@@ -30,7 +30,7 @@ from jax.typing import ArrayLike
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, is_concrete
 from dmimo_jax.estimators import PhasorTable
 from dmimo_jax.estimators.faults import exclude_faults, pick_excluding, region_candidates
-from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
+from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked, refine_excluding
 from dmimo_jax.estimators.rows import capacity_for, on_rows, passes_gate
 from dmimo_jax.estimators.window import gate_recheck, window_offsets
 from dmimo_jax.learning.cells import CellClassifier
@@ -54,7 +54,8 @@ from dmimo_jax.pytree import pytree_dataclass, static_field
 
 EXCLUSION_STEPS = 5  # LM steps of each re-fit without a faulty AP (at least the fine stage's)
 REGION_STARTS, REGION_STEPS = 8, 25  # the whole-region screen's (whole_region_screen_unchecked)
-EXCLUSION_STARTS = 24  # the whole-region starts tried with fault exclusion (its top 8 included)
+EXCLUSION_STARTS = 24  # the whole-region starts tried with fault exclusion: the screen's top 8,
+# then the 16 best of its top ROBUST_POOL under the trimmed coherence
 
 
 MIN_CAPACITY = 16
@@ -401,16 +402,32 @@ class Locator:
 
     def region_search_excluding(self, r: Array) -> tuple[Array, RefineResult, Array]:
         """:meth:`region_search` with fault exclusion, traced: every one of the whole-region
-        screen's starts (:func:`~dmimo_jax.estimators.faults.region_candidates`) through
+        screen's starts (:func:`~dmimo_jax.estimators.faults.region_candidates`: its 8 most
+        coherent and 16 by the coherence of all APs but ``max_excluded``) through
         the fine stage and :meth:`exclude`, then
         :func:`~dmimo_jax.estimators.faults.pick_excluding` (the answer of
         :meth:`region_search` where it passes the gate with no AP excluded)."""
         batch, k = r.shape[0], min(EXCLUSION_STARTS, self.table.grid.size)
-        xs, cost = region_candidates(r, self.screen_model, self.table, k, REGION_STEPS)
+        settings = self.settings
+        robust = k - min(REGION_STARTS, k)  # the rest ranked by the trimmed coherence
+        xs, cost, out = region_candidates(
+            r,
+            self.screen_model,
+            self.table,
+            k,
+            REGION_STEPS,
+            robust,
+            settings.max_excluded,
+            settings.cost_gate,
+        )
         # the top REGION_STARTS are region_search's starts: its pick is among them
         first = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf)[:, :REGION_STARTS], axis=1)
-        rk = jnp.repeat(r, k, axis=0)
-        fine, excluded = self.exclude(rk, self.refine(rk, xs.reshape(batch * k, 3)))
+        rk, out = jnp.repeat(r, k, axis=0), out.reshape(batch * k, -1)
+        steps = settings.fine_steps
+        fine = jax.vmap(lambda x, ri, o: refine_excluding(x, ri, self.fine_model, o, steps))(
+            xs.reshape(batch * k, 3).astype(r.dtype), rk, out
+        )
+        fine, excluded = self.exclude(rk, fine, out)
         passed = self.passes(fine.cost, excluded).reshape(batch, k)
         count = jnp.sum(excluded, axis=1).reshape(batch, k)
         pick = pick_excluding(fine.cost.reshape(batch, k), first, passed, count)
