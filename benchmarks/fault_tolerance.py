@@ -1,9 +1,10 @@
 """The Locator through faulty APs: k of 17 APs faulty, each fault model, next to the same
 Locator without faults, in one run.
 
-The quickstart's world (the paper's scene, concrete, L = 50 labeled snapshots, the ``quick``
-cell classifier, cached) at each power. For each fault model of
-:func:`dmimo_jax.measure.inject_faults` and k faulty APs (drawn at random per snapshot for
+Two worlds at each power (:func:`world`): the quickstart's (the paper's scene, concrete,
+L = 50 labeled snapshots, the ``quick`` cell classifier, cached) and a calibrated room
+(:func:`dmimo_jax.synthetic_deployment`, calibrated from L = 50 labeled snapshots). For each
+fault model of :func:`dmimo_jax.measure.inject_faults` and k faulty APs (drawn at random per snapshot for
 ``random`` and ``blocked``; the same k APs in every snapshot for ``stuck`` and ``jump``,
 as a lost synchronisation is a property of the AP), on the same test snapshots:
 
@@ -23,6 +24,7 @@ as a lost synchronisation is a property of the AP), on the same test snapshots:
 
     python benchmarks/fault_tolerance.py --json out/fault_tolerance.json
     python benchmarks/fault_tolerance.py --quick     # 128 snapshots, -10 dBm
+    python benchmarks/fault_tolerance.py --worlds room --quick
 """
 
 from __future__ import annotations
@@ -55,6 +57,26 @@ def fault_mask(rng, n, k, kind):
     return mask
 
 
+def world(name, power):
+    """(scene, true model, offline result) of a world at ``power`` dBm: ``paper``, the
+    quickstart's (the paper's scene, its two-ray channel, trained on L = 50 labeled
+    snapshots); ``room``, :func:`dmimo_jax.synthetic_deployment`'s room (APs on the ceiling
+    off their survey, six surfaces, random offsets), calibrated from L = 50 labeled
+    snapshots (positions, offsets, surfaces) and trained under the calibrated model."""
+    if name == "paper":
+        scene = dj.paper_scene(power, "concrete")
+        x, r, nv = labeled_snapshots(scene, 50, 0)
+        off = pipeline.run_offline(x, r, nv, scene, kinds=("cells",), preset="quick", seed=0)
+        return scene, dj.TwoRayModel(scene), off
+    dep = dj.synthetic_deployment(power, seed=0)
+    x, r, nv = labeled_snapshots(dep.surveyed, 50, 0, model=dep.truth)
+    cal = dj.calibrate(dep.nominal, x, r, nv, fit=("ap_positions", "ap_phase_offsets", "surfaces"))
+    off = pipeline.run_offline(
+        x, r, nv, dep.surveyed, model=cal, kinds=("cells",), preset="quick", seed=0
+    )
+    return dep.surveyed, dep.truth, off
+
+
 def timed(fn):
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn())
@@ -67,18 +89,18 @@ def main(argv=None):
     ap.add_argument("--num", type=int, default=None, help="test snapshots per row (1280)")
     ap.add_argument("--powers", type=float, nargs="*", default=None, help="dBm (-10 -20)")
     ap.add_argument("--faulty", type=int, nargs="*", default=[1, 2, 3], help="k values")
+    ap.add_argument(
+        "--worlds", nargs="*", default=["paper", "room"], choices=["paper", "room"], help="worlds"
+    )
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     num = args.num or (128 if args.quick else 1280)
     powers = args.powers or ([-10.0] if args.quick else [-10.0, -20.0])
     rows = []
-    for power in powers:
-        scene = dj.paper_scene(power, "concrete")
-        truth = dj.TwoRayModel(scene)
-        x, r, nv = labeled_snapshots(scene, 50, 0)
-        off = pipeline.run_offline(x, r, nv, scene, kinds=("cells",), preset="quick", seed=0)
+    for name, power in [(w, p) for w in args.worlds for p in powers]:
+        scene, truth, off = world(name, power)
         loc = dj.Locator(off, "cells")
-        xt, rt = labeled_snapshots(scene, num, 1, salt=10_000)[:2]
+        xt, rt = labeled_snapshots(scene, num, 1, salt=10_000, model=truth)[:2]
         xt = np.asarray(xt)
         off_loc = loc.replace(max_excluded=0)  # the same Locator without fault exclusion
         for each in (loc, off_loc):
@@ -115,6 +137,7 @@ def main(argv=None):
             ok = ~rejected
             healthy = ~mask
             row = dict(
+                world=name,
                 power_dbm=power,
                 fault=kind,
                 k=k,
@@ -143,6 +166,7 @@ def main(argv=None):
     print_table(
         rows,
         [
+            ("world", "world", "s"),
             ("power_dbm", "P dBm", ".0f"),
             ("fault", "fault", "s"),
             ("k", "k", "d"),

@@ -38,7 +38,7 @@ from dmimo_jax.estimators.coherent import (
     knn_locate,
 )
 from dmimo_jax.estimators.exact import MLEResult, exact_mle
-from dmimo_jax.estimators.faults import ExclusionResult, exclude_faults
+from dmimo_jax.estimators.faults import ExclusionResult, exclude_faults, trimmed_coherence
 from dmimo_jax.estimators.grid import (
     Grid,
     PhasorTable,
@@ -101,5 +101,6 @@ __all__ = [
     "on_rows",
     "ExclusionResult",
     "exclude_faults",
+    "trimmed_coherence",
     "check_table_of",
 ]
