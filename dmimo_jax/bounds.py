@@ -344,6 +344,13 @@ def subset_peb(x: ArrayLike, model: PhaseModel | Scene, excluded: ArrayLike) -> 
     Raises:
         ValueError: as :func:`peb`, and ``excluded`` not an (M,) bool mask.
     """
+    model, mask = _checked_subset(x, model, excluded)
+    return subset_peb_unchecked(jnp.asarray(x), model, mask)
+
+
+def _checked_subset(x: ArrayLike, model: PhaseModel | Scene, excluded: ArrayLike):
+    """``(model, excluded)`` as a PhaseModel and an array, checked (``ValueError``): the
+    checks of :func:`peb` and ``excluded`` an (M,) bool mask."""
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
     _check_position(x, model)
@@ -353,7 +360,7 @@ def subset_peb(x: ArrayLike, model: PhaseModel | Scene, excluded: ArrayLike) -> 
             f"excluded must be a bool mask of shape ({model.num_aps},), got "
             f"{jnp.asarray(mask).dtype} {np.shape(mask)}"
         )
-    return subset_peb_unchecked(jnp.asarray(x), model, jnp.asarray(mask))
+    return model, jnp.asarray(mask)
 
 
 def subset_fim_unchecked(x: Array, model: PhaseModel, excluded: Array) -> Array:
@@ -417,11 +424,8 @@ def protection_level(
         check_scalar("cost", cost)
         if is_concrete(cost) and not np.asarray(cost) >= 0:
             raise ValueError(f"cost must be >= 0, got {np.asarray(cost).item()!r}")
-    subset_peb(x, model, excluded)  # its checks
-    model = as_phase_model(model)
-    return protection_level_unchecked(
-        jnp.asarray(x), model, jnp.asarray(excluded), float(risk), cost
-    )
+    model, mask = _checked_subset(x, model, excluded)
+    return protection_level_unchecked(jnp.asarray(x), model, mask, float(risk), cost)
 
 
 @partial(jax.jit, static_argnames="risk")
@@ -434,11 +438,16 @@ def protection_level_unchecked(
 
     fim = subset_fim_unchecked(x, model, excluded)
     lowest = jnp.linalg.eigvalsh(fim)[0]
-    tol = 1e3 * jnp.finfo(fim.dtype).eps * jnp.max(jnp.diagonal(fim))
     dof = jnp.sum(~excluded) - 4
     scale = 1.0 if cost is None else jnp.sqrt(jnp.maximum(1.0, cost / jnp.maximum(dof, 1)))
     level = scale * jnp.sqrt(scipy.stats.chi2.isf(risk, 3) / lowest)
-    return jnp.where((dof >= 0) & (lowest > tol), level, jnp.inf)
+    return jnp.where((dof >= 0) & (lowest > _information_floor(fim)), level, jnp.inf)
+
+
+def _information_floor(fim: Array) -> Array:
+    """The information below which a direction of a (3, 3) FIM counts as unobservable:
+    :math:`10^3\\epsilon\\max_i J_{ii}` (a rounding artefact, not information)."""
+    return 1e3 * jnp.finfo(fim.dtype).eps * jnp.max(jnp.diagonal(fim))
 
 
 def peb_from_fim(fim: ArrayLike) -> Array:
@@ -453,8 +462,7 @@ def peb_from_fim(fim: ArrayLike) -> Array:
     fim = jnp.asarray(fim)
     chol = jnp.linalg.cholesky(fim)
     pivots = jnp.diagonal(chol) ** 2
-    tol = 1e3 * jnp.finfo(fim.dtype).eps * jnp.max(jnp.diagonal(fim))
-    singular = ~jnp.all(jnp.isfinite(chol)) | (jnp.min(pivots) <= tol)
+    singular = ~jnp.all(jnp.isfinite(chol)) | (jnp.min(pivots) <= _information_floor(fim))
     eye = jnp.eye(3, dtype=fim.dtype)
     safe = jnp.where(singular, eye, chol)
     inv_l = jax.scipy.linalg.solve_triangular(safe, eye, lower=True)

@@ -367,7 +367,7 @@ def calibrate(
         True
     """
     return _calibrate(
-        model, [(x, r, noise_var)], fit, num_steps, max_steps, receivers, jacobian, warn, unlabeled
+        [(model, x, r, noise_var)], fit, num_steps, max_steps, receivers, jacobian, warn, unlabeled
     )[0]
 
 
@@ -420,21 +420,20 @@ def calibrate_many(
     models = list(model) if isinstance(model, (list, tuple)) else [model] * num
     if len(models) != num:
         raise ValueError(f"model: a sequence of models must hold N = {num}, got {len(models)}")
-    for m in models:
-        check_calibratable(m)
     if len({type(m) for m in models}) > 1:
         raise ValueError("model: every deployment's model must be of one kind")
     data = [(models[i], x[i], r[i], noise_var[i]) for i in range(num)]
-    return _calibrate(models[0], data, fit, num_steps, max_steps, receivers, jacobian, warn)
+    return _calibrate(data, fit, num_steps, max_steps, receivers, jacobian, warn)
 
 
 def _calibrate(
-    model, data, fit, num_steps, max_steps, receivers, jacobian, warn, unlabeled=None
+    data, fit, num_steps, max_steps, receivers, jacobian, warn, unlabeled=None
 ) -> list[Calibration]:
     """The shell of :func:`calibrate` and :func:`calibrate_many`: ``data`` a list of
-    ``(x, r, noise_var)`` under ``model``, or of ``(model, x, r, noise_var)``; the fits of
-    every deployment staged together (:func:`~dmimo_jax.calibration.staging.fit_staged`)."""
-    check_calibratable(model)
+    ``(model, x, r, noise_var)``, one per deployment; the fits of every deployment staged
+    together (:func:`~dmimo_jax.calibration.staging.fit_staged`)."""
+    for nominal, *_ in data:
+        check_calibratable(nominal)
     requests = {g.name: g for g in as_fit_groups(fit)}
     fit = tuple(name for name in GROUPS if name in requests)
     check_int("num_steps", num_steps, minimum=1)
@@ -442,8 +441,7 @@ def _calibrate(
     if jacobian not in ("auto", "autodiff"):
         raise ValueError(f"jacobian must be 'auto' or 'autodiff', got {jacobian!r}")
     deployments, nominals = [], []
-    for item in data:
-        nominal, (x, r, noise_var) = (model, item) if len(item) == 3 else (item[0], item[1:])
+    for nominal, x, r, noise_var in data:
         x, r, noise_var = _checked_data(nominal, x, r, noise_var, requests)
         complex_data = bool(jnp.iscomplexobj(r))
         m = _with_receivers(nominal, x, r, fit, receivers, complex_data)

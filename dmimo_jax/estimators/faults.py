@@ -58,13 +58,20 @@ class ExclusionResult(NamedTuple):
     passed: Array  # () bool, the answer's cost is under the gate for the APs left
 
 
-def robust_residuals(r: Array, mean: Array, variance: Array, excluded: Array) -> Array:
-    r""":math:`|\mathrm{wrap}(r_m - \mu_m - \tilde\phi)|/\sigma_m` (M,) with :math:`\tilde\phi`
-    the median of the wrap-corrected residuals (eq. 16) of the APs not ``excluded``, and 0
-    for the excluded ones. One snapshot, traced."""
+def median_cpo_residuals(r: Array, mean: Array, variance: Array, excluded: Array) -> Array:
+    r""":math:`|\mathrm{wrap}(r_m - \mu_m - \tilde\phi)|/\sigma_m` (M,) of every AP, with
+    :math:`\tilde\phi` the median of the wrap-corrected residuals (eq. 16) of the APs not
+    ``excluded`` (the least-squares CPO of eq. 15 would spread a faulty AP's residual over
+    every AP). One snapshot, traced."""
     e = wrap_corrected_residuals(r, mean)
     phi = jnp.nanmedian(jnp.where(excluded, jnp.nan, e))
-    out = jnp.abs(wrap(e - phi)) / jnp.sqrt(jnp.where(excluded, 1.0, variance))
+    return jnp.abs(wrap(e - phi)) / jnp.sqrt(variance)
+
+
+def robust_residuals(r: Array, mean: Array, variance: Array, excluded: Array) -> Array:
+    """:func:`median_cpo_residuals` of the APs not ``excluded``, 0 for the excluded ones (the
+    exclusion's score: the largest is the next suspect). One snapshot, traced."""
+    out = median_cpo_residuals(r, mean, jnp.where(excluded, 1.0, variance), excluded)
     return jnp.where(excluded, 0.0, out)
 
 
@@ -144,14 +151,12 @@ def _trim(rows: Array, r: Array, drop: int, iterations: int = 2) -> tuple[Array,
 
 def readmitted(x: Array, r: Array, model: PhaseModel, suspects: Array, gate: float) -> Array:
     r"""The (M,) mask of the ``suspects`` that stay out at a position ``x`` fitted without
-    them: a suspect whose residual from the robust CPO (the median of the others', as
-    :func:`robust_residuals`) is within :math:`\sqrt{g}\,\sigma_m` rejoins (a healthy AP
+    them: a suspect whose residual from the robust CPO (the median of the others':
+    :func:`median_cpo_residuals`) is within :math:`\sqrt{g}\,\sigma_m` rejoins (a healthy AP
     the trimmed coherence happened to drop); ``gate`` :math:`g` is the cost gate per degree
     of freedom. One snapshot (M,), traced."""
-    e = wrap_corrected_residuals(r, model.mean(x))
-    phi = jnp.nanmedian(jnp.where(suspects, jnp.nan, e))
-    z2 = wrap(e - phi) ** 2 / model.variance(x)
-    return suspects & ~(z2 <= gate)
+    z = median_cpo_residuals(r, model.mean(x), model.variance(x), suspects)
+    return suspects & ~(z**2 <= gate)
 
 
 def region_candidates(
@@ -184,11 +189,13 @@ def region_candidates(
     _, cand = screen(r, table, pool)
     suspects = jnp.zeros((batch, k - robust, m), bool)
     if robust:
-        score, _ = _trim(table.data[cand], r, drop)
-        best = jnp.take_along_axis(cand, jax.lax.top_k(score, robust)[1], axis=1)
-        suspects = jnp.concatenate([suspects, _trim(table.data[best], r, drop)[1]], axis=1)
+        score, dropped = _trim(table.data[cand], r, drop)
+        top = jax.lax.top_k(score, robust)[1]  # (B, robust) places in the pool
+        best = jnp.take_along_axis(cand, top, axis=1)
+        dropped = jnp.take_along_axis(dropped, top[:, :, None], axis=1)
+        suspects = jnp.concatenate([suspects, dropped], axis=1)
         cand = jnp.concatenate([cand[:, : k - robust], best], axis=1)
-    x0 = grid_points(table.grid, cand[:, :k]).reshape(batch * k, 3).astype(r.dtype)
+    x0 = grid_points(table.grid, cand).reshape(batch * k, 3).astype(r.dtype)
     rk, suspects = jnp.repeat(r, k, axis=0), suspects.reshape(batch * k, m)
     # one LM for every start (the plain ones with nothing out: refine_batch's answers)
     fine = jax.vmap(lambda x, ri, out: refine_excluding(x, ri, model, out, num_steps))(
