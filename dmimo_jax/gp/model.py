@@ -293,24 +293,27 @@ def interpolate(
     i0 = jnp.minimum(jnp.floor(u).astype(jnp.int32), n - 2)
     t = u - i0
     if cubic:
-        offsets = (-1, 0, 1, 2)
+        offsets = jnp.arange(-1, 3)
         t2, t3 = t * t, t * t * t
-        w = (
-            (-t3 + 2 * t2 - t) / 2,
-            (3 * t3 - 5 * t2 + 2) / 2,
-            (-3 * t3 + 4 * t2 + t) / 2,
-            (t3 - t2) / 2,
-        )
+        w = jnp.stack(
+            [
+                (-t3 + 2 * t2 - t) / 2,
+                (3 * t3 - 5 * t2 + 2) / 2,
+                (-3 * t3 + 4 * t2 + t) / 2,
+                (t3 - t2) / 2,
+            ],
+            axis=-1,
+        )  # (..., 2, 4): the weights of the four nodes along each axis
     else:
-        offsets, w = (0, 1), (1 - t, t)
-    out = 0.0
-    for oa, wa in zip(offsets, w, strict=True):
-        a = jnp.clip(i0[..., 0] + oa, 0, values.shape[0] - 1)
-        row = 0.0
-        for ob, wb in zip(offsets, w, strict=True):
-            b = jnp.clip(i0[..., 1] + ob, 0, values.shape[1] - 1)
-            row = row + values[a, b] * wb[..., 1]
-        out = out + row * wa[..., 0]
+        offsets = jnp.arange(2)
+        w = jnp.stack([1 - t, t], axis=-1)
+    # one gather of the (..., k, k) block of nodes (a loop of k^2 gathers traced k^2 times)
+    lead = (1,) * (i0.ndim - 1)
+    offsets = offsets.reshape(lead + (-1,))
+    a = jnp.clip(i0[..., 0, None] + offsets, 0, values.shape[0] - 1)  # (..., k)
+    b = jnp.clip(i0[..., 1, None] + offsets, 0, values.shape[1] - 1)
+    block = values[a[..., :, None], b[..., None, :]]  # (..., k, k)
+    return jnp.sum(jnp.sum(block * w[..., 1, None, :], axis=-1) * w[..., 0, :], axis=-1)
     return out
 
 
