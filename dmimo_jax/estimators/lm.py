@@ -31,10 +31,11 @@ class LMResult(NamedTuple):
     x: Array  # the final iterate, shape of x0
     cost: Array  # () squared residual norm at x (aux re-evaluated at x)
     num_accepted: Array  # () int32, accepted steps
+    extra: Any = None  # with has_extra: the residual function's extra output at x
 
 
 def levenberg_marquardt(
-    residual_fn: Callable[[Array, Any], Array],
+    residual_fn: Callable[[Array, Any], Any],
     x0: Array,
     *,
     num_steps: int,
@@ -42,13 +43,21 @@ def levenberg_marquardt(
     aux_fn: Callable[[Array], Any] | None = None,
     feasible: Callable[[Array], Array] | None = None,
     normal_fn: Callable[[Array, Any], tuple[Array, Array]] | None = None,
+    has_extra: bool = False,
 ) -> LMResult:
     """Run ``num_steps`` Levenberg-Marquardt steps on ``residual_fn(x, aux)`` from ``x0``.
 
-    Pure and traceable (no checks): call it inside ``jit``/``vmap``.
+    Pure and traceable (no checks): call it inside ``jit``/``vmap``. Every evaluation is
+    kept: a step linearizes the residuals at its iterate (the residuals and the Jacobian in
+    one pass) and evaluates them once at the trial point, whose residuals, ``aux`` and extra
+    output become the next iterate's when the step is accepted; so a program holds two
+    copies of ``residual_fn`` and one of ``aux_fn`` per call site, and the result's ``cost``
+    and ``extra`` are those of the final iterate without a further evaluation.
 
     Args:
-        residual_fn: ``(x, aux) -> e`` (K,), differentiable in ``x``.
+        residual_fn: ``(x, aux) -> e`` (K,), differentiable in ``x``; with ``has_extra``,
+            ``(x, aux) -> (e, extra)`` (an extra output at ``x``, e.g. a nuisance estimate,
+            returned at the final iterate).
         x0: (n,) start.
         num_steps: number of steps (a Python int).
         damping: initial damping factor :math:`\\lambda`.
@@ -56,8 +65,9 @@ def levenberg_marquardt(
             gradient) within a step; default ``None`` passes ``None``.
         feasible: ``x -> bool``; a step to an infeasible point is rejected.
         normal_fn: ``(x, aux) -> (J^T J, J^T e)`` where the structure gives the normal
-            equations cheaper than ``jax.jacfwd`` and the product (the default); they must
-            equal them.
+            equations cheaper than the linearization and the product (the default); they
+            must equal them.
+        has_extra: see ``residual_fn``.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -67,32 +77,46 @@ def levenberg_marquardt(
         [1.0, 1.0]
     """
     aux_of = (lambda x: None) if aux_fn is None else (lambda x: jax.lax.stop_gradient(aux_fn(x)))
+    with_extra = residual_fn if has_extra else (lambda x, aux: (residual_fn(x, aux), None))
 
     def step(_, carry):
-        x, lam, accepted = carry
-        aux = aux_of(x)
-        e = residual_fn(x, aux)
+        x, lam, accepted, aux, _, _ = carry  # aux at x
         if normal_fn is None:
-            jac = jax.jacfwd(residual_fn)(x, aux)
+            (e, extra), linear = jax.linearize(lambda y: with_extra(y, aux), x)
+            eye = jnp.eye(x.shape[0], dtype=x.dtype)
+            jac = jax.vmap(linear)(eye)[0].T
             a, g = jac.T @ jac, jac.T @ e
         else:
+            e, extra = with_extra(x, aux)
             a, g = normal_fn(x, aux)
         d = jnp.diag(a)
         # a column of J that vanishes (a saturated parametrization) keeps a positive scale
         d = jnp.maximum(d, jnp.finfo(d.dtype).eps * jnp.max(d))
         dx = jnp.linalg.solve(a + lam * jnp.diag(d), -g)
         x_new = x + dx
-        cost_old = jnp.sum(e**2)
-        cost_new = jnp.sum(residual_fn(x_new, aux_of(x_new)) ** 2)
+        aux_new = aux_of(x_new)
+        e_new, extra_new = with_extra(x_new, aux_new)
+        cost_old, cost_new = jnp.sum(e**2), jnp.sum(e_new**2)
         ok = jnp.isfinite(cost_new) & (cost_new < cost_old)
         if feasible is not None:
             ok = ok & feasible(x_new)
+        pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
         return (
-            jnp.where(ok, x_new, x),
+            pick(x_new, x),
             jnp.where(ok, lam / 3.0, lam * 4.0),
             accepted + ok.astype(jnp.int32),
+            pick(aux_new, aux),
+            pick(cost_new, cost_old),
+            pick(extra_new, extra),
         )
 
-    init = (x0, jnp.asarray(damping, x0.dtype), jnp.zeros((), jnp.int32))
-    x, _, accepted = jax.lax.fori_loop(0, num_steps, step, init)
-    return LMResult(x, jnp.sum(residual_fn(x, aux_of(x)) ** 2), accepted)
+    aux0 = aux_of(x0)
+    if num_steps == 0:
+        e0, extra0 = with_extra(x0, aux0)
+        return LMResult(x0, jnp.sum(e0**2), jnp.zeros((), jnp.int32), extra0)
+    shapes = jax.eval_shape(with_extra, x0, aux0)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    cost0 = jnp.zeros((), zeros[0].dtype)
+    init = (x0, jnp.asarray(damping, x0.dtype), jnp.zeros((), jnp.int32), aux0, cost0, zeros[1])
+    x, _, accepted, _, cost, extra = jax.lax.fori_loop(0, num_steps, step, init)
+    return LMResult(x, cost, accepted, extra)

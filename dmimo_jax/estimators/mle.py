@@ -34,7 +34,7 @@ from dmimo_jax._checks import (
     warn_if_float32,
 )
 from dmimo_jax.estimators.lm import levenberg_marquardt
-from dmimo_jax.likelihood import compressed_residuals, cpo_estimate
+from dmimo_jax.likelihood import cpo_estimate
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.scene import Scene
@@ -124,10 +124,19 @@ def _refine(
     damping: float,
     excluded: Array | None = None,
 ) -> RefineResult:
+    r"""The refinement of :func:`refine`: Levenberg-Marquardt on the weighted residuals
+    :math:`e_m = \mathrm{wrap}(r_m - \mu_m(\mathbf x) - \hat\phi(\mathbf x))/\sigma_m`
+    (eq. 17) by :func:`~dmimo_jax.estimators.lm.levenberg_marquardt`, the CPO (eq. 15) its
+    extra output and the weights :math:`\sigma_m^2` its ``aux`` (held within a step): every
+    evaluation is kept, so a step evaluates the model twice (its linearization and the
+    trial point) and a call site holds two copies of the model (the online program is
+    mostly these copies)."""
     variance = model.variance if excluded is None else excluded_variance(model, excluded)
 
-    def weighted_residual(x: Array, var: Array) -> Array:
-        return compressed_residuals(r, model.mean(x), var) / jnp.sqrt(var)
+    def weighted_residual(x: Array, var: Array) -> tuple[Array, Array]:
+        mean = model.mean(x)
+        phi = cpo_estimate(r, mean, var)
+        return wrap(r - mean - phi) / jnp.sqrt(var), phi
 
     fit = levenberg_marquardt(
         weighted_residual,
@@ -136,13 +145,9 @@ def _refine(
         damping=damping,
         aux_fn=variance,  # weights held constant within a step
         feasible=lambda x: x[2] > 0,
+        has_extra=True,  # the CPO at the final iterate
     )
-    x = fit.x
-    mean, var = model.mean(x), variance(x)
-    cost = jnp.sum(compressed_residuals(r, mean, var) ** 2 / var)
-    return RefineResult(
-        x=x, cpo=wrap(cpo_estimate(r, mean, var)), cost=cost, num_accepted=fit.num_accepted
-    )
+    return RefineResult(x=fit.x, cpo=wrap(fit.extra), cost=fit.cost, num_accepted=fit.num_accepted)
 
 
 def excluded_variance(model: PhaseModel, excluded: Array) -> Callable[[Array], Array]:
