@@ -135,6 +135,8 @@ def check_scalar(name: str, value: Any, *, positive: bool = False) -> None:
     arr = np.asarray(value)
     if arr.shape != ():
         raise ValueError(f"{name} must be a scalar, got shape {arr.shape}")
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == bool) or np.iscomplexobj(arr):
+        raise ValueError(f"{name} must be a real number, got {arr.dtype} {arr.item()!r}")
     if not np.isfinite(arr):
         raise ValueError(f"{name} must be finite, got {arr.item()!r}")
     if positive and not arr > 0:

@@ -355,10 +355,11 @@ def _checked_subset(x: ArrayLike, model: PhaseModel | Scene, excluded: ArrayLike
     check_num_aps(model.num_aps)
     _check_position(x, model)
     mask = np.asarray(excluded) if is_concrete(excluded) else excluded
-    if np.shape(mask) != (model.num_aps,) or jnp.asarray(mask).dtype != bool:
+    if excluded is None or np.shape(mask) != (model.num_aps,) or mask.dtype != bool:
+        got = "None" if excluded is None else f"{mask.dtype} {np.shape(mask)}"
         raise ValueError(
-            f"excluded must be a bool mask of shape ({model.num_aps},), got "
-            f"{jnp.asarray(mask).dtype} {np.shape(mask)}"
+            f"excluded must be a bool mask of shape ({model.num_aps},) (all False: no AP "
+            f"left out), got {got}"
         )
     return model, jnp.asarray(mask)
 
@@ -393,14 +394,14 @@ def protection_level(
 
     .. math::
         \mathrm{PL} = s\,\sqrt{\lambda_{\max}(\mathbf J_S^{-1})\,
-        F^{-1}_{\chi^2_3}(1 - lpha)},\qquad
+        F^{-1}_{\chi^2_3}(1 - \alpha)},\qquad
         s = \max\Bigl(1, \sqrt{c / (M - k - 4)}\Bigr)
 
     with :math:`\mathbf J_S` the position FIM of the APs left (:func:`subset_fim_unchecked`,
     the bound of :func:`subset_peb`). An efficient estimate on the right lobe has
     :math:`\mathbf e\sim\mathcal N(0, \mathbf J_S^{-1})`, so
-    :math:`\|\mathbf e\|^2 \le \lambda_{\max}\,\mathbf e^	op\mathbf J_S\mathbf e` with the
-    latter :math:`\chi^2_3`: :math:`P(\|\mathbf e\| > \mathrm{PL}) \le lpha`. The factor
+    :math:`\|\mathbf e\|^2 \le \lambda_{\max}\,\mathbf e^\top\mathbf J_S\mathbf e` with the
+    latter :math:`\chi^2_3`: :math:`P(\|\mathbf e\| > \mathrm{PL}) \le \alpha`. The factor
     :math:`s` is weighted least squares' a-posteriori variance factor from the answer's ML
     cost ``cost`` (eq. 17; omitted: 1): where the model misfits (a learned mean phase's
     error) the residuals show it and the bound widens with them. What it cannot cover is an
@@ -412,7 +413,7 @@ def protection_level(
         x: (3,) the answer, m.
         model: the model it was located under (a Scene or any PhaseModel).
         excluded: (M,) bool, the APs left out (:attr:`LocatorResult.excluded` of the row).
-        risk: the integrity risk :math:`lpha`, in (0, 1).
+        risk: the integrity risk :math:`\alpha`, in (0, 1).
         cost: () the answer's ML cost over the APs left, or None.
 
     Raises:
