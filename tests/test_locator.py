@@ -123,7 +123,7 @@ def test_settings_are_checked_and_replace_keeps_the_stage(trained):
         loc.replace(capacity=2.0)
     with pytest.raises(ValueError, match="not a setting"):
         loc.replace(kind="popt")
-    assert loc.replace(min_mass=0.0).min_mass == 0.0 and loc.num_cells == 4
+    assert loc.replace(min_mass=0.0).settings.min_mass == 0.0 and loc.settings.num_cells == 4
     leaves, tree = jax.tree_util.tree_flatten(loc)
     again = jax.tree_util.tree_unflatten(tree, leaves)
     assert again.settings == loc.settings

@@ -36,14 +36,10 @@ import jax.numpy as jnp
 from jax import Array
 
 from dmimo_jax.estimators.grid import PhasorTable, grid_points
-from dmimo_jax.estimators.mle import (
-    RefineResult,
-    excluded_variance,
-    refine_excluding,
-)
+from dmimo_jax.estimators.mle import RefineResult, refine_excluding
 from dmimo_jax.estimators.rows import passes_gate
 from dmimo_jax.estimators.search import screen
-from dmimo_jax.likelihood import compressed_residuals, wrap_corrected_residuals
+from dmimo_jax.likelihood import wrap_corrected_residuals
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel
 
@@ -87,30 +83,30 @@ def exclude_faults(
     """Fault detection and exclusion for one snapshot ``r`` (M,) whose answer ``fine`` may
     fail the cost gate (module docstring). Traced and unchecked; ``gate``,
     ``max_excluded`` and ``num_steps`` (LM steps of each re-fit) static. ``excluded``: APs
-    already out (default none). An answer under the gate is returned unchanged (nothing
-    excluded), so a batch without faults gives today's answers."""
+    already out (default none); they count toward ``max_excluded``: an answer never leaves
+    out more than ``max_excluded`` APs in all, nor so many that fewer than one redundant AP
+    is left (M - k - 4 >= 1: with three coordinates and the CPO, four APs fit any phases,
+    so the gate could no longer detect anything). An answer under the gate is returned
+    unchanged (nothing excluded), so a batch without faults gives today's answers."""
     m = r.shape[-1]
     excluded = jnp.zeros(m, bool) if excluded is None else excluded
-
-    def cost_of(fit: RefineResult, mask: Array) -> Array:
-        var = excluded_variance(model, mask)(fit.x)
-        return jnp.sum(compressed_residuals(r, model.mean(fit.x), var) ** 2 / var)
+    limit = min(int(max_excluded), m - 5)
 
     def step(_: int, carry: ExclusionResult) -> ExclusionResult:
         fine, excluded, passed = carry
         mean, var = model.mean(fine.x), model.variance(fine.x)
         score = robust_residuals(r, mean, var, excluded)
         trial = excluded.at[jnp.argmax(score)].set(True)
+        # the re-fit's cost is eq. (17) over the APs left (the excluded at infinite variance)
         fit = refine_excluding(fine.x, r, model, trial, num_steps)
-        fit = fit._replace(cost=cost_of(fit, trial))
-        take = ~passed & (jnp.sum(trial) <= m - 4)
+        take = ~passed & (jnp.sum(trial) <= limit)
         fine = jax.tree.map(lambda a, b: jnp.where(take, a, b), fit, fine)
         excluded = jnp.where(take, trial, excluded)
         return ExclusionResult(fine, excluded, passes_gate(fine.cost, gate, m, excluded))
 
     # a loop, not unrolled: one re-fit in the program whatever max_excluded (compile time)
     start = ExclusionResult(fine, excluded, passes_gate(fine.cost, gate, m, excluded))
-    return jax.lax.fori_loop(0, max_excluded, step, start)
+    return jax.lax.fori_loop(0, max(limit, 0), step, start)
 
 
 def trimmed_coherence(rows: Array, r: Array, drop: int, iterations: int = 2) -> Array:

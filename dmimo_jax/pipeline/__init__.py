@@ -37,15 +37,24 @@ program), :mod:`~dmimo_jax.pipeline.stages` (its coarse stages as pytrees),
 :mod:`~dmimo_jax.pipeline.cache` (where the offline work is kept and the key that names it).
 """
 
-from dmimo_jax.pipeline.cache import CACHE_ENV, cache_key, default_cache_dir
+from dmimo_jax.pipeline.cache import (
+    CACHE_ENV,
+    COMPILATION_CACHE_ENV,
+    cache_key,
+    default_cache_dir,
+    use_compilation_cache,
+)
 from dmimo_jax.pipeline.locator import (
+    BUCKETS,
     ExportedLocator,
+    bucket_for,
     HealReport,
     LocatorResult,
     LocatorSettings,
     load_locator,
     sharded,
 )
+from dmimo_jax.pipeline.rescues import Status
 from dmimo_jax.pipeline.offline import (
     KINDS,
     Offline,
@@ -103,6 +112,11 @@ __all__ = [
     "cell_probabilities",
     "coarse_estimate",
     "default_cache_dir",
+    "BUCKETS",
+    "bucket_for",
+    "Status",
+    "use_compilation_cache",
+    "COMPILATION_CACHE_ENV",
     "fit_phase_model",
     "stored_phase_model",
     "locate",

@@ -57,3 +57,26 @@ def cache_key(settings: dict, *trees: Any) -> str:
             h.update(str(arr.shape).encode())
             h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()[:16]
+
+
+COMPILATION_CACHE_ENV = "DMIMO_JAX_COMPILATION_CACHE"
+"""The environment variable that moves :func:`use_compilation_cache`'s default folder."""
+
+
+def use_compilation_cache(path: str | os.PathLike | None = None) -> pathlib.Path:
+    """Keep XLA's compiled programs on disk (JAX's persistent compilation cache), so a second
+    process runs the Locator's programs without compiling them again.
+
+    An explicit call for entry points (scripts, services, notebooks), never an import side
+    effect: it sets ``jax_compilation_cache_dir`` to ``path``, else
+    ``$DMIMO_JAX_COMPILATION_CACHE``, else ``xla/`` under :func:`default_cache_dir`, and keeps
+    every program that took at least 0.5 s to compile. JAX keys an entry by the program, the
+    XLA flags, the backend and the jax version, so a hit is the same executable (it never
+    caches a result). Returns the folder.
+    """
+    folder = path or os.environ.get(COMPILATION_CACHE_ENV) or default_cache_dir() / "xla"
+    folder = pathlib.Path(folder).expanduser()
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return folder

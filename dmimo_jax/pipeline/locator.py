@@ -4,11 +4,13 @@
 MLP or HI), the screen's and the fine stage's models and the lookup tables, as pytree
 leaves; its settings are static. :meth:`Locator.program` is the traced core: coarse stage,
 the candidate screen in two tiers (or the safeguard window), the fine stage and the cost
-gate with its whole-region re-screen and dense recheck, with static shapes and the rare
-rows on a fixed capacity (:mod:`~dmimo_jax.pipeline.program`). ``Locator.__call__`` is the
-thin checked shell around it: it validates concrete snapshots, runs the program, and re-runs
-the rows that did not fit the capacity; traced (under ``jax.jit``, ``jax.vmap``) it skips
-the checks and reports those rows in ``LocatorResult.overflow`` instead.
+gate, a loop of rescues (:mod:`~dmimo_jax.pipeline.rescues`: exclude faulty APs, search the
+whole region, a dense recheck) on a fixed capacity of rows, whose outcome is one
+:class:`~dmimo_jax.pipeline.rescues.Status` per row. ``Locator.__call__`` is the thin checked
+shell around it: it validates concrete snapshots, pads the batch to one of :data:`BUCKETS`
+(seven programs serve any batch), runs the program, and re-runs the rows that did not fit
+the capacity; traced (under ``jax.jit``, ``jax.vmap``) it skips the checks and reports
+those rows as ``overflow`` instead.
 
 So ``jax.jit(loc)``, ``jax.vmap(loc)`` over single snapshots, :func:`sharded` over every
 local device, and :meth:`Locator.export` (serialized StableHLO that a process without the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -29,18 +32,24 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, is_concrete
 from dmimo_jax.estimators import PhasorTable
-from dmimo_jax.estimators.faults import exclude_faults, pick_excluding, region_candidates
-from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked, refine_excluding
-from dmimo_jax.estimators.rows import capacity_for, on_rows, passes_gate
-from dmimo_jax.estimators.window import gate_recheck, window_offsets
+from dmimo_jax.estimators.faults import exclude_faults
+from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
+from dmimo_jax.estimators.rows import capacity_for, passes_gate
+from dmimo_jax.estimators.window import window_offsets
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel
-from dmimo_jax.pipeline.online import (
-    CandidateScreen,
-    ScreenSettings,
-    check_screen_settings,
-    whole_region_screen_unchecked,
+from dmimo_jax.pipeline.online import CandidateScreen, ScreenSettings, check_screen_settings
+from dmimo_jax.pipeline.rescues import (
+    DEFAULT_RESCUES,
+    EXCLUSION_STEPS,
+    Answer,
+    ExcludeFaults,
+    GateState,
+    RegionSearch,
+    Status,
+    final_status,
+    run_gate,
 )
 from dmimo_jax.pipeline.stages import (
     CellStage,
@@ -52,29 +61,61 @@ from dmimo_jax.pipeline.stages import (
 )
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
-EXCLUSION_STEPS = 5  # LM steps of each re-fit without a faulty AP (at least the fine stage's)
-REGION_STARTS, REGION_STEPS = 8, 25  # the whole-region screen's (whole_region_screen_unchecked)
-EXCLUSION_STARTS = 24  # the whole-region starts tried with fault exclusion: the screen's top 8,
-# then the 16 best of its top ROBUST_POOL under the trimmed coherence
-
-
 MIN_CAPACITY = 16
 """The fewest rows a rare step of the Locator handles in one program (capacity > 0)."""
 
+BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)
+"""The batch sizes the Locator's call compiles: a batch is padded to the next (a larger one
+runs in parts of the last), so any batch runs one of seven programs."""
+
+
+def bucket_for(n: int) -> int:
+    """The smallest of :data:`BUCKETS` that holds ``n`` rows (``n`` at most the largest)."""
+    return next(b for b in BUCKETS if b >= n)
+
 
 class LocatorResult(NamedTuple):
-    """Output of :class:`Locator` (leading batch axis B; none for one (M,) snapshot)."""
+    """Output of :class:`Locator` (leading batch axis B; none for one (M,) snapshot).
+
+    ``status`` is the outcome (:class:`~dmimo_jax.pipeline.rescues.Status`); the booleans
+    ``rejected``, ``overflow``, ``recovered``, ``fallback`` and ``accepted`` are views of it.
+    """
 
     x: Array  # (B, 3) the fine estimates, m
-    fallback: Array  # (B,) bool: the whole region was screened (unsure, or recovered)
     coarse: Array  # (B, 3) the coarse position (for cells: the most likely cell's centre)
     screened: Array  # (B, 3) the screen's refined best point
-    cost: Array  # (B,) ML cost (eq. 17) of ``x`` under the fine model
+    cost: Array  # (B,) ML cost (eq. 17) of ``x`` under the fine model, over the APs left
     cpo: Array  # (B,) CPO estimate at ``x``
-    recovered: Array  # (B,) bool: the first answer failed the cost gate and was re-screened
-    rejected: Array  # (B,) bool: the answer still fails the cost gate (or is not finite)
-    overflow: Array  # (B,) bool: a rare step of this row did not fit the program's capacity
     excluded: Array  # (B, M) bool: the APs left out as faulty (their phases contradict the rest)
+    status: Array  # (B,) int32 Status: located, excluded, recovered, unverified, rejected, overflow
+    unsure: Array  # (B,) bool: the coarse stage was unsure, so the whole region was searched
+
+    @property
+    def rejected(self) -> Array:
+        """(B,) bool: no rescue brought the answer under the cost gate (or it is not finite)."""
+        return self.status == Status.REJECTED
+
+    @property
+    def overflow(self) -> Array:
+        """(B,) bool: a rescue had no room for the row in the program (traced calls only)."""
+        return self.status == Status.OVERFLOW
+
+    @property
+    def recovered(self) -> Array:
+        """(B,) bool: a rescue's search (the whole region, a dense window) gave the answer."""
+        return self.status == Status.RECOVERED
+
+    @property
+    def fallback(self) -> Array:
+        """(B,) bool: the whole region was searched (the coarse stage was unsure, or a
+        rescue's search gave the answer)."""
+        return self.unsure | self.recovered
+
+    @property
+    def accepted(self) -> Array:
+        """(B,) bool: the answer passes the cost gate with at least one redundant AP
+        (located, excluded or recovered)."""
+        return self.status <= Status.RECOVERED
 
 
 class HealReport(NamedTuple):
@@ -103,6 +144,7 @@ class LocatorSettings(NamedTuple):
     capacity: float
     recheck_fraction: float
     max_excluded: int
+    rescues: tuple = DEFAULT_RESCUES  # the cost gate's rescues, in order (pipeline.rescues)
 
     @property
     def screen(self) -> ScreenSettings:
@@ -159,9 +201,15 @@ class Locator:
             LoS) an answer that fails the cost gate may leave out, one at a time, before
             it is re-screened (:func:`~dmimo_jax.estimators.faults.exclude_faults`: the
             AP of largest residual from a robust CPO, re-fitted without it, the gate at
-            ``cost_gate * (M - k - 4)``); the result's ``excluded`` names them. 0 turns
+            ``cost_gate * (M - k - 4)``); the result's ``excluded`` names them. Never more
+            than ``max_excluded`` in all, and at most M - 5 (at least one redundant AP:
+            with four APs left any phases fit, and nothing could be detected). 0 turns
             fault exclusion off. An answer under the gate is never touched, so without
             faults the answers are those of ``max_excluded=0``.
+        rescues: the cost gate's rescues, in order
+            (:data:`~dmimo_jax.pipeline.rescues.DEFAULT_RESCUES`: exclude faulty APs, search
+            the whole region, a dense recheck); a new rescue is an object with ``status``,
+            ``takes``, ``capacity`` and ``run`` (:class:`~dmimo_jax.pipeline.rescues.Rescue`).
 
     Raises:
         ValueError: an ``offline`` that is not :func:`run_offline`'s, a ``kind`` it did not
@@ -195,6 +243,7 @@ class Locator:
         capacity: float = 1 / 16,
         recheck_fraction: float = 0.05,
         max_excluded: int = 3,
+        rescues: tuple = DEFAULT_RESCUES,
     ):
         estimators = getattr(offline, "estimators", None)
         if estimators is None:
@@ -248,6 +297,7 @@ class Locator:
             capacity=capacity,
             recheck_fraction=recheck_fraction,
             max_excluded=max_excluded,
+            rescues=rescues,
         )
         object.__setattr__(self, "settings", self._checked(settings))
 
@@ -266,6 +316,14 @@ class Locator:
                 s[name] = default
             check_int(name, s[name], minimum=1)
         check_int("num_cells", s["num_cells"], minimum=1)
+        rescues = s["rescues"]
+        if not isinstance(rescues, tuple) or not all(
+            all(hasattr(x, a) for a in ("status", "takes", "capacity", "run")) for x in rescues
+        ):
+            raise ValueError(
+                "rescues must be a tuple of rescue objects (status, takes, capacity, run: "
+                f"pipeline.rescues.Rescue), got {rescues!r}"
+            )
         check_int("max_excluded", s["max_excluded"], maximum=max(self.num_aps - 5, 0))
         if isinstance(self.stage, CellStage):
             own = self.stage.cells.cells.num_cells
@@ -317,12 +375,6 @@ class Locator:
         c = self.phase_corrections.astype(r.dtype).reshape((1,) * (r.ndim - 1) + (-1,))
         return jnp.where(c == 0, r, wrap(r - c))
 
-    def __getattr__(self, name: str) -> Any:
-        # the settings read as attributes (loc.num_cells, loc.cost_gate, ...)
-        if name != "settings" and name in LocatorSettings._fields:
-            return getattr(self.settings, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     @property
     def estimator(self) -> Any:
         """The trained coarse network (a fresh module of the Locator's weights)."""
@@ -344,29 +396,26 @@ class Locator:
         minimum = MIN_CAPACITY if self.settings.capacity else 1
         return capacity_for(batch, self.settings.capacity, minimum)
 
-    def program(self, r: Array, capacity: int) -> LocatorResult:
+    def program(self, r: Array, capacity: int, count: Array | None = None) -> LocatorResult:
         """The traced core: ``r`` (B, M) checked snapshots in the working float dtype, the
-        rare steps on ``capacity`` rows (static). One program: no host in the loop."""
+        rescues on ``capacity`` rows (static); ``count`` (traced) the real rows of a padded
+        batch (the rows past it take no rescue and no capacity). One program: no host in
+        the loop."""
         r = self.corrected(r)  # healed offsets (:meth:`heal`); 0: untouched
         coarse = self.stage.coarse(self, r)
-        found, over = self.stage.screen(self, r, coarse, capacity, whole=False)
+        found, _ = self.stage.screen(self, r, coarse, capacity, whole=False)
         fine = self.refine(r, found.x)
-        redo = found.fallback if isinstance(found, CandidateScreen) else None
-        screened, fine, recovered, rejected, lost, excluded = self.gate(
-            r, found.x, fine, capacity, redo
-        )
-        return LocatorResult(
-            fine.x,
-            found.fallback | recovered,
-            self.stage.position(coarse),
-            screened,
-            fine.cost,
-            fine.cpo,
-            recovered,
-            rejected,
-            over | lost,
-            excluded,
-        )
+        unsure = found.fallback if isinstance(found, CandidateScreen) else jnp.zeros_like(fine.cost, bool)
+        real = jnp.ones_like(unsure) if count is None else jnp.arange(r.shape[0]) < count
+        answer = Answer(found.x, fine, jnp.zeros(r.shape, bool))
+        pending = (unsure | ~self.passes(fine.cost, answer.excluded)) & real
+        size = jnp.int32(r.shape[0]) if count is None else count
+        state = GateState(answer, pending, unsure, jnp.zeros(r.shape[0], jnp.int32), size)
+        state, lost = run_gate(self, r, state, capacity)
+        a = state.answer
+        status = final_status(self, state, lost)
+        x = self.stage.position(coarse)
+        return LocatorResult(a.fine.x, x, a.screened, a.fine.cost, a.fine.cpo, a.excluded, status, unsure)
 
     def refine(self, r: Array, screened: Array) -> RefineResult:
         """The fine stage, traced: ``fine_steps`` LM steps under :attr:`fine_model`."""
@@ -374,18 +423,27 @@ class Locator:
             screened.astype(r.dtype), r, self.fine_model, self.settings.fine_steps
         )
 
-    def region_search(self, r: Array) -> tuple[Array, RefineResult]:
-        """The whole-region fallback, traced: the screen's hierarchical search of its phasor
-        table (:func:`~dmimo_jax.estimators.coarse_to_fine`) + the fine stage."""
-        screened = whole_region_screen_unchecked(r, self.screen_model, self.table).astype(r.dtype)
-        return screened, self.refine(r, screened)
+    @property
+    def excluding(self) -> bool:
+        """Whether fault exclusion is on (``max_excluded`` > 0 and a cost gate)."""
+        return bool(self.settings.max_excluded) and self.settings.cost_gate is not None
+
+    @property
+    def active_rescues(self) -> tuple:
+        """The rescues the gate runs: none without a cost gate but the whole-region search of
+        unsure rows; the fault exclusion only when it is on."""
+        rescues = self.settings.rescues
+        if self.settings.cost_gate is None:
+            return tuple(x for x in rescues if isinstance(x, RegionSearch))
+        return tuple(x for x in rescues if self.excluding or not isinstance(x, ExcludeFaults))
 
     def exclude(
         self, r: Array, fine: RefineResult, excluded: Array | None = None
     ) -> tuple[RefineResult, Array]:
         """Fault exclusion of answers ``fine`` (B rows), traced
         (:func:`~dmimo_jax.estimators.faults.exclude_faults` under :attr:`fine_model`):
-        the answers with up to ``max_excluded`` APs left out, and the (B, M) mask of them."""
+        the answers with up to ``max_excluded`` APs left out in all (those already in
+        ``excluded`` count), and the (B, M) mask of them."""
         settings = self.settings
         out = jax.vmap(
             lambda ri, fi, ei: exclude_faults(
@@ -400,109 +458,13 @@ class Locator:
         )(r, fine, jnp.zeros(r.shape, bool) if excluded is None else excluded)
         return out.fine, out.excluded
 
-    def region_search_excluding(self, r: Array) -> tuple[Array, RefineResult, Array]:
-        """:meth:`region_search` with fault exclusion, traced: every one of the whole-region
-        screen's starts (:func:`~dmimo_jax.estimators.faults.region_candidates`: its 8 most
-        coherent and 16 by the coherence of all APs but ``max_excluded``) through
-        the fine stage and :meth:`exclude`, then
-        :func:`~dmimo_jax.estimators.faults.pick_excluding` (the answer of
-        :meth:`region_search` where it passes the gate with no AP excluded)."""
-        batch, k = r.shape[0], min(EXCLUSION_STARTS, self.table.grid.size)
-        settings = self.settings
-        robust = k - min(REGION_STARTS, k)  # the rest ranked by the trimmed coherence
-        xs, cost, out = region_candidates(
-            r,
-            self.screen_model,
-            self.table,
-            k,
-            REGION_STEPS,
-            robust,
-            settings.max_excluded,
-            settings.cost_gate,
-        )
-        # the top REGION_STARTS are region_search's starts: its pick is among them
-        first = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf)[:, :REGION_STARTS], axis=1)
-        rk, out = jnp.repeat(r, k, axis=0), out.reshape(batch * k, -1)
-        steps = settings.fine_steps
-        fine = jax.vmap(lambda x, ri, o: refine_excluding(x, ri, self.fine_model, o, steps))(
-            xs.reshape(batch * k, 3).astype(r.dtype), rk, out
-        )
-        fine, excluded = self.exclude(rk, fine, out)
-        passed = self.passes(fine.cost, excluded).reshape(batch, k)
-        count = jnp.sum(excluded, axis=1).reshape(batch, k)
-        pick = pick_excluding(fine.cost.reshape(batch, k), first, passed, count)
-        flat = jnp.arange(batch) * k + pick
-        return xs.reshape(batch * k, 3)[flat], jax.tree.map(lambda a: a[flat], fine), excluded[flat]
-
     def passes(self, cost: Array, excluded: Array) -> Array:
         """(B,) whether costs pass the gate of the APs left: ``cost_gate * (M - k - 4)`` for
-        k excluded (``cost_gate * (M - 4)`` with none); NaN fails."""
+        k excluded (``cost_gate * (M - 4)`` with none); NaN fails; without a cost gate,
+        every finite cost passes."""
+        if self.settings.cost_gate is None:
+            return jnp.isfinite(cost)
         return passes_gate(cost, self.settings.cost_gate, self.num_aps, excluded)
-
-    def gate(
-        self,
-        r: Array,
-        screened: Array,
-        fine: RefineResult,
-        capacity: int,
-        redo: Array | None = None,
-    ) -> tuple[Array, RefineResult, Array, Array, Array, Array]:
-        """The cost gate, traced. Returns ``(screened, fine, recovered, rejected,
-        overflow, excluded)``: the answers whose cost failed the gate first have faulty APs
-        left out (:meth:`exclude`, up to ``max_excluded``); those still failing (and the
-        rows of ``redo``, the screen's unsure rows) are searched over the whole region
-        (:meth:`region_search`, then the exclusion again); those still failing without an
-        exclusion are searched in a dense window when they are few. Masks (B,): the
-        re-screened answers that failed (``recovered``), the answers that still fail, the
-        rows whose rare steps did not fit ``capacity``; and (B, M) the excluded APs."""
-        none = jnp.zeros(r.shape[0], bool)
-        redo = none if redo is None else redo
-        gate = self.settings.cost_gate
-        excluded = jnp.zeros(r.shape, bool)
-        if gate is None:
-            (screened, fine), lost = on_rows(
-                redo, capacity, self.region_search, (screened, fine), r
-            )
-            return screened, fine, none, ~jnp.isfinite(fine.cost), lost, excluded
-        failed = ~self.passes(fine.cost, excluded)  # no AP out yet: gate * (M - 4); NaN fails
-        lost = none
-        if self.settings.max_excluded:
-            (fine, excluded), lost = on_rows(
-                failed & ~redo, capacity, self.exclude, (fine, excluded), r, fine
-            )
-            failed = failed & ~self.passes(fine.cost, excluded)
-        # the re-screen of every AP first: without faults the answers are those of
-        # max_excluded=0 to the bit; the rows it leaves failing are searched with exclusion
-        (screened, fine), lost_region = on_rows(
-            failed | redo, capacity, self.region_search, (screened, fine), r
-        )
-        excluded = excluded & ~(failed | redo)[:, None]
-        lost = lost | lost_region
-        if self.settings.max_excluded:
-            again = (failed | redo) & ~self.passes(fine.cost, excluded)
-            (screened, fine, excluded), lost_again = on_rows(
-                again, capacity, self.region_search_excluding, (screened, fine, excluded), r
-            )
-            lost = lost | lost_again
-        still = ~self.passes(fine.cost, excluded)
-        recovered = ((failed & ~redo) | (redo & still)) & ~lost
-        # the dense recheck searches with every AP: rows with APs excluded keep their answer
-        some = jnp.any(excluded, axis=1)
-        checked, rejected = gate_recheck(
-            r,
-            self.fine_model,
-            fine._replace(cost=jnp.where(some, 0.0, fine.cost)),
-            gate,
-            self.recheck_offsets,
-            self.region_low,
-            self.region_high,
-            self.settings.recheck_fraction,
-        )
-        fine = jax.tree.map(
-            lambda a, b: jnp.where(some.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), fine, checked
-        )
-        rejected = jnp.where(some, still, rejected)
-        return screened, fine, recovered, rejected, lost, excluded
 
     # ------------------------------------------------------------------ healing
 
@@ -581,8 +543,8 @@ class Locator:
             rb = self._snapshots(r)
             if rb.shape[0] == 0:
                 return self._empty(rb.dtype)
-            out = _program(self, rb, self.capacity_for(rb.shape[0]))
-            if is_concrete(out.overflow):  # traced under a vmap over Locators: reported only
+            out = self._bucketed(rb)
+            if is_concrete(out.status):  # traced under a vmap over Locators: reported only
                 out = self._rerun_overflow(rb, out)
         else:
             if np.shape(r)[-1:] != (self.num_aps,) or np.ndim(r) not in (1, 2):
@@ -595,20 +557,37 @@ class Locator:
             out = _program(self, rb, self.capacity_for(rb.shape[0]))
         return jax.tree.map(lambda a: a[0], out) if single else out
 
+    def _bucketed(self, r: Array) -> LocatorResult:
+        """The program on concrete rows ``r`` (B, M), padded to the next of
+        :data:`BUCKETS` (repeats of the last row; the padding takes no rescue and is
+        dropped), in parts of the largest: batches of 1 to 4,096 rows run at most
+        ``len(BUCKETS)`` programs, each compiled once."""
+        parts = []
+        for start in range(0, r.shape[0], BUCKETS[-1]):
+            part = r[start : start + BUCKETS[-1]]
+            n = part.shape[0]
+            size = bucket_for(n)
+            padded = jnp.concatenate([part, jnp.repeat(part[-1:], size - n, axis=0)])
+            out = _program(self, padded, self.capacity_for(size), jnp.int32(n))
+            parts.append(jax.tree.map(lambda a, n=n: a[:n], out))
+        if len(parts) == 1:
+            return parts[0]
+        return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
     def _rerun_overflow(self, r: Array, out: LocatorResult) -> LocatorResult:
         rows = np.flatnonzero(np.asarray(out.overflow))
         if rows.size == 0:
             return out
-        # every rare row fits; padded to a power of two (repeats of the first row, dropped)
-        # so that batches with different counts share a few compiled programs
-        size = 1 << (int(rows.size) - 1).bit_length()
+        # every rare row fits: a bucket of them, the capacity all of it
+        size = bucket_for(int(rows.size))
         padded = np.concatenate([rows, np.full(size - rows.size, rows[0])])
-        again = _program(self, r[padded], size)
+        again = _program(self, r[padded], size, jnp.int32(rows.size))
         return jax.tree.map(lambda a, b: a.at[rows].set(b[: rows.size]), out, again)
 
     def _empty(self, dtype: Any) -> LocatorResult:
         z3, z, f = jnp.zeros((0, 3), dtype), jnp.zeros((0,), dtype), jnp.zeros((0,), bool)
-        return LocatorResult(z3, f, z3, z3, z, z, f, f, f, jnp.zeros((0, self.num_aps), bool))
+        out = jnp.zeros((0, self.num_aps), bool)
+        return LocatorResult(z3, z3, z3, z, z, out, jnp.zeros((0,), jnp.int32), f)
 
     # ------------------------------------------------------------------ stage by stage
 
@@ -636,21 +615,35 @@ class Locator:
         return self.stage.position(coarse)
 
     def whole_region(self, r: ArrayLike) -> tuple[Array, RefineResult]:
-        """The fallback: the screen's whole-region search + the fine stage."""
-        return _region(self, self._snapshots(r))
+        """The whole-region search (:class:`~dmimo_jax.pipeline.rescues.RegionSearch`) of
+        every row: ``(screened, fine)``."""
+        out = _region(self, self._snapshots(r))
+        return out.screened, out.fine
 
     def certify(
         self, r: ArrayLike, screened: Array, fine: RefineResult
     ) -> tuple[Array, RefineResult, np.ndarray]:
-        """The cost gate (:meth:`gate`, every failing row fitted). Returns ``(screened,
-        fine, recovered)`` with the failing rows replaced and the (B,) mask of them."""
+        """The cost gate's rescues on answers ``(screened, fine)`` (every row fitted).
+        Returns ``(screened, fine, rescued)`` with the rescued rows replaced and the (B,)
+        mask of the rows a rescue changed."""
         r = self._snapshots(r)
-        screened, fine, recovered, _, _, _ = _gate(self, r, screened, fine, max(r.shape[0], 1))
-        return screened, fine, np.asarray(recovered)
+        out = _certify(self, r, jnp.asarray(screened, r.dtype), fine, max(r.shape[0], 1))
+        return out.screened, out.fine, np.asarray(out.rescued)
+
+    @staticmethod
+    def compiled_programs() -> int:
+        """How many programs the Locator's jitted core holds in this process (every Locator,
+        batch bucket and capacity it was called with): what a benchmark counts to check the
+        buckets' bound. JAX's own in-memory cache of the one jitted function; -1 where this
+        JAX does not report it."""
+        size = getattr(_program, "_cache_size", None)
+        return int(size()) if size is not None else -1
 
     # ------------------------------------------------------------------ export
 
-    def export(self, path: str | pathlib.Path, batch_sizes: tuple[int, ...] = (1, 256)) -> None:
+    def export(
+        self, path: str | pathlib.Path, batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
+    ) -> None:
         """Write the online stage as serialized StableHLO (``jax.export``) for each of
         ``batch_sizes`` (and 1, which re-runs the rows that overflowed a larger batch's
         capacity), the weights and tables inside: :func:`load_locator` runs it in a process
@@ -661,18 +654,20 @@ class Locator:
         dtype = jnp.result_type(float)
         blobs = {}
         for b in sizes:
-            fn = jax.jit(lambda r, b=b: tuple(self.program(r, self.capacity_for(b))))
-            exp = jax.export.export(fn)(jax.ShapeDtypeStruct((b, self.num_aps), dtype))
+            fn = jax.jit(lambda r, n, b=b: tuple(self.program(r, self.capacity_for(b), n)))
+            shapes = (jax.ShapeDtypeStruct((b, self.num_aps), dtype), jax.ShapeDtypeStruct((), jnp.int32))
+            exp = jax.export.export(fn)(*shapes)
             blobs[b] = bytes(exp.serialize())
         path = pathlib.Path(path)
         path.mkdir(parents=True, exist_ok=True)
         meta = dict(
-            format="dmimo_jax.Locator/1",
+            format="dmimo_jax.Locator/2",
             num_aps=self.num_aps,
             dtype=str(jnp.dtype(dtype)),
             batch_sizes=sizes,
             fields=list(LocatorResult._fields),
-            settings=self.settings._asdict(),
+            settings={k: v for k, v in self.settings._asdict().items() if k != "rescues"},
+            rescues=[type(x).__name__ for x in self.settings.rescues],
         )
         for b, blob in blobs.items():
             (path / f"batch_{b}.stablehlo").write_bytes(blob)
@@ -711,8 +706,23 @@ def _locate_one_vmap(
 _coarse = jax.jit(lambda loc, r: loc.stage.coarse(loc, r))
 _screen = jax.jit(lambda loc, r, c, cap: loc.stage.screen(loc, r, c, cap), static_argnums=3)
 _refine = jax.jit(Locator.refine)
-_region = jax.jit(Locator.region_search)
-_gate = jax.jit(Locator.gate, static_argnums=4)
+_region = jax.jit(lambda loc, r: RegionSearch().run(loc, r, Answer(r[:, :3], None, None)))
+
+
+class _Certified(NamedTuple):
+    screened: Array
+    fine: RefineResult
+    rescued: Array
+
+
+@partial(jax.jit, static_argnums=4)
+def _certify(loc: Locator, r: Array, screened: Array, fine: RefineResult, capacity: int):
+    answer = Answer(screened, fine, jnp.zeros(r.shape, bool))
+    pending = ~loc.passes(fine.cost, answer.excluded)
+    zeros = jnp.zeros(r.shape[0], jnp.int32)
+    state = GateState(answer, pending, jnp.zeros_like(pending), zeros, jnp.int32(r.shape[0]))
+    state, _ = run_gate(loc, r, state, capacity)
+    return _Certified(state.answer.screened, state.answer.fine, state.status > Status.LOCATED)
 
 
 # ----------------------------------------------------------------------------- beyond one process
@@ -789,11 +799,11 @@ class ExportedLocator:
             part = rb[start : start + top]
             size = next(b for b in self.batch_sizes if b >= part.shape[0])
             pad = jnp.concatenate([part, jnp.repeat(part[-1:], size - part.shape[0], axis=0)])
-            out = self.programs[size].call(pad)
+            out = self.programs[size].call(pad, jnp.int32(part.shape[0]))
             parts.append(jax.tree.map(lambda a, k=part.shape[0]: a[:k], tuple(out)))
         out = LocatorResult(*(jnp.concatenate(f) for f in zip(*parts, strict=True)))
         for row in np.flatnonzero(np.asarray(out.overflow)):  # alone, a row always fits
-            again = LocatorResult(*self.programs[1].call(rb[row : row + 1]))
+            again = LocatorResult(*self.programs[1].call(rb[row : row + 1], jnp.int32(1)))
             out = jax.tree.map(lambda a, b, i=row: a.at[i].set(b[0]), out, again)
         return jax.tree.map(lambda a: a[0], out) if single else out
 
@@ -805,8 +815,11 @@ def load_locator(path: str | pathlib.Path) -> ExportedLocator:
     if not meta_file.is_file():
         raise ValueError(f"path: {path} holds no exported Locator (no locator.json)")
     meta = json.loads(meta_file.read_text())
-    if meta.get("format") != "dmimo_jax.Locator/1":
-        raise ValueError(f"path: {meta_file} is not a dmimo_jax.Locator/1 export")
+    if meta.get("format") != "dmimo_jax.Locator/2":
+        raise ValueError(
+            f"path: {meta_file} is not a dmimo_jax.Locator/2 export (format "
+            f"{meta.get('format')!r}: export it again with this version)"
+        )
     programs = {
         int(b): jax.export.deserialize(bytearray((path / f"batch_{b}.stablehlo").read_bytes()))
         for b in meta["batch_sizes"]

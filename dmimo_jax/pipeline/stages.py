@@ -65,7 +65,7 @@ class CellStage:
     defaults: ClassVar[dict] = {"num_starts": 4, "screen_steps": 2, "fine_steps": 3}
 
     def coarse(self, loc: Locator, r: Array) -> tuple[Array, Array]:
-        return self.network.module.top_cells(r.astype(jnp.float32), loc.num_cells)
+        return self.network.module.top_cells(r.astype(jnp.float32), loc.settings.num_cells)
 
     def screen(
         self, loc: Locator, r: Array, coarse: Any, capacity: int, whole: bool = True
@@ -91,8 +91,8 @@ class CellStage:
     def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Any:
         """A user's ``(cells, probs)``, checked as :func:`screen_candidates` checks them."""
         cells, p = check_candidates(r, *coarse, self.cells)
-        if cells.shape[1] != loc.num_cells:
-            raise ValueError(f"cells: expected {loc.num_cells} per snapshot, got {cells.shape[1]}")
+        if cells.shape[1] != loc.settings.num_cells:
+            raise ValueError(f"cells: expected {loc.settings.num_cells} per snapshot, got {cells.shape[1]}")
         return cells.astype(jnp.int32), jnp.asarray(p)
 
 
