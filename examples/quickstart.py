@@ -58,6 +58,8 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     if args.spacing_div < 1:
         raise ValueError(f"--spacing-div must be an integer >= 1, got {args.spacing_div}")
+    # compiled programs kept beside the trained networks: a second run compiles nothing
+    dj.pipeline.use_compilation_cache(args.cache / "xla" if args.cache else None)
     t_start, scene = time.perf_counter(), dj.paper_scene(args.power_dbm, args.material)
     print(f"dmimo_jax {dj.__version__} on {jax.devices()[0].platform}: {scene}")
 

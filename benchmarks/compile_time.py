@@ -1,0 +1,131 @@
+"""The Locator's program: its size and compile time per batch size, next to a reference program
+compiled in the same run.
+
+The quickstart's world (the paper's scene, concrete, -10 dBm, L = 50, the ``quick`` cell
+classifier, cached; ``--tiny``: a 0.6 m region and a small classifier, for a smoke run). For
+each batch size of the Locator's buckets: the StableHLO lines of ``Locator.program`` (with
+and without fault exclusion), the trace+lower time, XLA's compile time, the first call and
+the steady call per snapshot; the reference is ``peb_map`` over 256 points, lowered and
+compiled in the same process (these machines are noisy: compare the ratio). Then a sweep of
+every batch size 1..``--sweep`` through ``loc(r)``: how many programs it compiled and the
+seconds they took. No persistent compilation cache is used (each compile is measured).
+
+    python benchmarks/compile_time.py --json out/compile_time.json
+    python benchmarks/compile_time.py --tiny --batches 1 16 --sweep 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # physics in float64; the networks stay float32
+
+import jax.numpy as jnp  # noqa: E402
+from _common import device_name, print_table, write_json  # noqa: E402
+
+import dmimo_jax as dj  # noqa: E402
+from dmimo_jax import pipeline  # noqa: E402
+
+
+def offline_world(tiny: bool):
+    """``(offline, scene)`` of the quickstart's world, or of a tiny one."""
+    from dmimo_jax.learning import get_preset
+
+    scene = dj.paper_scene(-10.0, "concrete")
+    preset = get_preset("quick")
+    cells = preset.cells
+    if tiny:
+        import dataclasses
+
+        scene = scene.replace(ue_low=jnp.array([5.0, 5.0, 1.5]), ue_high=jnp.array([5.6, 5.6, 1.9]))
+        train = dataclasses.replace(cells.train, epochs=2, batch_size=200)
+        cells = dataclasses.replace(cells, num_samples=4000, train=train, cell_size=0.2)
+    lab = dj.measure.labeled_snapshots(jax.random.key(0), scene, 50)
+    off = dj.run_offline(lab.x, lab.r, lab.variance, scene, kinds=("cells",), preset="quick",
+                         cells=cells, seed=0, progress=False)  # fmt: skip
+    return off, scene
+
+
+def compile_row(loc, r, capacity, label):
+    """StableHLO lines, lower and compile seconds of ``loc.program`` at ``r``'s shape."""
+    fn = jax.jit(pipeline.Locator.program, static_argnums=2)
+    t0 = time.perf_counter()
+    lowered = fn.lower(loc, r, capacity, jnp.int32(r.shape[0]))
+    t1 = time.perf_counter()
+    lines = lowered.as_text().count("\n")
+    t2 = time.perf_counter()
+    compiled = lowered.compile()
+    t3 = time.perf_counter()
+    out = compiled(loc, r, jnp.int32(r.shape[0]))
+    jax.block_until_ready(out)
+    t4 = time.perf_counter()
+    steady = []
+    for _ in range(3):
+        s = time.perf_counter()
+        jax.block_until_ready(compiled(loc, r, jnp.int32(r.shape[0])))
+        steady.append(time.perf_counter() - s)
+    return dict(program=label, batch=r.shape[0], stablehlo_lines=lines, lower_s=t1 - t0,
+                compile_s=t3 - t2, first_call_s=t4 - t3,
+                steady_ms_per_snapshot=1e3 * min(steady) / r.shape[0])  # fmt: skip
+
+
+def reference_row(scene):
+    """``peb_map`` over 256 points, lowered and compiled: the yardstick of this run."""
+    x = dj.sample_positions(jax.random.key(1), 256, scene)
+    fn = jax.jit(lambda x: dj.peb_map(x, scene))
+    t0 = time.perf_counter()
+    lowered = fn.lower(x)
+    t1 = time.perf_counter()
+    lines = lowered.as_text().count("\n")
+    t2 = time.perf_counter()
+    lowered.compile()
+    t3 = time.perf_counter()
+    return dict(program="reference: peb_map(256)", batch=256, stablehlo_lines=lines,
+                lower_s=t1 - t0, compile_s=t3 - t2)  # fmt: skip
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="a small world (smoke run)")
+    ap.add_argument("--batches", type=int, nargs="*", default=[1, 256, 4096])
+    ap.add_argument("--sweep", type=int, default=64, help="loc(r) for every batch 1..N")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    off, scene = offline_world(args.tiny)
+    loc = dj.Locator(off, "cells")
+    rows = [reference_row(scene)]
+    test = dj.measure.labeled_snapshots(jax.random.key(10_000), scene, max(args.batches))
+    for b in args.batches:
+        r = test.r[:b]
+        for label, lo in (("Locator", loc), ("Locator, max_excluded=0", loc.replace(max_excluded=0))):
+            rows.append(compile_row(lo, r, lo.capacity_for(b), label))
+            ref = rows[0]["compile_s"]
+            rows[-1]["compile_over_reference"] = rows[-1]["compile_s"] / ref
+            print(rows[-1])
+    # every batch size 1..sweep through the checked call: the buckets bound the programs
+    sweep = dj.measure.labeled_snapshots(jax.random.key(20_000), scene, args.sweep)
+    before = pipeline.Locator.compiled_programs()
+    t0 = time.perf_counter()
+    for n in range(1, args.sweep + 1):
+        jax.block_until_ready(loc(sweep.r[:n]).x)
+    sweep_s = time.perf_counter() - t0
+    programs = pipeline.Locator.compiled_programs() - before
+    rows.append(dict(program=f"loc(r), every batch 1..{args.sweep}", batch=args.sweep,
+                     programs=programs, sweep_s=sweep_s))  # fmt: skip
+    print(f"device {device_name()}")
+    print_table(rows, [("program", "program", ">28"), ("batch", "batch", "d"),
+                       ("stablehlo_lines", "HLO lines", "d"), ("lower_s", "lower s", ".2f"),
+                       ("compile_s", "compile s", ".2f"),
+                       ("compile_over_reference", "x reference", ".2f"),
+                       ("first_call_s", "first call s", ".3f"),
+                       ("steady_ms_per_snapshot", "ms/snapshot", ".4f"),
+                       ("programs", "programs", "d"), ("sweep_s", "sweep s", ".1f")])  # fmt: skip
+    write_json(args.json, rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
