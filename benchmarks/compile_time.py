@@ -22,6 +22,7 @@ import time
 import jax
 
 jax.config.update("jax_enable_x64", True)  # physics in float64; the networks stay float32
+jax.config.update("jax_enable_compilation_cache", False)  # every compile measured, none read
 
 import jax.numpy as jnp  # noqa: E402
 from _common import device_name, print_table, write_json  # noqa: E402
@@ -100,7 +101,10 @@ def main(argv=None):
     test = dj.measure.labeled_snapshots(jax.random.key(10_000), scene, max(args.batches))
     for b in args.batches:
         r = test.r[:b]
-        for label, lo in (("Locator", loc), ("Locator, max_excluded=0", loc.replace(max_excluded=0))):
+        for label, lo in (
+            ("Locator", loc),
+            ("Locator, max_excluded=0", loc.replace(max_excluded=0)),
+        ):
             rows.append(compile_row(lo, r, lo.capacity_for(b), label))
             ref = rows[0]["compile_s"]
             rows[-1]["compile_over_reference"] = rows[-1]["compile_s"] / ref

@@ -11,7 +11,7 @@ import pytest
 
 from dmimo_jax import pipeline
 from dmimo_jax.estimators import RefineResult
-from dmimo_jax.pipeline.rescues import Answer, GateState, Status, final_status, run_gate
+from dmimo_jax.pipeline.rescues import Answer, GateState, Rescue, Status, final_status, run_gate
 from tests.helpers import LOCATOR_SHARED as SHARED
 from tests.test_offline_online import _labeled, _offline
 
@@ -36,23 +36,20 @@ def test_final_status_names_each_outcome(loc):
     x = jnp.zeros((4, 3)) + 5.0
     excluded = jnp.zeros((4, 17), bool).at[3, :13].set(True)  # 4 APs left: no redundancy
     state = _state(loc, x, jnp.ones(4), excluded, jnp.array([False, True, False, False]))
-    state = state._replace(status=jnp.array([Status.EXCLUDED, 0, 0, 0], jnp.int32))
-    lost = jnp.array([False, False, True, False])
-    got = [Status(int(v)) for v in final_status(loc, state, lost)]
+    status = [Status.EXCLUDED, Status.LOCATED, Status.OVERFLOW, Status.LOCATED]
+    state = state._replace(status=jnp.array(status, jnp.int32))
+    got = [Status(int(v)) for v in final_status(loc, state)]
     assert got == [Status.EXCLUDED, Status.REJECTED, Status.OVERFLOW, Status.UNVERIFIED]
 
 
 @dataclasses.dataclass(frozen=True)
-class MoveToOrigin:
+class MoveToOrigin(Rescue):
     """A rescue defined here, not in the package: the gate runs it without an edit."""
 
     status = Status.RECOVERED
 
     def takes(self, loc, state):
         return jnp.ones_like(state.pending)
-
-    def capacity(self, loc, batch, capacity):
-        return capacity
 
     def run(self, loc, r, answer):
         fine = answer.fine._replace(x=jnp.zeros_like(answer.fine.x), cost=jnp.zeros_like(r[:, 0]))
@@ -62,12 +59,14 @@ class MoveToOrigin:
 def test_a_new_rescue_is_one_object(loc):
     custom = loc.replace(rescues=(MoveToOrigin(),))
     x = jnp.ones((3, 3))
-    state = _state(custom, x, jnp.full(3, 1e9), jnp.zeros((3, 17), bool), jnp.array([1, 0, 1], bool))
+    state = _state(
+        custom, x, jnp.full(3, 1e9), jnp.zeros((3, 17), bool), jnp.array([1, 0, 1], bool)
+    )
     r = jnp.zeros((3, 17))
-    out, lost = jax.jit(run_gate, static_argnums=3)(custom, r, state, 2)
+    out = jax.jit(run_gate, static_argnums=3)(custom, r, state, 2)
     np.testing.assert_array_equal(np.asarray(out.answer.fine.x[:, 0]), [0.0, 1.0, 0.0])
     np.testing.assert_array_equal(np.asarray(out.status), [Status.RECOVERED, 0, Status.RECOVERED])
-    assert not bool(jnp.any(out.pending | lost))
+    assert not bool(jnp.any(out.pending))
     with pytest.raises(ValueError, match="rescues must be"):
         loc.replace(rescues=(object(),))
 
@@ -91,7 +90,9 @@ def test_the_program_gives_a_status_per_row_and_the_booleans_are_its_views(loc):
     err = np.linalg.norm(np.asarray(out.x) - np.asarray(x), axis=1)
     assert np.all(err[np.asarray(out.accepted)] < 1e-3)
     np.testing.assert_array_equal(np.asarray(out.rejected), status == Status.REJECTED)
-    np.testing.assert_array_equal(np.asarray(out.fallback), np.asarray(out.unsure) | (status == Status.RECOVERED))
+    np.testing.assert_array_equal(
+        np.asarray(out.fallback), np.asarray(out.unsure) | (status == Status.RECOVERED)
+    )
 
 
 @pytest.mark.slow  # two more programs (max_excluded 12 and 1)
@@ -107,7 +108,7 @@ def test_never_more_exclusions_than_allowed_nor_an_answer_without_redundancy(loc
     k = np.asarray(out.excluded).sum(axis=1)
     assert k.max() <= 12
     accepted = np.asarray(out.accepted)
-    assert np.all(17 - k[accepted] - 4 >= 1)
+    assert np.all(17 - k[accepted] - 4 >= 1)  # the contract (implied by k <= 12 = M - 5)
     x, r, _ = _labeled(16, seed=12)
     r = np.array(r)
     r[:, [3, 9]] = np.random.default_rng(2).uniform(-np.pi, np.pi, (16, 2))
@@ -130,3 +131,17 @@ def test_any_batch_runs_one_of_the_buckets_and_gives_each_rows_answer(loc):
     if before >= 0:
         assert pipeline.Locator.compiled_programs() - before <= 4  # buckets 1, 4, 16, 64
     assert pipeline.bucket_for(5) == 16 and pipeline.BUCKETS[-1] == 4096
+
+
+@pytest.mark.slow  # the program of max_excluded=12 (shared with the test above in one process)
+@pytest.mark.xfail(strict=True, reason="open (issue 67): the exclusion search fits noise")
+def test_noise_is_rejected_even_when_many_exclusions_are_allowed(loc):
+    """Random phases on every AP must not be accepted, whatever max_excluded allows. With
+    max_excluded=12 (one redundant AP left) the search over which APs to leave out finds a
+    subset that fits noise within the gate: 31-38 of 64 such snapshots were accepted
+    (measured over four seeds; 0 of 64 at max_excluded=3). A gate that accounts for the
+    subsets tried would close it; strict, so the fix turns this test red until it is
+    unmarked."""
+    noise = jnp.asarray(np.random.default_rng(1).uniform(-np.pi, np.pi, (16, 17)))
+    out = loc.replace(max_excluded=12)(noise)
+    assert not bool(jnp.any(out.accepted))

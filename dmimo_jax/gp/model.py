@@ -307,14 +307,14 @@ def interpolate(
     else:
         offsets = jnp.arange(2)
         w = jnp.stack([1 - t, t], axis=-1)
-    # one gather of the (..., k, k) block of nodes (a loop of k^2 gathers traced k^2 times)
+    # the (..., k, k) block of nodes in one gather (k^2 gathers, one per node, made every
+    # copy of the model in a traced program k^2 times as long)
     lead = (1,) * (i0.ndim - 1)
     offsets = offsets.reshape(lead + (-1,))
     a = jnp.clip(i0[..., 0, None] + offsets, 0, values.shape[0] - 1)  # (..., k)
     b = jnp.clip(i0[..., 1, None] + offsets, 0, values.shape[1] - 1)
     block = values[a[..., :, None], b[..., None, :]]  # (..., k, k)
     return jnp.sum(jnp.sum(block * w[..., 1, None, :], axis=-1) * w[..., 0, :], axis=-1)
-    return out
 
 
 def _grid_values(model, dd_max, h, num_gamma, chunk, rows):

@@ -47,14 +47,13 @@ from dmimo_jax.pipeline.cache import (
 from dmimo_jax.pipeline.locator import (
     BUCKETS,
     ExportedLocator,
-    bucket_for,
     HealReport,
     LocatorResult,
     LocatorSettings,
+    bucket_for,
     load_locator,
     sharded,
 )
-from dmimo_jax.pipeline.rescues import Status
 from dmimo_jax.pipeline.offline import (
     KINDS,
     Offline,
@@ -78,6 +77,7 @@ from dmimo_jax.pipeline.online import (
     locate_candidates,
     screen_candidates,
 )
+from dmimo_jax.pipeline.rescues import Status
 from dmimo_jax.pipeline.stages import CellStage, WindowScreen, WindowStage
 
 # isort: split

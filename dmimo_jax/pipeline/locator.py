@@ -44,11 +44,11 @@ from dmimo_jax.pipeline.rescues import (
     DEFAULT_RESCUES,
     EXCLUSION_STEPS,
     Answer,
-    ExcludeFaults,
-    GateState,
     RegionSearch,
+    Rescue,
     Status,
     final_status,
+    initial_state,
     run_gate,
 )
 from dmimo_jax.pipeline.stages import (
@@ -69,9 +69,28 @@ BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)
 runs in parts of the last), so any batch runs one of seven programs."""
 
 
-def bucket_for(n: int) -> int:
-    """The smallest of :data:`BUCKETS` that holds ``n`` rows (``n`` at most the largest)."""
-    return next(b for b in BUCKETS if b >= n)
+def bucket_for(n: int, sizes: tuple[int, ...] = BUCKETS) -> int:
+    """The smallest of ``sizes`` (ascending; default :data:`BUCKETS`) that holds ``n`` rows.
+
+    Raises:
+        ValueError: ``n`` above the largest (split the batch: :func:`padded_parts`).
+    """
+    for size in sizes:
+        if size >= n:
+            return size
+    raise ValueError(f"n={n} rows exceed the largest batch size {sizes[-1]}: split them")
+
+
+def padded_parts(r: Array, sizes: tuple[int, ...] = BUCKETS):
+    """``r`` (B, M) in parts of at most the largest of ``sizes``, each padded to the next
+    size by repeats of its last row: yields ``(n, padded)`` with ``n`` its real rows. What the Locator's call and a loaded export run, so a few programs serve any
+    batch."""
+    top = sizes[-1]
+    for start in range(0, r.shape[0], top):
+        part = r[start : start + top]
+        n = part.shape[0]
+        pad = bucket_for(n, sizes) - n
+        yield n, jnp.concatenate([part, jnp.repeat(part[-1:], pad, axis=0)])
 
 
 class LocatorResult(NamedTuple):
@@ -317,12 +336,9 @@ class Locator:
             check_int(name, s[name], minimum=1)
         check_int("num_cells", s["num_cells"], minimum=1)
         rescues = s["rescues"]
-        if not isinstance(rescues, tuple) or not all(
-            all(hasattr(x, a) for a in ("status", "takes", "capacity", "run")) for x in rescues
-        ):
+        if not isinstance(rescues, tuple) or not all(isinstance(x, Rescue) for x in rescues):
             raise ValueError(
-                "rescues must be a tuple of rescue objects (status, takes, capacity, run: "
-                f"pipeline.rescues.Rescue), got {rescues!r}"
+                f"rescues must be a tuple of pipeline.rescues.Rescue objects, got {rescues!r}"
             )
         check_int("max_excluded", s["max_excluded"], maximum=max(self.num_aps - 5, 0))
         if isinstance(self.stage, CellStage):
@@ -405,17 +421,23 @@ class Locator:
         coarse = self.stage.coarse(self, r)
         found, _ = self.stage.screen(self, r, coarse, capacity, whole=False)
         fine = self.refine(r, found.x)
-        unsure = found.fallback if isinstance(found, CandidateScreen) else jnp.zeros_like(fine.cost, bool)
-        real = jnp.ones_like(unsure) if count is None else jnp.arange(r.shape[0]) < count
+        unsure = jnp.zeros(r.shape[0], bool)
+        if isinstance(found, CandidateScreen):
+            unsure = found.fallback
+        count = jnp.int32(r.shape[0]) if count is None else count
         answer = Answer(found.x, fine, jnp.zeros(r.shape, bool))
-        pending = (unsure | ~self.passes(fine.cost, answer.excluded)) & real
-        size = jnp.int32(r.shape[0]) if count is None else count
-        state = GateState(answer, pending, unsure, jnp.zeros(r.shape[0], jnp.int32), size)
-        state, lost = run_gate(self, r, state, capacity)
+        state = run_gate(self, r, initial_state(self, answer, unsure, count), capacity)
         a = state.answer
-        status = final_status(self, state, lost)
-        x = self.stage.position(coarse)
-        return LocatorResult(a.fine.x, x, a.screened, a.fine.cost, a.fine.cpo, a.excluded, status, unsure)
+        return LocatorResult(
+            a.fine.x,
+            self.stage.position(coarse),
+            a.screened,
+            a.fine.cost,
+            a.fine.cpo,
+            a.excluded,
+            final_status(self, state),
+            unsure,
+        )
 
     def refine(self, r: Array, screened: Array) -> RefineResult:
         """The fine stage, traced: ``fine_steps`` LM steps under :attr:`fine_model`."""
@@ -427,15 +449,6 @@ class Locator:
     def excluding(self) -> bool:
         """Whether fault exclusion is on (``max_excluded`` > 0 and a cost gate)."""
         return bool(self.settings.max_excluded) and self.settings.cost_gate is not None
-
-    @property
-    def active_rescues(self) -> tuple:
-        """The rescues the gate runs: none without a cost gate but the whole-region search of
-        unsure rows; the fault exclusion only when it is on."""
-        rescues = self.settings.rescues
-        if self.settings.cost_gate is None:
-            return tuple(x for x in rescues if isinstance(x, RegionSearch))
-        return tuple(x for x in rescues if self.excluding or not isinstance(x, ExcludeFaults))
 
     def exclude(
         self, r: Array, fine: RefineResult, excluded: Array | None = None
@@ -557,32 +570,25 @@ class Locator:
             out = _program(self, rb, self.capacity_for(rb.shape[0]))
         return jax.tree.map(lambda a: a[0], out) if single else out
 
-    def _bucketed(self, r: Array) -> LocatorResult:
-        """The program on concrete rows ``r`` (B, M), padded to the next of
-        :data:`BUCKETS` (repeats of the last row; the padding takes no rescue and is
-        dropped), in parts of the largest: batches of 1 to 4,096 rows run at most
-        ``len(BUCKETS)`` programs, each compiled once."""
+    def _bucketed(self, r: Array, every_row: bool = False) -> LocatorResult:
+        """The program on concrete rows ``r`` (B, M) in :func:`padded_parts` (the padding
+        takes no rescue and is dropped): batches of 1 to 4,096 rows run one of
+        ``len(BUCKETS)`` programs, each compiled once. ``every_row``: the capacity is the
+        whole part (no row can overflow: the re-run of those that did)."""
         parts = []
-        for start in range(0, r.shape[0], BUCKETS[-1]):
-            part = r[start : start + BUCKETS[-1]]
-            n = part.shape[0]
-            size = bucket_for(n)
-            padded = jnp.concatenate([part, jnp.repeat(part[-1:], size - n, axis=0)])
-            out = _program(self, padded, self.capacity_for(size), jnp.int32(n))
+        for n, padded in padded_parts(r):
+            size = padded.shape[0]
+            capacity = size if every_row else self.capacity_for(size)
+            out = _program(self, padded, capacity, jnp.int32(n))
             parts.append(jax.tree.map(lambda a, n=n: a[:n], out))
-        if len(parts) == 1:
-            return parts[0]
-        return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+        return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
 
     def _rerun_overflow(self, r: Array, out: LocatorResult) -> LocatorResult:
         rows = np.flatnonzero(np.asarray(out.overflow))
         if rows.size == 0:
             return out
-        # every rare row fits: a bucket of them, the capacity all of it
-        size = bucket_for(int(rows.size))
-        padded = np.concatenate([rows, np.full(size - rows.size, rows[0])])
-        again = _program(self, r[padded], size, jnp.int32(rows.size))
-        return jax.tree.map(lambda a, b: a.at[rows].set(b[: rows.size]), out, again)
+        again = self._bucketed(r[rows], every_row=True)
+        return jax.tree.map(lambda a, b: a.at[rows].set(b), out, again)
 
     def _empty(self, dtype: Any) -> LocatorResult:
         z3, z, f = jnp.zeros((0, 3), dtype), jnp.zeros((0,), dtype), jnp.zeros((0,), bool)
@@ -614,18 +620,18 @@ class Locator:
         """The coarse stage's position (B, 3): the most likely cell's centre for cells."""
         return self.stage.position(coarse)
 
-    def whole_region(self, r: ArrayLike) -> tuple[Array, RefineResult]:
+    def whole_region(self, r: ArrayLike) -> Answer:
         """The whole-region search (:class:`~dmimo_jax.pipeline.rescues.RegionSearch`) of
-        every row: ``(screened, fine)``."""
-        out = _region(self, self._snapshots(r))
-        return out.screened, out.fine
+        every row: its :class:`~dmimo_jax.pipeline.rescues.Answer` (``screened``, ``fine``
+        and the APs it left out when fault exclusion is on)."""
+        return _region(self, self._snapshots(r))
 
     def certify(
         self, r: ArrayLike, screened: Array, fine: RefineResult
     ) -> tuple[Array, RefineResult, np.ndarray]:
         """The cost gate's rescues on answers ``(screened, fine)`` (every row fitted).
-        Returns ``(screened, fine, rescued)`` with the rescued rows replaced and the (B,)
-        mask of the rows a rescue changed."""
+        Returns ``(screened, fine, rescued)``: the rows the rescues ran on replaced, and the
+        (B,) mask of those a rescue brought under the gate."""
         r = self._snapshots(r)
         out = _certify(self, r, jnp.asarray(screened, r.dtype), fine, max(r.shape[0], 1))
         return out.screened, out.fine, np.asarray(out.rescued)
@@ -655,8 +661,8 @@ class Locator:
         blobs = {}
         for b in sizes:
             fn = jax.jit(lambda r, n, b=b: tuple(self.program(r, self.capacity_for(b), n)))
-            shapes = (jax.ShapeDtypeStruct((b, self.num_aps), dtype), jax.ShapeDtypeStruct((), jnp.int32))
-            exp = jax.export.export(fn)(*shapes)
+            rows = jax.ShapeDtypeStruct((b, self.num_aps), dtype)
+            exp = jax.export.export(fn)(rows, jax.ShapeDtypeStruct((), jnp.int32))
             blobs[b] = bytes(exp.serialize())
         path = pathlib.Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -706,7 +712,7 @@ def _locate_one_vmap(
 _coarse = jax.jit(lambda loc, r: loc.stage.coarse(loc, r))
 _screen = jax.jit(lambda loc, r, c, cap: loc.stage.screen(loc, r, c, cap), static_argnums=3)
 _refine = jax.jit(Locator.refine)
-_region = jax.jit(lambda loc, r: RegionSearch().run(loc, r, Answer(r[:, :3], None, None)))
+_region = jax.jit(lambda loc, r: RegionSearch().run(loc, r, None))
 
 
 class _Certified(NamedTuple):
@@ -718,11 +724,10 @@ class _Certified(NamedTuple):
 @partial(jax.jit, static_argnums=4)
 def _certify(loc: Locator, r: Array, screened: Array, fine: RefineResult, capacity: int):
     answer = Answer(screened, fine, jnp.zeros(r.shape, bool))
-    pending = ~loc.passes(fine.cost, answer.excluded)
-    zeros = jnp.zeros(r.shape[0], jnp.int32)
-    state = GateState(answer, pending, jnp.zeros_like(pending), zeros, jnp.int32(r.shape[0]))
-    state, _ = run_gate(loc, r, state, capacity)
-    return _Certified(state.answer.screened, state.answer.fine, state.status > Status.LOCATED)
+    start = initial_state(loc, answer, jnp.zeros(r.shape[0], bool), jnp.int32(r.shape[0]))
+    state = run_gate(loc, r, start, capacity)
+    rescued = (state.status > Status.LOCATED) & (state.status != Status.OVERFLOW)
+    return _Certified(state.answer.screened, state.answer.fine, rescued)
 
 
 # ----------------------------------------------------------------------------- beyond one process
@@ -793,14 +798,10 @@ class ExportedLocator:
         n = rb.shape[0]
         if n == 0:
             raise ValueError("r must hold at least one snapshot")
-        top = self.batch_sizes[-1]
         parts = []
-        for start in range(0, n, top):
-            part = rb[start : start + top]
-            size = next(b for b in self.batch_sizes if b >= part.shape[0])
-            pad = jnp.concatenate([part, jnp.repeat(part[-1:], size - part.shape[0], axis=0)])
-            out = self.programs[size].call(pad, jnp.int32(part.shape[0]))
-            parts.append(jax.tree.map(lambda a, k=part.shape[0]: a[:k], tuple(out)))
+        for k, pad in padded_parts(rb, tuple(self.batch_sizes)):
+            out = self.programs[pad.shape[0]].call(pad, jnp.int32(k))
+            parts.append(jax.tree.map(lambda a, k=k: a[:k], tuple(out)))
         out = LocatorResult(*(jnp.concatenate(f) for f in zip(*parts, strict=True)))
         for row in np.flatnonzero(np.asarray(out.overflow)):  # alone, a row always fits
             again = LocatorResult(*self.programs[1].call(rb[row : row + 1], jnp.int32(1)))

@@ -10,9 +10,10 @@ last rescue, a row still pending is ``REJECTED``; a row that passes with no redu
 (M - k - 4 < 1: four APs fit any phases) is ``UNVERIFIED``; a row a rescue could not fit in
 its capacity is ``OVERFLOW`` (the Locator's call runs it again).
 
-A rescue is a small object with three methods (:class:`Rescue`): which pending rows it takes,
-how many it handles in one program, and how it runs them. A new rescue is one new class
-passed in the Locator's ``rescues``; the gate (:func:`run_gate`) is not edited.
+A rescue is a small object (a :class:`Rescue`): whether it runs for a Locator at all, which
+pending rows it takes, how many it handles in one program, and how it runs them. A new rescue
+is one new class passed in the Locator's ``rescues``; the gate (:func:`run_gate`) is not
+edited.
 
 The rescues of the package, in the Locator's order:
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from functools import partial
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -75,36 +76,46 @@ class GateState(NamedTuple):
     answer: Answer
     pending: Array  # (B,) bool: fails the gate so far (or its coarse stage was unsure)
     unsure: Array  # (B,) bool: the coarse stage was unsure (its first answer is not one)
-    status: Array  # (B,) int32 :class:`Status`
-    size: Array  # () int: the batch's real rows (a padded batch's padding takes no rescue)
+    status: Array  # (B,) int32 :class:`Status` (``OVERFLOW`` once a rescue had no room)
+    count: Array  # () int: the batch's real rows (a padded batch's padding takes no rescue)
 
 
-class Rescue(Protocol):
-    """One rescue of the cost gate (module docstring)."""
+class Rescue:
+    """One rescue of the cost gate (module docstring): a frozen dataclass that says whether
+    it runs for a Locator at all (static: a rescue that is off is not in the program), which
+    pending rows it takes, how many it runs in one program, and how."""
 
     status: ClassVar[Status]
 
+    def enabled(self, loc: Locator) -> bool:
+        """Whether the gate runs it for ``loc`` (static; default: always)."""
+        return True
+
     def takes(self, loc: Locator, state: GateState) -> Array:
         """(B,) bool: the rows it would run (the gate keeps only the pending ones)."""
+        raise NotImplementedError
 
     def capacity(self, loc: Locator, batch: int, capacity: int) -> int:
-        """The rows it runs in one program (static)."""
+        """The rows it runs in one program (static; default: the Locator's ``capacity``)."""
+        return capacity
 
     def run(self, loc: Locator, r: Array, answer: Answer) -> Answer:
         """New answers for the gathered rows ``r`` (n, M) whose answers are ``answer``."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)
-class ExcludeFaults:
-    """The first answer with up to ``max_excluded`` faulty APs left out."""
+class ExcludeFaults(Rescue):
+    """The first answer with up to ``max_excluded`` faulty APs left out (when fault
+    exclusion is on: ``Locator.excluding``)."""
 
     status: ClassVar[Status] = Status.EXCLUDED
 
+    def enabled(self, loc: Locator) -> bool:
+        return loc.excluding
+
     def takes(self, loc: Locator, state: GateState) -> Array:
         return ~state.unsure
-
-    def capacity(self, loc: Locator, batch: int, capacity: int) -> int:
-        return capacity
 
     def run(self, loc: Locator, r: Array, answer: Answer) -> Answer:
         fine, excluded = loc.exclude(r, answer.fine, answer.excluded)
@@ -112,38 +123,31 @@ class ExcludeFaults:
 
 
 @dataclasses.dataclass(frozen=True)
-class RegionSearch:
+class RegionSearch(Rescue):
     """The whole region searched again: the phasor table's ``REGION_STARTS`` most coherent
     points and (fault exclusion on) ``EXCLUSION_STARTS - REGION_STARTS`` more by the
     trimmed coherence (:func:`~dmimo_jax.estimators.faults.region_candidates`), each refined
     under the screen's model, then under the fine model without the APs it names, then
     through the fault exclusion; the pick (:func:`~dmimo_jax.estimators.faults.pick_excluding`)
-    is the most coherent starts' cheapest where it passes with every AP."""
+    is the most coherent starts' cheapest where it passes with every AP. It reads nothing of
+    the rows' present answers (``answer`` may be None)."""
 
     status: ClassVar[Status] = Status.RECOVERED
 
     def takes(self, loc: Locator, state: GateState) -> Array:
         return jnp.ones_like(state.pending)
 
-    def capacity(self, loc: Locator, batch: int, capacity: int) -> int:
-        return capacity
-
-    def run(self, loc: Locator, r: Array, answer: Answer) -> Answer:
+    def run(self, loc: Locator, r: Array, answer: Answer | None) -> Answer:
         s = loc.settings
         excluding = loc.excluding
-        size = loc.table.grid.size
-        k = min(EXCLUSION_STARTS if excluding else REGION_STARTS, size)
-        plain = min(REGION_STARTS, k)
+        k = min(EXCLUSION_STARTS if excluding else REGION_STARTS, loc.table.grid.size)
+        plain = min(REGION_STARTS, k)  # k - plain: the trimmed starts (none unless excluding)
         batch = r.shape[0]
+        # the gate only reaches region_candidates' readmission with trimmed starts, which
+        # need a cost gate (excluding): without one it is never read
+        gate = s.cost_gate if excluding else 0.0
         xs, cost, out = region_candidates(
-            r,
-            loc.screen_model,
-            loc.table,
-            k,
-            REGION_STEPS,
-            k - plain if excluding else 0,
-            s.max_excluded,
-            s.cost_gate or 0.0,
+            r, loc.screen_model, loc.table, k, REGION_STEPS, k - plain, s.max_excluded, gate
         )
         first = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf)[:, :plain], axis=1)
         rk, out = jnp.repeat(r, k, axis=0), out.reshape(batch * k, -1)
@@ -164,19 +168,22 @@ class RegionSearch:
 
 
 @dataclasses.dataclass(frozen=True)
-class DenseRecheck:
+class DenseRecheck(Rescue):
     """A dense window (half-width lambda/4 at lambda/16) around the answers that still fail
     with every AP in, when at most ``recheck_fraction`` of the batch (at least one row)
     does (:func:`~dmimo_jax.estimators.window.dense_recheck`); more means the model itself
-    misses, and a local search cannot help."""
+    misses, and a local search cannot help. Off without a cost gate or with
+    ``recheck_fraction`` 0."""
 
     status: ClassVar[Status] = Status.RECOVERED
 
+    def enabled(self, loc: Locator) -> bool:
+        return loc.settings.cost_gate is not None and loc.settings.recheck_fraction > 0
+
     def takes(self, loc: Locator, state: GateState) -> Array:
         rows = state.pending & ~jnp.any(state.answer.excluded, axis=1)
-        fraction = loc.settings.recheck_fraction
-        few = jnp.maximum(1, jnp.floor(fraction * state.size))  # of the real rows
-        return rows & (jnp.sum(rows) <= few) & (fraction > 0)
+        few = jnp.maximum(1, jnp.floor(loc.settings.recheck_fraction * state.count))
+        return rows & (jnp.sum(rows) <= few)  # few of the real rows
 
     def capacity(self, loc: Locator, batch: int, capacity: int) -> int:
         return max(1, int(loc.settings.recheck_fraction * batch))
@@ -192,36 +199,41 @@ DEFAULT_RESCUES: tuple[Rescue, ...] = (ExcludeFaults(), RegionSearch(), DenseRec
 """The Locator's rescues, in order (module docstring)."""
 
 
-def run_gate(loc: Locator, r: Array, state: GateState, capacity: int) -> tuple[GateState, Array]:
-    """Every rescue of ``loc`` in turn on its pending rows (module docstring); returns the
-    final state and the (B,) mask of rows some rescue had no room for. Traced."""
-    lost = jnp.zeros(r.shape[0], bool)
-    for rescue in loc.active_rescues:
-        rows = state.pending & rescue.takes(loc, state) & ~lost
-        run = partial(rescue.run, loc)
+def initial_state(loc: Locator, answer: Answer, unsure: Array, count: Array) -> GateState:
+    """The gate's state before any rescue: the rows of ``answer`` that fail the gate, or
+    whose coarse stage was ``unsure``, are pending, among the first ``count`` (traced) of a
+    padded batch."""
+    real = jnp.arange(unsure.shape[0]) < count
+    pending = (unsure | ~loc.passes(answer.fine.cost, answer.excluded)) & real
+    return GateState(answer, pending, unsure, jnp.zeros(unsure.shape, jnp.int32), count)
+
+
+def run_gate(loc: Locator, r: Array, state: GateState, capacity: int) -> GateState:
+    """Every rescue of ``loc`` that is enabled, in turn, on its pending rows (module
+    docstring). A row a rescue has no room for is ``OVERFLOW`` and no longer pending (the
+    Locator's call runs it again). Traced."""
+    for rescue in loc.settings.rescues:
+        if not rescue.enabled(loc):
+            continue
+        rows = state.pending & rescue.takes(loc, state)
         room = rescue.capacity(loc, r.shape[0], capacity)
-        answer, over = on_rows(rows, room, run, state.answer, r, state.answer)
-        done = rows & ~over
+        answer, over = on_rows(rows, room, partial(rescue.run, loc), state.answer, r, state.answer)
         ok = loc.passes(answer.fine.cost, answer.excluded)
+        done = rows & ~over
+        status = jnp.where(done & ok, jnp.int32(rescue.status), state.status)
         state = state._replace(
             answer=answer,
-            pending=jnp.where(done, ~ok, state.pending),
-            status=jnp.where(done & ok, jnp.int32(rescue.status), state.status),
+            pending=jnp.where(done, ~ok, state.pending) & ~over,
+            status=jnp.where(over, jnp.int32(Status.OVERFLOW), status),
         )
-        lost = lost | over
-    return state, lost
+    return state
 
 
-def final_status(loc: Locator, state: GateState, lost: Array) -> Array:
-    """(B,) int32 :class:`Status` after the rescues: ``OVERFLOW`` where a rescue had no room,
-    ``REJECTED`` where the answer still fails (or is not finite), ``UNVERIFIED`` where it
-    passes with fewer than one redundant AP, else the status the gate gave it."""
+def final_status(loc: Locator, state: GateState) -> Array:
+    """(B,) int32 :class:`Status` after the rescues: ``REJECTED`` where the answer still
+    fails (or is not finite), ``UNVERIFIED`` where it passes with fewer than one redundant
+    AP, ``OVERFLOW`` and the rest as the gate left them."""
     left = loc.num_aps - jnp.sum(state.answer.excluded, axis=1)
-    status = jnp.where(left - 4 < 1, jnp.int32(Status.UNVERIFIED), state.status)
-    status = jnp.where(state.pending, jnp.int32(Status.REJECTED), status)
-    return jnp.where(lost, jnp.int32(Status.OVERFLOW), status).astype(jnp.int32)
-
-
-def status_names(status: Any) -> list[str]:
-    """The names of (B,) status values (for tables and logs)."""
-    return [Status(int(v)).name.lower() for v in jax.device_get(status).reshape(-1)]
+    status = jnp.where(state.pending, jnp.int32(Status.REJECTED), state.status)
+    accepted = status <= Status.RECOVERED
+    return jnp.where(accepted & (left - 4 < 1), jnp.int32(Status.UNVERIFIED), status)

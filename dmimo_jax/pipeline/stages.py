@@ -92,7 +92,9 @@ class CellStage:
         """A user's ``(cells, probs)``, checked as :func:`screen_candidates` checks them."""
         cells, p = check_candidates(r, *coarse, self.cells)
         if cells.shape[1] != loc.settings.num_cells:
-            raise ValueError(f"cells: expected {loc.settings.num_cells} per snapshot, got {cells.shape[1]}")
+            raise ValueError(
+                f"cells: expected {loc.settings.num_cells} per snapshot, got {cells.shape[1]}"
+            )
         return cells.astype(jnp.int32), jnp.asarray(p)
 
 
