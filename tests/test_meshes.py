@@ -371,3 +371,74 @@ def test_a_sheet_bounds_no_solid():
     assert "sheet" in repr(dj.Face(plate, "glass", frequency_hz=FREQ, sheet=True))
     with pytest.raises(ValueError, match="sheet must be True or False"):
         dj.Face(plate, "glass", frequency_hz=FREQ, sheet="yes")
+
+
+def _sheets(faces):
+    return sorted({(f.name, bool(f.sheet)) for f in faces})
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        ((0.0, 0.0, 1.0), (1.0, 1.0, 2.0)),  # stacked: they share a whole face
+        ((1.0, 0.0, 0.0), (2.0, 1.0, 1.0)),  # side by side: a shared face
+        ((1.0, 1.0, 0.0), (2.0, 2.0, 1.0)),  # diagonal: one shared edge
+    ],
+)
+def test_touching_solids_load_as_solids_not_sheets(tmp_path, second):
+    """Two closed boxes (two objects, two materials) touching along a face or an edge: each
+    is a solid (its faces no sheets, normals out of it), as it is alone."""
+    a = _box_triangles((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), inward=False)
+    b = _box_triangles(*second, inward=False)
+    path = tmp_path / "cabinets.obj"
+    _write_obj(path, {"concrete": a, "wood": b})
+    faces = load_obj(path, frequency_hz=FREQ, air=[[5.0, 5.0, 2.0]])
+    assert _sheets(faces) == [("concrete", False), ("wood", False)]
+    for f in faces:  # every normal points out of its own box
+        low, high = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0)) if f.name == "concrete" else second
+        centre = (np.asarray(low) + np.asarray(high)) / 2
+        assert float(np.dot(np.asarray(f.vertices).mean(0) - centre, f.normal)) > 0
+
+
+def test_a_millimetre_box_beside_a_large_ground_keeps_its_shape(tmp_path):
+    """The vertex merge is absolute (MERGE_TOLERANCE), not a fraction of the scene: a 1 mm
+    box next to a 20 km ground is a closed solid of six faces."""
+    box = _box_triangles((0.0, 0.0, 0.0), (1e-3, 1e-3, 1e-3), inward=False)
+    ground = (np.array([[-1e4, -1e4, -1.0], [1e4, -1e4, -1.0], [1e4, 1e4, -1.0], [-1e4, 1e4, -1.0]]),
+              [[0, 1, 2], [0, 2, 3]])  # fmt: skip
+    path = tmp_path / "tiny.obj"
+    _write_obj(path, {"metal": box, "concrete": ground})
+    faces = load_obj(path, frequency_hz=FREQ)
+    mine = [f for f in faces if f.name == "metal"]
+    assert len(mine) == 6 and not any(f.sheet for f in mine)
+
+
+def test_scene_file_probes_are_refused_or_warned_by_name(tmp_path):
+    """A NaN vertex, air and orient that are not what they say, and a zero-area triangle
+    (skipped with a warning naming the file and the face)."""
+    from dmimo_jax.datasets.meshes import orient_polygons
+
+    v, tris = _box_triangles((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), inward=False)
+    path = tmp_path / "box.obj"
+    _write_obj(path, {"concrete": (v, tris)})
+    for bad in ("ap", [[1.0, 2.0]], [[np.nan, 0.0, 0.0]]):
+        with pytest.raises(ValueError, match="air"):
+            load_obj(path, frequency_hz=FREQ, air=bad)
+    with pytest.raises(ValueError, match="orient"):
+        load_obj(path, frequency_hz=FREQ, orient="yes")
+    polys = [v[t] for t in tris]
+    with pytest.raises(ValueError, match="air"):
+        orient_polygons(polys, air="inside")
+    nan = [p.copy() for p in polys]
+    nan[0][0, 0] = np.nan
+    with pytest.raises(ValueError, match="not finite"):
+        orient_polygons(nan)
+    nan_path = tmp_path / "nan.obj"
+    nan_path.write_text(path.read_text().replace("v 0.0 0.0 0.0", "v nan 0.0 0.0", 1))
+    with pytest.raises(ValueError, match="nan.obj:.*finite"):
+        load_obj(nan_path, frequency_hz=FREQ)
+    flat = tmp_path / "flat.obj"
+    flat.write_text(path.read_text() + "f 1 1 2\n")  # one extra face of zero area
+    with pytest.warns(UserWarning, match=r"flat\.obj.*face 12.*zero area"):
+        faces = load_obj(flat, frequency_hz=FREQ)
+    assert len(faces) == 6 and not any(f.sheet for f in faces)

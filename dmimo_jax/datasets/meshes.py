@@ -23,6 +23,7 @@ Transforms (``<transform name="to_world">``) are refused: bake them into the mes
 from __future__ import annotations
 
 import pathlib
+import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -226,16 +227,52 @@ def triangulate(poly: np.ndarray) -> list[np.ndarray]:
     return out
 
 
+MERGE_TOLERANCE = 1e-6  # m: vertices closer than this (per axis) are one (at least 1e-9 of
+# the scene's extent): absolute, so a millimetre box beside a 20 km ground keeps its shape
+
+
+def _edge_pairs(
+    users: list[tuple[int, bool]], a: np.ndarray, b: np.ndarray, centres: list[np.ndarray]
+) -> list[tuple[tuple[int, bool], tuple[int, bool]]]:
+    """The polygons of one edge (a -> b) paired into surfaces: two users are one pair; an
+    even number (solids touching along the edge or a face: a cabinet on a cabinet) are
+    paired with their neighbours in angle around the edge, the pairing (of the two) whose
+    pairs the file's vertex order traverses in opposite directions most often; an odd
+    number pairs none (a fin on a surface: no closed solid through it)."""
+    if len(users) == 2:
+        return [(users[0], users[1])]
+    if len(users) % 2:
+        return []
+    u = (b - a) / np.linalg.norm(b - a)
+    e1 = np.cross(u, [1.0, 0.0, 0.0] if abs(u[0]) < 0.9 else [0.0, 1.0, 0.0])
+    e1 /= np.linalg.norm(e1)
+    e2 = np.cross(u, e1)
+    w = np.array([centres[i] - a for i, _ in users])
+    angle = np.round(np.arctan2(w @ e2, w @ e1), 9)
+    # ties (coincident faces of two solids) alternate their directions where they can
+    order = sorted(range(len(users)), key=lambda t: (angle[t], users[t][1]))
+    ring = [users[t] for t in order]
+    n = len(ring)
+    pairings = [
+        [(ring[t], ring[(t + 1) % n]) for t in range(start, n + start, 2)] for start in (0, 1)
+    ]
+    return max(pairings, key=lambda ps: sum(x[1] != y[1] for x, y in ps))
+
+
 def _components(polygons: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Connectivity of polygons that share vertices by position: per polygon, its component
-    (polygons joined across edges that exactly two polygons share), whether it must be
-    reversed to traverse every such edge opposite to its neighbour, and whether its
-    component is closed and consistently orientable (every edge shared by exactly two of its
-    polygons)."""
+    """Connectivity of polygons that share vertices by position (within
+    ``MERGE_TOLERANCE``): per polygon, its component (polygons joined across the edges they
+    pair on, :func:`_edge_pairs`), whether it must be reversed to traverse every such edge
+    opposite to its neighbour, and whether its component is closed and consistently
+    orientable (every edge of it paired)."""
     pts = np.concatenate([np.asarray(p, float) for p in polygons])
     scale = max(float(np.ptp(pts, axis=0).max()), 1e-300)
-    _, ids = np.unique(np.round(pts / (1e-7 * scale)).astype(np.int64), axis=0, return_inverse=True)
+    quantum = max(MERGE_TOLERANCE, 1e-9 * scale)
+    _, ids = np.unique(np.round(pts / quantum).astype(np.int64), axis=0, return_inverse=True)
     ids = ids.reshape(-1)
+    where = np.zeros((int(ids.max()) + 1, 3))
+    where[ids] = pts
+    centres = [np.asarray(p, float).mean(axis=0) for p in polygons]
     edges: dict[tuple[int, int], list[tuple[int, bool]]] = {}
     start = 0
     for i, p in enumerate(polygons):
@@ -245,14 +282,14 @@ def _components(polygons: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray,
             edges.setdefault((min(a, b), max(a, b)), []).append((i, bool(a < b)))
     neighbours: list[list[tuple[int, bool, bool]]] = [[] for _ in polygons]
     manifold = np.ones(len(polygons), bool)
-    for users in edges.values():
-        if len(users) == 2:
-            (i, di), (j, dj) = users
-            neighbours[i].append((j, di, dj))
-            neighbours[j].append((i, dj, di))
-        else:
+    for (a, b), users in edges.items():
+        pairs = _edge_pairs(users, where[a], where[b], centres)
+        if not pairs:
             for i, _ in users:
                 manifold[i] = False
+        for (i, di), (j, dj) in pairs:
+            neighbours[i].append((j, di, dj))
+            neighbours[j].append((i, dj, di))
     comp = np.full(len(polygons), -1)
     flip = np.zeros(len(polygons), bool)
     closed = np.zeros(len(polygons), bool)
@@ -293,6 +330,37 @@ def winding_numbers(points: np.ndarray, triangles: np.ndarray) -> np.ndarray:
     return out
 
 
+def _finite_polygon(name: str, p: Any) -> np.ndarray:
+    """``p`` as (K, 3) finite float coordinates, or ``ValueError`` naming ``name``."""
+    v = np.asarray(p)
+    if v.dtype.kind not in "biuf" or v.ndim != 2 or v.shape[1] != 3 or len(v) < 3:
+        raise ValueError(f"{name} must be (K, 3) real coordinates, K >= 3, got {v.dtype} {v.shape}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError(f"{name} has a vertex that is not finite (NaN or inf): {v.tolist()}")
+    return v.astype(float)
+
+
+def air_points(air: ArrayLike | None) -> np.ndarray:
+    """``air`` (points known to be in the air, (A, 3) or one (3,)) as (A, 3) floats; None:
+    none. ``ValueError`` for anything else (a string, a wrong shape, NaN)."""
+    if air is None:
+        return np.zeros((0, 3))
+    pts = np.asarray(air)
+    if pts.dtype.kind not in "biuf" or pts.ndim not in (1, 2) or pts.shape[-1] != 3:
+        raise ValueError(f"air must be finite points (A, 3) in metres (or None), got {air!r:.60}")
+    pts = pts.astype(float).reshape(-1, 3)
+    if not np.all(np.isfinite(pts)):
+        raise ValueError(f"air must be finite points (A, 3), got a NaN or inf: {pts.tolist()}")
+    return pts
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (NumPy's included), else ``ValueError`` naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def orient_polygons(
     polygons: Sequence[np.ndarray], air: ArrayLike | None = None
 ) -> tuple[list[np.ndarray], np.ndarray]:
@@ -317,17 +385,12 @@ def orient_polygons(
         ``(polygons, sheet)``: the polygons, reversed where needed, and (N,) bool.
 
     Raises:
-        ValueError: ``air`` not (A, 3) finite points.
+        ValueError: ``air`` not (A, 3) finite points, a polygon with a NaN or inf vertex.
     """
-    polys = [np.asarray(p, float) for p in polygons]
+    polys = [_finite_polygon(f"polygon {i}", p) for i, p in enumerate(polygons)]
     if not polys:
         return [], np.zeros(0, bool)
-    pts = np.zeros((0, 3))
-    if air is not None:
-        pts = np.asarray(air, float)
-        pts = pts[None] if pts.ndim == 1 else pts
-        if pts.ndim != 2 or pts.shape[1] != 3 or not np.all(np.isfinite(pts)):
-            raise ValueError(f"air must be finite points (A, 3), got shape {np.shape(air)}")
+    pts = air_points(air)
     comp, flip, closed = _components(polys)
     polys = [p[::-1] if f else p for p, f in zip(polys, flip, strict=True)]
     everything = np.concatenate(polys)
@@ -447,19 +510,30 @@ def _spec(name: str, materials: Mapping[str, Any] | None) -> Any:
     )
 
 
-def convex_polygons(vertices: np.ndarray, polygons: Sequence[Sequence[int]]) -> list[np.ndarray]:
+def convex_polygons(
+    vertices: np.ndarray, polygons: Sequence[Sequence[int]], source: str = "a mesh"
+) -> list[np.ndarray]:
     """The planar convex polygons (each (K, 3)) of a mesh: each polygon as it is when it is
-    one, else its triangles (:func:`triangulate`).
+    one, else its triangles (:func:`triangulate`). A polygon of zero area (collinear or
+    repeated vertices: exporters leave them) bounds nothing: it is skipped with a warning
+    naming ``source`` (the file) and the face.
 
     Raises:
-        ValueError: a degenerate polygon or one that is not simple.
+        ValueError: (naming ``source`` and the face) a vertex that is not finite, a polygon
+            that is not simple or not planar.
     """
     v = np.asarray(vertices, float)
     out = []
-    for p in polygons:
+    for i, p in enumerate(polygons):
         poly = v[np.asarray(p, int)]
+        name = f"{source}: face {i} (vertices {[int(j) for j in p]})"
+        _finite_polygon(name, poly)
+        span = float(np.ptp(poly, axis=0).max())
+        if not np.linalg.norm(newell_normal(poly)) > 1e-12 * span * span:
+            warnings.warn(f"{name} has zero area: skipped", stacklevel=2)
+            continue
         try:
-            check_polygon("a mesh polygon", poly)
+            check_polygon(name, poly)
             out.append(poly)
         except ValueError:
             if len(poly) == 3:
@@ -488,6 +562,8 @@ def scene_faces(
     Raises:
         ValueError: a material that is not known, ``air`` not points (A, 3).
     """
+    merge, orient = check_flag("merge", merge), check_flag("orient", orient)
+    air = air_points(air)
     meshes = [(name, [ps[i] for i in _distinct(ps)]) for name, ps in meshes]
     polys = [p for _, ps in meshes for p in ps]
     if orient:
@@ -571,6 +647,8 @@ def read_obj(path: str | pathlib.Path) -> tuple[np.ndarray, dict[str, list[list[
                 ) from None
             if len(xyz) != 3:
                 raise ValueError(f"{where}: a vertex needs three numbers, got {raw.strip()!r}")
+            if not np.all(np.isfinite(xyz)):
+                raise ValueError(f"{where}: a vertex must be finite, got {raw.strip()!r}")
             verts.append(xyz)
         elif words[0] in ("o", "g") and len(words) > 1:
             fallback = words[1]
@@ -647,7 +725,9 @@ def load_obj(
         [[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]]
     """
     v, groups = read_obj(path)
-    meshes = [(name, convex_polygons(v, polys)) for name, polys in groups.items()]
+    meshes = [
+        (name, convex_polygons(v, polys, f"{path} ({name})")) for name, polys in groups.items()
+    ]
     return scene_faces(meshes, materials=materials, frequency_hz=frequency_hz,
                        convention=convention, merge=merge, orient=orient, air=air)  # fmt: skip
 
@@ -723,6 +803,6 @@ def load_mitsuba(
             polys = [p for g in groups.values() for p in g]
         else:
             v, polys = read_ply(mesh)
-        meshes.append((name, convex_polygons(v, polys)))
+        meshes.append((name, convex_polygons(v, polys, str(mesh))))
     return scene_faces(meshes, materials=materials, frequency_hz=frequency_hz,
                        convention=convention, merge=merge, orient=orient, air=air)  # fmt: skip
