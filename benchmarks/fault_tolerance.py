@@ -17,6 +17,11 @@ as a lost synchronisation is a property of the AP), on the same test snapshots:
   under the Locator's own model, with the answer's excluded APs and ML cost): the fraction
   of snapshots accepted with their error above it (integrity holds when that is at most
   1%), and its median over the healthy APs' PEB;
+* the integrity rows (``--adversarial``): for every ``max_excluded`` the Locator accepts
+  (:func:`dmimo_jax.bounds.noise_fit_probability` at its ``fit_risk``; before that bound,
+  0 .. M - 5), snapshots of pure noise on every AP and ``max_excluded + 1`` and ``+ 2``
+  random faults: the accepted share, the fewest redundant APs (M - k - 4) of an accepted
+  answer, the most APs a row left out, and the share beyond the protection level;
 * seconds per snapshot relative to the fault-free batch (k = 0) of the same run (each
   batch run once before it is timed: compilation excluded), and for
   the fault-free batch its cost with fault exclusion on against ``max_excluded=0`` (median
@@ -25,6 +30,7 @@ as a lost synchronisation is a property of the AP), on the same test snapshots:
     python benchmarks/fault_tolerance.py --json out/fault_tolerance.json
     python benchmarks/fault_tolerance.py --quick     # 128 snapshots, -10 dBm
     python benchmarks/fault_tolerance.py --worlds room --quick
+    python benchmarks/fault_tolerance.py --quick --worlds paper --adversarial --json out/adv.json
 """
 
 from __future__ import annotations
@@ -77,6 +83,74 @@ def world(name, power):
     return dep.surveyed, dep.truth, off
 
 
+def allowed_exclusions(loc):
+    """The ``max_excluded`` values ``loc`` accepts: 0 .. the most its noise-fit bound allows
+    (0 .. M - 5 for a Locator without that bound)."""
+    s = loc.settings._asdict()
+    m = loc.num_aps
+    if not s.get("noise_fit"):
+        return list(range(m - 4))
+    within = np.cumsum(s["noise_fit"]) <= s["fit_risk"]
+    return list(range(min(int(np.sum(within)), m - 4)))
+
+
+def integrity_row(loc, xt, rt, truth, mask, **labels):
+    """The integrity columns of one batch: accepted share, the fewest redundant APs of an
+    accepted answer, the most APs left out, the share accepted beyond the protection level
+    (under the Locator's model, at ``RISK``) and the accepted answers more than 1 mm off."""
+    out = loc(rt)
+    m = loc.num_aps
+    err = np.linalg.norm(np.asarray(out.x) - xt, axis=1)
+    level = np.asarray(
+        jax.vmap(bounds.protection_level_unchecked, in_axes=(0, None, 0, None, 0))(
+            out.x, loc.fine_model, out.excluded, RISK, out.cost
+        )
+    )
+    accepted = np.asarray(out.accepted)
+    k = np.asarray(out.excluded).sum(axis=1)
+    return dict(
+        **labels,
+        num=len(xt),
+        accepted=float(accepted.mean()),
+        min_redundancy=int((m - k - 4)[accepted].min()) if accepted.any() else None,
+        most_excluded=int(k.max()),
+        beyond_protection=float(np.mean(accepted & (err > level))),
+        confident_wrong=float(np.mean(accepted & (err > 1e-3))),
+    )
+
+
+def adversarial(name, power, loc, truth, xt, rt):
+    """Integrity rows (module docstring) of every ``max_excluded`` the Locator accepts."""
+    rows = []
+    rng = np.random.default_rng(7)
+    num, m = rt.shape
+    noise = jnp.asarray(rng.uniform(-np.pi, np.pi, (num, m)))
+    for e in allowed_exclusions(loc):
+        each = loc.replace(max_excluded=e)
+        cases = [("noise", m, noise, np.ones((num, m), bool))]
+        for k in (e + 1, e + 2):
+            if k <= m - 4:
+                mask = fault_mask(rng, num, k, "random")
+                rf = inject_faults(jax.random.key(100 + k), rt, jnp.asarray(mask), "random")
+                cases.append(("random", k, rf, mask))
+        for kind, k, rf, mask in cases:
+            row = integrity_row(
+                each,
+                xt,
+                rf,
+                truth,
+                mask,
+                world=name,
+                power_dbm=power,
+                max_excluded=e,
+                fault=kind,
+                k=k,
+            )
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def timed(fn):
     t0 = time.perf_counter()
     out = jax.block_until_ready(fn())
@@ -92,6 +166,9 @@ def main(argv=None):
     ap.add_argument(
         "--worlds", nargs="*", default=["paper", "room"], choices=["paper", "room"], help="worlds"
     )
+    ap.add_argument(
+        "--adversarial", action="store_true", help="only the integrity rows (noise, k > max)"
+    )
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     num = args.num or (128 if args.quick else 1280)
@@ -102,6 +179,9 @@ def main(argv=None):
         loc = dj.Locator(off, "cells")
         xt, rt = labeled_snapshots(scene, num, 1, salt=10_000, model=truth)[:2]
         xt = np.asarray(xt)
+        if args.adversarial:
+            rows += adversarial(name, power, loc, truth, xt, rt)
+            continue
         off_loc = loc.replace(max_excluded=0)  # the same Locator without fault exclusion
         for each in (loc, off_loc):
             each(rt)  # compile
@@ -163,6 +243,24 @@ def main(argv=None):
                 row["cost_vs_no_exclusion"] = t_clean / t_off
             rows.append(row)
             print(row, flush=True)
+    if args.adversarial:
+        print_table(
+            rows,
+            [
+                ("world", "world", "s"),
+                ("power_dbm", "P dBm", ".0f"),
+                ("max_excluded", "max excl", "d"),
+                ("fault", "fault", "s"),
+                ("k", "k", "d"),
+                ("accepted", "accepted", ".3f"),
+                ("min_redundancy", "min redund", "d"),
+                ("most_excluded", "most out", "d"),
+                ("beyond_protection", "err > PL", ".4f"),
+                ("confident_wrong", "wrong, kept", ".3f"),
+            ],
+        )
+        write_json(args.json, rows)
+        return
     print_table(
         rows,
         [

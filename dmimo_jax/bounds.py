@@ -18,6 +18,7 @@ All position functions take one position (3,); :func:`peb_map` evaluates many.
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import jax
@@ -61,6 +62,7 @@ __all__ = [
     "phase_jacobian",
     "jacobian_analytic",
     "linearize",
+    "noise_fit_probability",
     "peb_from_fim",
     "protection_level",
     "protection_level_unchecked",
@@ -443,6 +445,99 @@ def protection_level_unchecked(
     scale = 1.0 if cost is None else jnp.sqrt(jnp.maximum(1.0, cost / jnp.maximum(dof, 1)))
     level = scale * jnp.sqrt(scipy.stats.chi2.isf(risk, 3) / lowest)
     return jnp.where((dof >= 0) & (lowest > _information_floor(fim)), level, jnp.inf)
+
+
+def noise_fit_probability(
+    model: PhaseModel | Scene,
+    low: ArrayLike,
+    high: ArrayLike,
+    gate: float,
+    *,
+    num_points: int = 6,
+) -> np.ndarray:
+    r"""An upper bound on the chance that phases with no relation to the model (uniform
+    noise on every AP: a dead deployment, a jammer, a wrong frequency plan) pass the cost
+    gate at some position of the region with k APs left out, for k = 0 .. M - 4: (M - 3,)
+    float64 in [0, 1] (beyond the paper: the look-elsewhere effect of a search over
+    positions, lobes and subsets of APs).
+
+    With the APs :math:`S` kept (:math:`|S| = M - k`), the phase vectors that pass the gate
+    :math:`g\,d`, :math:`d = \max(M - k - 4, 1)`, are those within Mahalanobis distance
+    :math:`\rho = \sqrt{g d}` of the 4-dimensional manifold
+    :math:`\{\boldsymbol\mu_S(\mathbf x) + \phi\}` (the cost of eq. 17 is the squared
+    distance). By Weyl's tube formula their share of the torus is
+
+    .. math::
+        P_S \approx 2\pi\!\int_R\!\sqrt{\det\mathbf J_S(\mathbf x)\textstyle\sum_{m\in S}
+        \sigma_m^{-2}}\;\prod_{m\in S}\sigma_m\,d\mathbf x\;
+        \frac{V_d(\rho)}{(2\pi)^{M-k}},\qquad
+        V_d(\rho) = \frac{\pi^{d/2}\rho^d}{\Gamma(d/2 + 1)}
+
+    (the square root is the volume element of (position, CPO): the full FIM's determinant,
+    :math:`\mathbf J_S` of eq. 14 times the CPO's information). The union over the
+    :math:`\binom{M}{k}` subsets bounds the chance of any: :math:`P_k \le \binom{M}{k}
+    \max_S P_S`, and ``max_S`` is bounded with every AP's information
+    (:math:`\det\mathbf J_S \le \det\mathbf J`) and the :math:`M - k` largest
+    :math:`\sigma_m` at each position. The integral over the box ``low`` .. ``high`` is
+    the mean over ``num_points`` cubed cell centres times its volume. With 17 APs at
+    -10 dBm it is about 1 with one redundant AP left: any five phases fit somewhere
+    (tested in ``tests/test_rescues.py``).
+
+    Args:
+        model: the model the gate's cost is under (a Scene or any PhaseModel).
+        low, high: (3,) the region's corners, m.
+        gate: the cost gate :math:`g` per degree of freedom (``Locator``'s ``cost_gate``).
+        num_points: grid points per axis of the integral.
+
+    Raises:
+        ValueError: fewer than 4 APs, a bad region, ``gate`` not positive.
+    """
+    model = as_phase_model(model)
+    check_num_aps(model.num_aps)
+    check_scalar("gate", gate, positive=True)
+    check_positions("low", low, batched=False)
+    check_positions("high", high, batched=False)
+    lo, hi = np.asarray(low, np.float64), np.asarray(high, np.float64)
+    if not np.all(hi > lo):
+        raise ValueError(f"high must exceed low on every axis, got low={lo}, high={hi}")
+    if int(num_points) != num_points or num_points < 1:
+        raise ValueError(f"num_points must be a positive int, got {num_points!r}")
+    t = (np.arange(num_points) + 0.5) / num_points
+    grid = np.stack(np.meshgrid(t, t, t, indexing="ij"), -1).reshape(-1, 3)
+    xs = jnp.asarray(lo + grid * (hi - lo))
+    m = model.num_aps
+    # (P, M - 3) log of the integrand's position-dependent part, for k = 0 .. M - 4
+    log_term = np.asarray(_log_tube_integrand(xs, model), np.float64)
+    top = np.max(log_term, axis=0)
+    log_mean = top + np.log(np.mean(np.exp(log_term - top), axis=0))
+    k = np.arange(m - 3)
+    d = np.maximum(m - k - 4, 1)
+    log_ball = 0.5 * d * np.log(np.pi) + 0.5 * d * np.log(gate * d)
+    log_ball -= np.array([math.lgamma(v / 2 + 1) for v in d])
+    log_choose = np.array(
+        [math.lgamma(m + 1) - math.lgamma(i + 1) - math.lgamma(m - i + 1) for i in k]
+    )
+    log_volume = np.sum(np.log(hi - lo))
+    log_p = log_choose + np.log(2 * np.pi) + log_volume + log_mean + log_ball
+    log_p -= (m - k) * np.log(2 * np.pi)
+    return np.minimum(np.exp(np.minimum(log_p, 0.0)), 1.0)
+
+
+@jax.jit
+def _log_tube_integrand(xs: Array, model: PhaseModel) -> Array:
+    """(P, M - 3): for k = 0 .. M - 4, log of sqrt(det J(x) sum_m w_m) times the product of
+    the M - k largest sigma_m at each position x of ``xs`` (P, 3)."""
+
+    def one(x: Array) -> Array:
+        _, h, variance = linearize(x, model)
+        fim = h.T @ efim_from_variance(variance) @ h
+        logdet = jnp.linalg.slogdet(fim)[1] + jnp.log(jnp.sum(1.0 / variance))
+        # a phase is never wider than the circle (an AP that hears nothing: inf variance)
+        log_sigma = jnp.sort(jnp.minimum(0.5 * jnp.log(variance), jnp.log(jnp.pi)))[::-1]
+        kept = jnp.cumsum(log_sigma)[::-1][: variance.shape[0] - 3]  # M - k largest, k = 0..
+        return 0.5 * logdet + kept
+
+    return jax.vmap(one)(xs)
 
 
 def _information_floor(fim: Array) -> Array:

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import dmimo_jax as dj
 from dmimo_jax import pipeline
 from dmimo_jax.estimators import RefineResult
 from dmimo_jax.pipeline.rescues import Answer, GateState, Rescue, Status, final_status, run_gate
@@ -32,14 +33,18 @@ def _state(loc, x, cost, excluded, pending):
 
 def test_final_status_names_each_outcome(loc):
     """Rejected where still pending, overflow where a rescue had no room, unverified where
-    fewer than one redundant AP is left, else the status the gate gave."""
-    x = jnp.zeros((4, 3)) + 5.0
-    excluded = jnp.zeros((4, 17), bool).at[3, :13].set(True)  # 4 APs left: no redundancy
-    state = _state(loc, x, jnp.ones(4), excluded, jnp.array([False, True, False, False]))
-    status = [Status.EXCLUDED, Status.LOCATED, Status.OVERFLOW, Status.LOCATED]
+    fewer than one redundant AP is left or more APs are out than the noise-fit bound allows
+    (10 of 17: three redundant, yet noise fits), else the status the gate gave."""
+    x = jnp.zeros((5, 3)) + 5.0
+    excluded = jnp.zeros((5, 17), bool).at[3, :13].set(True)  # 4 APs left: no redundancy
+    excluded = excluded.at[4, :10].set(True).at[0, :2].set(True)
+    pending = jnp.array([False, True, False, False, False])
+    state = _state(loc, x, jnp.ones(5), excluded, pending)
+    status = [Status.EXCLUDED, Status.LOCATED, Status.OVERFLOW, Status.LOCATED, Status.EXCLUDED]
     state = state._replace(status=jnp.array(status, jnp.int32))
     got = [Status(int(v)) for v in final_status(loc, state)]
-    assert got == [Status.EXCLUDED, Status.REJECTED, Status.OVERFLOW, Status.UNVERIFIED]
+    want = [Status.EXCLUDED, Status.REJECTED, Status.OVERFLOW, Status.UNVERIFIED]
+    assert got == [*want, Status.UNVERIFIED]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,20 +100,39 @@ def test_the_program_gives_a_status_per_row_and_the_booleans_are_its_views(loc):
     )
 
 
-@pytest.mark.slow  # two more programs (max_excluded 12 and 1)
+def _largest_allowed(loc):
+    """The most exclusions the test world's noise-fit bound allows at fit_risk 1e-3."""
+    within = np.cumsum(loc.settings.noise_fit) <= loc.settings.fit_risk
+    return int(np.sum(within)) - 1
+
+
+def test_max_excluded_that_lets_noise_pass_is_refused(loc):
+    """The noise-fit bound (bounds.noise_fit_probability) decides how many APs may be left
+    out: the largest value it allows is accepted, one more is refused naming the bound, and
+    M - 4 (no redundant AP) never passes; the default stays 3 where the bound allows it."""
+    top = _largest_allowed(loc)
+    assert 3 <= top < 17 - 5  # 17 APs at the test world's power: some, not all
+    assert loc.settings.max_excluded == 3
+    assert loc.replace(max_excluded=top).settings.max_excluded == top
+    for bad in (top + 1, 12, 13):
+        with pytest.raises(ValueError, match="max_excluded"):
+            loc.replace(max_excluded=bad)
+    # a higher risk allows more, never beyond M - 5
+    wider = loc.replace(fit_risk=0.5)
+    assert _largest_allowed(wider) >= top
+
+
+@pytest.mark.slow  # two more programs (max_excluded at the bound, and 1)
 def test_never_more_exclusions_than_allowed_nor_an_answer_without_redundancy(loc):
-    """Random phases on every AP with max_excluded at its largest (M - 5 = 12): no row leaves
-    out more than allowed, and every accepted answer keeps at least one redundant AP; random
-    phases on two APs with max_excluded=1: at most one out."""
+    """Random phases on every AP with max_excluded at the largest the bound allows: no row
+    leaves out more, and none is accepted; random phases on two APs with max_excluded=1:
+    at most one out."""
+    top = _largest_allowed(loc)
     noise = jnp.asarray(np.random.default_rng(1).uniform(-np.pi, np.pi, (16, 17)))
-    wide = loc.replace(max_excluded=12)
-    with pytest.raises(ValueError, match="max_excluded"):
-        loc.replace(max_excluded=13)
-    out = wide(noise)
+    out = loc.replace(max_excluded=top)(noise)
     k = np.asarray(out.excluded).sum(axis=1)
-    assert k.max() <= 12
-    accepted = np.asarray(out.accepted)
-    assert np.all(17 - k[accepted] - 4 >= 1)  # the contract (implied by k <= 12 = M - 5)
+    assert k.max() <= top
+    assert not np.any(np.asarray(out.accepted))
     x, r, _ = _labeled(16, seed=12)
     r = np.array(r)
     r[:, [3, 9]] = np.random.default_rng(2).uniform(-np.pi, np.pi, (16, 2))
@@ -133,15 +157,46 @@ def test_any_batch_runs_one_of_the_buckets_and_gives_each_rows_answer(loc):
     assert pipeline.bucket_for(5) == 16 and pipeline.BUCKETS[-1] == 4096
 
 
-@pytest.mark.slow  # the program of max_excluded=12 (shared with the test above in one process)
-@pytest.mark.xfail(strict=True, reason="open (issue 67): the exclusion search fits noise")
-def test_noise_is_rejected_even_when_many_exclusions_are_allowed(loc):
-    """Random phases on every AP must not be accepted, whatever max_excluded allows. With
-    max_excluded=12 (one redundant AP left) the search over which APs to leave out finds a
-    subset that fits noise within the gate: 31-38 of 64 such snapshots were accepted
-    (measured over four seeds; 0 of 64 at max_excluded=3). A gate that accounts for the
-    subsets tried would close it; strict, so the fix turns this test red until it is
-    unmarked."""
-    noise = jnp.asarray(np.random.default_rng(1).uniform(-np.pi, np.pi, (16, 17)))
-    out = loc.replace(max_excluded=12)(noise)
-    assert not bool(jnp.any(out.accepted))
+def test_locator_entry_points_refuse_bad_input_by_name(loc):
+    """Snapshots that are not phases (bool, str), a table that is not this Locator's,
+    batch_sizes and devices that are not what they say: a ValueError naming the argument.
+    An empty batch is the empty result under the call, jax.jit and jax.vmap alike."""
+    from dmimo_jax.estimators import phasor_table, search_grid
+
+    for bad in (np.zeros((2, 17), bool), np.full((2, 17), "a")):
+        with pytest.raises(ValueError, match="r must be real wrapped phases"):
+            loc(bad)
+    for table in (None, "x"):
+        with pytest.raises(ValueError, match="table must be a PhasorTable"):
+            loc.with_table(table)
+    scene16 = loc.screen_model.scene
+    scene16 = scene16.replace(
+        ap_positions=np.asarray(scene16.ap_positions)[:16],
+        ap_phase_offsets=np.asarray(scene16.ap_phase_offsets)[:16],
+    )
+    other = phasor_table(dj.TwoRayModel(scene16), search_grid(scene16, 0.5))
+    with pytest.raises(ValueError, match="table must tabulate this Locator's 17 APs"):
+        loc.with_table(other)
+    with pytest.raises(ValueError, match="batch_sizes must be a tuple of positive ints"):
+        loc.export("unused", batch_sizes=5)
+    for devices in ("cpu", [], [jax.devices()[0]] * 2):
+        with pytest.raises(ValueError, match="devices must"):
+            pipeline.sharded(loc, devices=devices)
+    empty = jnp.zeros((0, 17))
+    for out in (loc(empty), jax.jit(loc)(empty), jax.vmap(loc)(empty)):
+        assert out.x.shape == (0, 3) and out.status.shape == (0,)
+
+
+@pytest.mark.slow  # exports the batch-1 program
+def test_a_damaged_export_is_refused_naming_its_file(loc, tmp_path):
+    loc.export(tmp_path, batch_sizes=(1,))
+    loaded = pipeline.load_locator(tmp_path)
+    assert loaded(np.zeros((0, 17))).x.shape == (0, 3)  # as the Locator's own call
+    blob = tmp_path / "batch_1.stablehlo"
+    blob.write_bytes(blob.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"batch_1\.stablehlo is damaged"):
+        pipeline.load_locator(tmp_path)
+    meta = tmp_path / "locator.json"
+    meta.write_text(meta.read_text()[:50])
+    with pytest.raises(ValueError, match=r"locator\.json is damaged"):
+        pipeline.load_locator(tmp_path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -30,7 +31,14 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, is_concrete
+from dmimo_jax._checks import (
+    as_snapshot_batch,
+    check_int,
+    check_probability,
+    check_scalar,
+    is_concrete,
+)
+from dmimo_jax.bounds import noise_fit_probability
 from dmimo_jax.estimators import PhasorTable
 from dmimo_jax.estimators.faults import exclude_faults
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
@@ -164,6 +172,14 @@ class LocatorSettings(NamedTuple):
     recheck_fraction: float
     max_excluded: int
     rescues: tuple = DEFAULT_RESCUES  # the cost gate's rescues, in order (pipeline.rescues)
+    fit_risk: float = 1e-3
+    noise_fit: tuple = ()  # derived: bounds.noise_fit_probability for k = 0 .. M - 4 APs out
+
+    def noise_fit_risk(self, k: int) -> float:
+        """The bound on the chance that phases with no relation to the model pass the gate
+        with up to ``k`` APs left out (:func:`~dmimo_jax.bounds.noise_fit_probability`
+        summed over 0 .. k; 0 without a cost gate's bound)."""
+        return float(sum(self.noise_fit[: k + 1])) if self.noise_fit else 0.0
 
     @property
     def screen(self) -> ScreenSettings:
@@ -221,10 +237,17 @@ class Locator:
             it is re-screened (:func:`~dmimo_jax.estimators.faults.exclude_faults`: the
             AP of largest residual from a robust CPO, re-fitted without it, the gate at
             ``cost_gate * (M - k - 4)``); the result's ``excluded`` names them. Never more
-            than ``max_excluded`` in all, and at most M - 5 (at least one redundant AP:
-            with four APs left any phases fit, and nothing could be detected). 0 turns
-            fault exclusion off. An answer under the gate is never touched, so without
-            faults the answers are those of ``max_excluded=0``.
+            than ``max_excluded`` in all. The more APs may be left out, the likelier that
+            some subset of pure noise fits a position: a value whose bound
+            (:func:`~dmimo_jax.bounds.noise_fit_probability` summed over 0 ..
+            ``max_excluded``) exceeds ``fit_risk`` is refused (with 17 APs at -10 dBm:
+            at most 7; with four APs left any phases fit). Default: 3, or the most the
+            bound allows where that is fewer. 0 turns fault exclusion off. An answer under
+            the gate is never touched, so without faults the answers are those of
+            ``max_excluded=0``.
+        fit_risk: the chance accepted that phases with no relation to the model (noise on
+            every AP) pass the cost gate (see ``max_excluded``); an answer whose exclusions
+            exceed it is ``unverified``.
         rescues: the cost gate's rescues, in order
             (:data:`~dmimo_jax.pipeline.rescues.DEFAULT_RESCUES`: exclude faulty APs, search
             the whole region, a dense recheck); a new rescue is an object with ``status``,
@@ -261,8 +284,9 @@ class Locator:
         cost_gate: float | None = 100.0,
         capacity: float = 1 / 16,
         recheck_fraction: float = 0.05,
-        max_excluded: int = 3,
+        max_excluded: int | None = None,
         rescues: tuple = DEFAULT_RESCUES,
+        fit_risk: float = 1e-3,
     ):
         estimators = getattr(offline, "estimators", None)
         if estimators is None:
@@ -317,6 +341,7 @@ class Locator:
             recheck_fraction=recheck_fraction,
             max_excluded=max_excluded,
             rescues=rescues,
+            fit_risk=fit_risk,
         )
         object.__setattr__(self, "settings", self._checked(settings))
 
@@ -340,7 +365,7 @@ class Locator:
             raise ValueError(
                 f"rescues must be a tuple of pipeline.rescues.Rescue objects, got {rescues!r}"
             )
-        check_int("max_excluded", s["max_excluded"], maximum=max(self.num_aps - 5, 0))
+        self._check_exclusions(s)
         if isinstance(self.stage, CellStage):
             own = self.stage.cells.cells.num_cells
             if s["num_cells"] > own:
@@ -363,18 +388,63 @@ class Locator:
                 check_int("num_starts", s["num_starts"], minimum=1, maximum=count)
         return LocatorSettings(**s)
 
+    def _check_exclusions(self, s: dict) -> None:
+        """Fill in ``noise_fit`` (the cost gate's noise-fit bound, recomputed when the gate
+        changes) and ``max_excluded`` (default: 3 or the most ``fit_risk`` allows), and
+        refuse a ``max_excluded`` the bound does not allow (``max_excluded``'s doc)."""
+        check_probability("fit_risk", s["fit_risk"])
+        m = self.num_aps
+        if s["cost_gate"] is None:
+            s["noise_fit"] = ()
+        elif not s.get("noise_fit"):
+            low, high = np.asarray(self.region_low), np.asarray(self.region_high)
+            p = noise_fit_probability(self.fine_model, low, high, float(s["cost_gate"]))
+            s["noise_fit"] = tuple(float(v) for v in p)
+        within = np.cumsum(s["noise_fit"]) <= s["fit_risk"] if s["noise_fit"] else np.ones(1)
+        allowed = max(int(np.sum(within)) - 1, 0) if s["noise_fit"] else max(m - 5, 0)
+        allowed = min(allowed, max(m - 5, 0))
+        if s["max_excluded"] is None:
+            s["max_excluded"] = min(3, allowed)
+            return
+        check_int("max_excluded", s["max_excluded"], maximum=max(m - 5, 0))
+        if s["max_excluded"] > allowed:
+            bound = sum(s["noise_fit"][: s["max_excluded"] + 1])
+            raise ValueError(
+                f"max_excluded={s['max_excluded']} lets noise pass: with that many of the "
+                f"{m} APs left out, phases with no relation to the model pass the cost gate "
+                f"with a chance of up to {min(bound, 1.0):.3g} "
+                f"(bounds.noise_fit_probability), above fit_risk={s['fit_risk']}; this "
+                f"deployment allows at most {allowed} (raise fit_risk to allow more)"
+            )
+
     def replace(self, **changes: Any) -> Locator:
         """A Locator with the same trained stage and tables and some settings changed
         (``fine`` included); checked like the constructor's."""
-        unknown = (set(changes) - set(LocatorSettings._fields)) | ({"kind"} & set(changes))
+        derived = {"kind", "noise_fit"}
+        unknown = (set(changes) - set(LocatorSettings._fields)) | (derived & set(changes))
         if unknown:
             raise ValueError(f"replace: not a setting of a Locator: {sorted(unknown)}")
         if "fine" in changes and changes["fine"] != self.settings.fine:
             raise ValueError("replace: fine= changes the model; build a new Locator(offline, ...)")
-        return self._with(settings=self._checked({**self.settings._asdict(), **changes}))
+        settings = {**self.settings._asdict(), **changes}
+        if "cost_gate" in changes:  # the noise-fit bound is the gate's
+            settings["noise_fit"] = ()
+        return self._with(settings=self._checked(settings))
 
     def with_table(self, table: PhasorTable) -> Locator:
-        """The same Locator over another copy of its phasor table (e.g. on other devices)."""
+        """The same Locator over another copy of its phasor table (e.g. on other devices).
+
+        Raises:
+            ValueError: ``table`` not a PhasorTable of this Locator's APs and grid points.
+        """
+        if not isinstance(table, PhasorTable):
+            raise ValueError(f"table must be a PhasorTable, got {type(table).__name__}")
+        own = self.table
+        if table.num_aps != self.num_aps or table.grid.size != own.grid.size:
+            raise ValueError(
+                f"table must tabulate this Locator's {self.num_aps} APs on its {own.grid.size} "
+                f"grid points, got {table.num_aps} APs on {table.grid.size}"
+            )
         return self._with(table=table)
 
     def _with(self, **fields: Any) -> Locator:
@@ -417,6 +487,8 @@ class Locator:
         rescues on ``capacity`` rows (static); ``count`` (traced) the real rows of a padded
         batch (the rows past it take no rescue and no capacity). One program: no host in
         the loop."""
+        if r.shape[0] == 0:  # an empty batch: the empty result (jit, vmap and call alike)
+            return self._empty(r.dtype)
         r = self.corrected(r)  # healed offsets (:meth:`heal`); 0: untouched
         coarse = self.stage.coarse(self, r)
         found, _ = self.stage.screen(self, r, coarse, capacity, whole=False)
@@ -654,9 +726,12 @@ class Locator:
         ``batch_sizes`` (and 1, which re-runs the rows that overflowed a larger batch's
         capacity), the weights and tables inside: :func:`load_locator` runs it in a process
         that has jax and none of the training code. Platforms: this one's."""
+        if not isinstance(batch_sizes, tuple | list) or not all(
+            isinstance(b, int | np.integer) and not isinstance(b, bool) and b >= 1
+            for b in batch_sizes
+        ):
+            raise ValueError(f"batch_sizes must be a tuple of positive ints, got {batch_sizes!r}")
         sizes = sorted({int(b) for b in batch_sizes} | {1})
-        if sizes[0] < 1:
-            raise ValueError(f"batch_sizes must be positive ints, got {batch_sizes}")
         dtype = jnp.result_type(float)
         blobs = {}
         for b in sizes:
@@ -741,9 +816,14 @@ def sharded(loc: Locator, devices: Any = None) -> Any:
     count (pad the batch)."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    devices = list(jax.local_devices() if devices is None else devices)
-    if not devices:
-        raise ValueError("devices must name at least one device")
+    devices = jax.local_devices() if devices is None else devices
+    if isinstance(devices, str) or not isinstance(devices, Sequence):
+        raise ValueError(f"devices must be a sequence of jax devices, got {devices!r}")
+    devices = list(devices)
+    if not devices or not all(isinstance(d, jax.Device) for d in devices):
+        raise ValueError(f"devices must name at least one jax device, got {devices!r}")
+    if len({d.id for d in devices}) != len(devices):
+        raise ValueError(f"devices must be distinct, got {devices!r}")
     mesh = Mesh(np.asarray(devices), ("batch",))
     rows = PartitionSpec("batch")
     n = len(devices)
@@ -795,9 +875,10 @@ class ExportedLocator:
     def __call__(self, r: ArrayLike) -> LocatorResult:
         single = np.ndim(r) == 1
         rb = as_snapshot_batch("r", r, self.num_aps).astype(self.meta["dtype"])
-        n = rb.shape[0]
-        if n == 0:
-            raise ValueError("r must hold at least one snapshot")
+        if rb.shape[0] == 0:  # as Locator.__call__: the empty result
+            one = jax.ShapeDtypeStruct((1, self.num_aps), rb.dtype)
+            empty = jax.eval_shape(lambda r: self.programs[1].call(r, jnp.int32(1)), one)
+            return LocatorResult(*(jnp.zeros((0, *a.shape[1:]), a.dtype) for a in empty))
         parts = []
         for k, pad in padded_parts(rb, tuple(self.batch_sizes)):
             out = self.programs[pad.shape[0]].call(pad, jnp.int32(k))
@@ -815,14 +896,24 @@ def load_locator(path: str | pathlib.Path) -> ExportedLocator:
     meta_file = path / "locator.json"
     if not meta_file.is_file():
         raise ValueError(f"path: {path} holds no exported Locator (no locator.json)")
-    meta = json.loads(meta_file.read_text())
-    if meta.get("format") != "dmimo_jax.Locator/2":
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"path: {meta_file} is damaged (not JSON: {e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != "dmimo_jax.Locator/2":
         raise ValueError(
             f"path: {meta_file} is not a dmimo_jax.Locator/2 export (format "
             f"{meta.get('format')!r}: export it again with this version)"
         )
-    programs = {
-        int(b): jax.export.deserialize(bytearray((path / f"batch_{b}.stablehlo").read_bytes()))
-        for b in meta["batch_sizes"]
-    }
+    programs = {}
+    for b in meta.get("batch_sizes", []):
+        file = path / f"batch_{b}.stablehlo"
+        if not file.is_file():
+            raise ValueError(f"path: {file} is missing (locator.json lists batch size {b})")
+        try:
+            programs[int(b)] = jax.export.deserialize(bytearray(file.read_bytes()))
+        except Exception as e:  # a truncated or foreign file: flatbuffers' own errors vary
+            raise ValueError(f"path: {file} is damaged ({type(e).__name__}: {e})") from None
+    if 1 not in programs:
+        raise ValueError(f"path: {meta_file} lists no batch size 1 (export it again)")
     return ExportedLocator(meta, programs)

@@ -7,7 +7,8 @@ rescue in turn takes some of the pending rows (at most a capacity of them, in on
 :func:`~dmimo_jax.estimators.rows.on_rows`) and returns new answers for them; a row whose
 new answer passes gets the rescue's :class:`Status` and is no longer pending. After the
 last rescue, a row still pending is ``REJECTED``; a row that passes with no redundant AP
-(M - k - 4 < 1: four APs fit any phases) is ``UNVERIFIED``; a row a rescue could not fit in
+(M - k - 4 < 1: four APs fit any phases), or with more APs out than the noise-fit bound
+allows, is ``UNVERIFIED``; a row a rescue could not fit in
 its capacity is ``OVERFLOW`` (the Locator's call runs it again).
 
 A rescue is a small object (a :class:`Rescue`): whether it runs for a Locator at all, which
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 from dmimo_jax.estimators.faults import pick_excluding, region_candidates
@@ -57,7 +59,7 @@ class Status(enum.IntEnum):
     LOCATED = 0  # the first answer passes the cost gate
     EXCLUDED = 1  # it passes with faulty APs left out (``excluded`` names them)
     RECOVERED = 2  # the whole region (or a dense window) was searched again, and it passes
-    UNVERIFIED = 3  # it passes, but no redundant AP is left (M - k - 4 < 1): no integrity
+    UNVERIFIED = 3  # it passes, but noise could too (no redundant AP, or too many left out)
     REJECTED = 4  # no rescue brought it under the gate (or it is not finite)
     OVERFLOW = 5  # a rescue had no room for this row in the program (the call re-runs it)
 
@@ -232,8 +234,15 @@ def run_gate(loc: Locator, r: Array, state: GateState, capacity: int) -> GateSta
 def final_status(loc: Locator, state: GateState) -> Array:
     """(B,) int32 :class:`Status` after the rescues: ``REJECTED`` where the answer still
     fails (or is not finite), ``UNVERIFIED`` where it passes with fewer than one redundant
-    AP, ``OVERFLOW`` and the rest as the gate left them."""
-    left = loc.num_aps - jnp.sum(state.answer.excluded, axis=1)
+    AP or with more APs left out than the noise-fit bound allows at the Locator's
+    ``fit_risk`` (:func:`~dmimo_jax.bounds.noise_fit_probability`: noise could have
+    passed), ``OVERFLOW`` and the rest as the gate left them."""
+    s = loc.settings
+    k = jnp.sum(state.answer.excluded, axis=1)
+    weak = loc.num_aps - k - 4 < 1
+    if s.noise_fit:
+        risky = np.cumsum(s.noise_fit) > s.fit_risk  # (M - 3,) static, k = 0 .. M - 4
+        weak = weak | jnp.asarray(risky)[jnp.minimum(k, len(risky) - 1)]
     status = jnp.where(state.pending, jnp.int32(Status.REJECTED), state.status)
     accepted = status <= Status.RECOVERED
-    return jnp.where(accepted & (left - 4 < 1), jnp.int32(Status.UNVERIFIED), status)
+    return jnp.where(accepted & weak, jnp.int32(Status.UNVERIFIED), status)
