@@ -32,7 +32,9 @@ def main(site: str) -> int:
     for html_file in sorted(site_dir.rglob("*.html")):
         found = raw.findall(html_file.read_text())
         if found:
-            missing.append(f"{html_file.relative_to(site_dir)}: {len(found)} raw roles ({found[0]})")
+            missing.append(
+                f"{html_file.relative_to(site_dir)}: {len(found)} raw roles ({found[0]})"
+            )
     if missing:
         print(f"{len(missing)} public names without an entry or pages with raw roles:")
         print("\n".join(f"  {m}" for m in missing))

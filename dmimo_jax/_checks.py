@@ -72,6 +72,10 @@ def check_phases(name: str, r: Any, num_aps: int, *, batched: bool | None | str 
             "h go to the complex-data functions (dj.estimators.complex_search, "
             "dj.bounds.complex_peb, calibrate_receivers)"
         )
+    kind = np.asarray(r).dtype.kind if is_concrete(r) else np.dtype(r.dtype).kind
+    if kind not in "iuf":
+        what = "bool" if kind == "b" else f"{np.asarray(r).dtype}" if is_concrete(r) else kind
+        raise ValueError(f"{name} must be real wrapped phases (rad), got {what} values")
     shape = tuple(np.shape(r))
     single, batch = shape == (num_aps,), len(shape) == 2 and shape[1] == num_aps
     if batched == "any":

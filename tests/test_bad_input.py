@@ -656,10 +656,15 @@ def test_a_tracker_refuses_another_models_table_and_a_start_outside_its_region()
     tracker = dj.Tracker(model, motion, dt=0.1, table=estimators.phasor_table(model, grid))
     high = float(np.asarray(scene.ue_high)[2])
     init = lambda x0: tracker.init(x0, position_std=0.01, velocity_std=0.1)  # noqa: E731
-    state = jax.vmap(init)(jnp.asarray([[4.0, 5.0, 1.5], [4.0, 5.0, high + 0.3]]))
     r = jnp.zeros((3, 2, 17))
-    with pytest.raises(ValueError, match=r"state: UE\(s\) \[1\] start outside"):
-        tracking.run_tracker(tracker, state, r)
+    far = jax.vmap(init)(jnp.asarray([[4.0, 5.0, 1.5], [4.0, 5.0, high + 2.0]]))
+    with pytest.raises(ValueError, match=r"state: UE\(s\) \[1\] start more than 0.5 m outside"):
+        tracking.run_tracker(tracker, far, r)
+    # a start a little outside (a low-power single-snapshot estimate) is moved onto the region
+    near = jax.vmap(init)(jnp.asarray([[4.0, 5.0, 1.5], [4.0, 5.0, high + 0.3]]))
+    with pytest.warns(UserWarning, match=r"UE\(s\) \[1\] start up to 0.3 m outside"):
+        final, _ = tracking.run_tracker(tracker, near, r)
+    assert np.all(np.isfinite(np.asarray(final.mean)))
 
 
 def test_labeled_snapshots_of_a_scene_of_faces_are_drawn_in_the_air():
@@ -669,3 +674,53 @@ def test_labeled_snapshots_of_a_scene_of_faces_are_drawn_in_the_air():
     data = dj.measure.labeled_snapshots(jax.random.key(3), model, 400)
     assert np.all(model.in_air(np.asarray(data.x)))
     assert np.all(np.isfinite(np.asarray(data.r)))
+
+
+def test_round_five_probe_arguments_are_refused_by_name():
+    """Each of these was accepted silently or answered with an obscure error (issue 67's
+    probe): a complex jump or CPO, no trimming iterations, a surface name read letter by
+    letter, a prior given as text, a fit that is not groups, a NaN answer passing the
+    public recheck's gate."""
+    from dmimo_jax.calibration import Positions, Surfaces
+    from dmimo_jax.calibration.specs import as_fit_groups
+    from dmimo_jax.estimators.faults import trimmed_coherence
+    from dmimo_jax.measure import inject_faults, labeled_snapshots
+
+    r = jnp.zeros((2, 17))
+    with pytest.raises(ValueError, match="jump must be real"):
+        inject_faults(jax.random.key(0), r, jnp.ones(17, bool), "jump", jump=jnp.full(17, 1 + 1j))
+    with pytest.raises(ValueError, match="cpo must be real"):
+        labeled_snapshots(jax.random.key(0), MODEL, 2, cpo=0.3 + 0.2j)
+    with pytest.raises(ValueError, match="iterations"):
+        trimmed_coherence(jnp.zeros((2, 3, 34)), r, 2, iterations=0)
+    with pytest.raises(ValueError, match="drop"):
+        trimmed_coherence(jnp.zeros((2, 3, 34)), r, 17)
+    assert Surfaces(names="ground").names == ("ground",)
+    with pytest.raises(ValueError, match="prior must be a positive number"):
+        Positions(prior="1cm")
+    for fit, match in ((None, "fit must name groups"), (Positions, "not the class")):
+        with pytest.raises(ValueError, match=match):
+            as_fit_groups(fit)
+    result = estimators.RefineResult(
+        jnp.full((2, 3), jnp.nan), jnp.zeros(2), jnp.array([jnp.nan, 1.0]), jnp.zeros(2, int)
+    )
+    _, failed = estimators.recheck_costly(jnp.zeros((2, 17)), MODEL, result, max_fraction=0.0)
+    assert failed.tolist() == [True, False]
+
+
+def test_no_source_or_doc_file_holds_a_control_character():
+    """A TeX escape in a non-raw string turns \\alpha into a BEL byte and \\top into a tab
+    (protection_level's formula did): no package, test, example or doc file may hold a
+    control character other than newline."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    bad = []
+    for folder, pattern in (("dmimo_jax", "*.py"), ("docs", "*.md"), ("examples", "*.py"),
+                            ("tests", "*.py"), ("benchmarks", "*.py")):  # fmt: skip
+        for path in (root / folder).rglob(pattern):
+            text = path.read_text(encoding="utf-8")
+            for lineno, line in enumerate(text.splitlines(), 1):
+                if any(ord(c) < 32 and c not in "\n" for c in line):
+                    bad.append(f"{path.relative_to(root)}:{lineno}")
+    assert not bad, bad

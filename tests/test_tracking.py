@@ -548,11 +548,16 @@ def test_pcrb_refuses_an_impossible_prior_and_an_empty_path(kwargs, match):
         tracking.pcrb(MODEL, walk, args["positions"], DT, args["prior_cov"])
 
 
-def test_tracker_init_refuses_a_start_outside_the_motion_region():
+def test_tracker_init_refuses_a_start_far_outside_the_motion_region():
+    """Far outside (or NaN): refused; a little outside (a legitimate low-power estimate, as
+    examples/tracking.py --seed 53 met): moved onto the region with a warning."""
     tracker = tracking.Tracker(MODEL, WALK, dt=DT)
-    above = np.asarray(SCENE.ue_high) + np.array([0.0, 0.0, 0.5])
-    with pytest.raises(ValueError, match="x0 must lie inside the motion model's region"):
+    above = np.asarray(SCENE.ue_high) + np.array([0.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match=r"x0: UE\(s\) \[0\] start more than 0.5 m outside"):
         tracker.init(above, position_std=0.1)
+    with pytest.warns(UserWarning, match="moved onto its boundary"):
+        state = tracker.init(above - np.array([0.0, 0.0, 0.8]), position_std=0.1)
+    assert float(state.mean[2]) == float(np.asarray(SCENE.ue_high)[2])
     with pytest.raises(ValueError, match="x0 must lie inside"):
         tracking.simulate_trajectory(jax.random.key(0), WALK, above, jnp.zeros(3), 3, DT)
 

@@ -49,6 +49,15 @@ class Positions(FitGroup):
     start: ArrayLike | None = None
     name: ClassVar[str] = "ap_positions"
 
+    def __post_init__(self) -> None:
+        p = self.prior
+        if p is not None and not (
+            isinstance(p, int | float) and not isinstance(p, bool) and 0 < p < float("inf")
+        ):
+            raise ValueError(
+                f"Positions: prior must be a positive number of metres or None, got {p!r}"
+            )
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Offsets(FitGroup):
@@ -72,6 +81,17 @@ class Surfaces(FitGroup):
     names: Sequence[str] | None = None
     starts: Sequence[complex | str] | None = None
     name: ClassVar[str] = "surfaces"
+
+    def __post_init__(self) -> None:
+        # one name is one surface (not its letters)
+        for field in ("names", "starts"):
+            value = getattr(self, field)
+            if isinstance(value, str):
+                object.__setattr__(self, field, (value,))
+            elif value is not None and not isinstance(value, Sequence):
+                raise ValueError(f"Surfaces: {field} must be a sequence or None, got {value!r}")
+        if self.names is not None and not all(isinstance(n, str) for n in self.names):
+            raise ValueError(f"Surfaces: names must be surface names, got {self.names!r}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -118,6 +138,10 @@ def as_fit_groups(fit: Any) -> tuple[FitGroup, ...]:
         ValueError: an unknown name or object, none, a repeated group, or
             ``"polarization"`` alone.
     """
+    if isinstance(fit, type) and issubclass(fit, FitGroup):
+        raise ValueError(f"fit: pass a group object, {fit.__name__}(), not the class")
+    if not isinstance(fit, str | FitGroup | Sequence):
+        raise ValueError(f"fit must name groups among {GROUPS} or be their objects, got {fit!r}")
     items = (fit,) if isinstance(fit, str | FitGroup) else tuple(fit)
     by_name = {g.name: g for g in FIT_GROUPS}
     out = []

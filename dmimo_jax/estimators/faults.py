@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import Array
 
+from dmimo_jax._checks import check_int
 from dmimo_jax.estimators.grid import PhasorTable, grid_points
 from dmimo_jax.estimators.mle import RefineResult, refine_excluding
 from dmimo_jax.estimators.rows import passes_gate
@@ -123,7 +124,13 @@ def trimmed_coherence(rows: Array, r: Array, drop: int, iterations: int = 2) -> 
     near 1 whatever the faulty ones do, so up to ``drop`` faulty APs cost it nothing,
     while the plain coherence :math:`|\sum_m z_m|^2/M^2` loses their share and a wrong
     lobe that happens to fit the faulty phases can outrank it. Traced, unchecked;
-    ``drop`` (at least 1, below M) and ``iterations`` static."""
+    ``drop`` (at least 1, below M) and ``iterations`` (at least 1) static.
+
+    Raises:
+        ValueError: ``drop`` or ``iterations`` out of range.
+    """
+    check_int("drop", drop, minimum=1, maximum=r.shape[-1] - 1)
+    check_int("iterations", iterations, minimum=1)
     return _trim(rows, r, drop, iterations)[0]
 
 

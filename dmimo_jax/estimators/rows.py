@@ -130,5 +130,6 @@ def bucket_size(n: int) -> int:
 
 def cost_gate_failed(cost: ArrayLike, num_aps: int, gate: float) -> np.ndarray:
     """The cost gate: which answers' ML cost (eq. 17, about chi-square with M - 4 degrees of
-    freedom at the right position) exceeds ``gate * (M - 4)`` (a bool array like ``cost``)."""
-    return np.asarray(cost) > gate * max(num_aps - 4, 1)
+    freedom at the right position) exceeds ``gate * (M - 4)`` or is not finite (a bool array
+    like ``cost``: a NaN answer fails)."""
+    return ~(np.asarray(cost) <= gate * max(num_aps - 4, 1))

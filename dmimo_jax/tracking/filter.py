@@ -58,6 +58,7 @@ snapshot; :func:`run_tracker` scans many UEs over time.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -343,13 +344,8 @@ class Tracker:
                 estimate may sit on a wrong maximum of the comb).
         """
         check_positions("x0", x0, batched=False)
-        low, high = self.motion.low, self.motion.high
-        if is_concrete(x0) and not bool(np.all((np.asarray(x0) >= low) & (np.asarray(x0) <= high))):
-            raise ValueError(
-                f"x0 must lie inside the motion model's region [{np.asarray(low).tolist()}, "
-                f"{np.asarray(high).tolist()}] (as simulate_trajectory requires), got "
-                f"{np.asarray(x0).tolist()}"
-            )
+        if is_concrete(x0):
+            x0 = start_in_region(self, np.asarray(x0, float)[None], "x0")[0]
         check_scalar("position_std", position_std, positive=True)
         check_scalar("velocity_std", velocity_std, positive=True)
         if v0 is not None:
@@ -740,6 +736,36 @@ def global_center(tracker: Tracker, state: TrackState) -> Array:
     return _medoid(est, state.recent_valid)
 
 
+START_MARGIN = 0.5  # m: a start this far outside the region is moved onto it; further: refused
+
+
+def start_in_region(tracker: Tracker, pos: np.ndarray, name: str) -> np.ndarray:
+    """Start positions ``pos`` (B, 3) inside the motion model's region: one at most
+    ``START_MARGIN`` outside it (a single-snapshot estimate at low power, the normal case)
+    is moved onto its boundary with a warning naming the UEs; NaN, or one further out
+    (which cannot be meant), is a ``ValueError`` naming ``name``."""
+    low, high = (np.asarray(v, float) for v in (tracker.motion.low, tracker.motion.high))
+    if not np.all(np.isfinite(pos)):
+        raise ValueError(f"{name}: a start position is not finite: {pos.tolist()[:3]}")
+    clipped = np.clip(pos, low, high)
+    off = np.linalg.norm(pos - clipped, axis=1)
+    far = np.flatnonzero(off > START_MARGIN)
+    if far.size:
+        raise ValueError(
+            f"{name}: UE(s) {far.tolist()[:10]} start more than {START_MARGIN} m outside the "
+            f"motion model's region [{low.tolist()}, {high.tolist()}] (e.g. "
+            f"{pos[far[0]].tolist()})"
+        )
+    near = np.flatnonzero(off > 0)
+    if near.size:
+        warnings.warn(
+            f"{name}: UE(s) {near.tolist()[:10]} start up to {off.max():.3g} m outside the "
+            "motion model's region: moved onto its boundary",
+            stacklevel=3,
+        )
+    return clipped
+
+
 def run_tracker(
     tracker: Tracker,
     state: TrackState,
@@ -784,13 +810,10 @@ def run_tracker(
         )
     if is_concrete(state.mean):  # jax.vmap(tracker.init) skipped init's check of x0
         pos = np.asarray(state.mean, float)[:, :3]
-        low, high = (np.asarray(v, float) for v in (tracker.motion.low, tracker.motion.high))
-        out = np.flatnonzero(~np.all((pos >= low) & (pos <= high), axis=1))
-        if out.size:
-            raise ValueError(
-                f"state: UE(s) {out.tolist()[:10]} start outside the motion model's region "
-                f"[{low.tolist()}, {high.tolist()}] (e.g. {pos[out[0]].tolist()})"
-            )
+        moved = start_in_region(tracker, pos, "state")
+        if not np.array_equal(moved, pos):
+            mean = jnp.asarray(state.mean).at[:, :3].set(jnp.asarray(moved, state.mean.dtype))
+            state = state._replace(mean=mean, prior_mean=mean)
     if valid is None:
         valid = jnp.ones((t, b), bool)
     else:
