@@ -84,6 +84,7 @@ _LAZY = (
     "tracking",
     "datasets",
     "receivers",
+    "tiles",
 )  # heavier imports, loaded on first access
 
 

@@ -249,6 +249,27 @@ class Scene:
         kwargs.update(changes)
         return Scene(**kwargs)
 
+    def subset(self, aps: ArrayLike) -> Scene:
+        """The scene of the APs ``aps`` ((K,) indices) alone: their positions, phase offsets
+        and per-AP antenna parameters, everything else unchanged (a tile's deployment,
+        :mod:`dmimo_jax.tiles`).
+
+        Raises:
+            ValueError: ``aps`` not distinct indices of this scene's APs, or fewer than 1.
+        """
+        idx = np.asarray(aps)
+        m = self.num_aps
+        if idx.ndim != 1 or idx.size < 1 or idx.dtype.kind not in "iu":
+            raise ValueError(f"aps must be a (K,) array of AP indices, got {idx.dtype} {idx.shape}")
+        if np.any((idx < 0) | (idx >= m)) or len(np.unique(idx)) != idx.size:
+            raise ValueError(f"aps must be distinct indices in [0, {m}), got {idx.tolist()}")
+        pick = lambda a: a[idx] if np.ndim(a) >= 1 and np.shape(a)[0] == m else a  # noqa: E731
+        return self.replace(
+            ap_positions=self.ap_positions[idx],
+            ap_phase_offsets=self.ap_phase_offsets[idx],
+            antenna=jax.tree.map(pick, self.antenna),
+        )
+
     def astype(self, dtype: Any) -> Scene:
         """The same scene with float leaves cast to ``dtype`` (complex to its complex pair)."""
         return self.replace(dtype=dtype)

@@ -183,3 +183,22 @@ def test_peb_map_does_not_retrace_for_same_shapes():
     a = fn(xs, dj.TwoRayModel(SCENE), 8)
     b = fn(xs + 0.01, dj.TwoRayModel(dj.paper_scene(power_dbm=-20.0)), 8)  # same shapes
     assert float(jnp.mean(b)) > float(jnp.mean(a))
+
+
+@pytest.mark.parametrize("power", [-10.0, -40.0])
+def test_the_order_m_fim_equals_the_dense_one(power):
+    """fim_from_jacobian (O(M), no M x M EFIM) equals H^T J(theta) H with the dense EFIM of
+    eq. (13b) to 1e-12 relative, with and without APs left out (weight 0)."""
+    from dmimo_jax.bounds import efim_from_variance, fim_from_jacobian, linearize
+
+    scene = dj.paper_scene(power)
+    model = dj.TwoRayModel(scene)
+    for x in ([6.5, 5.0, 2.0], [1.0, 9.0, 0.7], [5.0, 5.0, 3.4]):
+        _, h, var = linearize(jnp.asarray(x), model)
+        dense = h.T @ efim_from_variance(var) @ h
+        fast = fim_from_jacobian(h, 1.0 / var)
+        np.testing.assert_allclose(np.asarray(fast), np.asarray(dense), rtol=1e-12, atol=0)
+        out = jnp.arange(17) % 5 == 0
+        w = jnp.where(out, 0.0, 1.0 / var)
+        dense = h.T @ (jnp.diag(w) - jnp.outer(w, w) / jnp.sum(w)) @ h
+        np.testing.assert_allclose(np.asarray(fim_from_jacobian(h, w)), np.asarray(dense), rtol=1e-12)

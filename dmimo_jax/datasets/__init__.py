@@ -5,7 +5,8 @@
   :class:`~dmimo_jax.scene.Scene` and a nominal room from its files.
 
 * :mod:`~dmimo_jax.datasets.worlds`: synthetic deployments, the paper's APs as they would
-  really be (:func:`synthetic_deployment`), the benchmark worlds of the calibration.
+  really be (:func:`synthetic_deployment`), the benchmark worlds of the calibration, and the
+  halls of the paper's AP density at any size (:func:`hall_scene`, locality's worlds).
 
 The data are never shipped with the package: every loader takes a folder.
 """
@@ -31,10 +32,12 @@ from dmimo_jax.datasets.techtile import (
 )
 from dmimo_jax.datasets.worlds import (
     FACE_MATERIALS,
+    PAPER_DENSITY,
     ROOM_MATERIALS,
     ROOM_WALLS,
     SyntheticDeployment,
     face_scene,
+    hall_scene,
     sample_world_positions,
 )
 
@@ -55,6 +58,8 @@ __all__ = [
     "read_ply",
     "FACE_MATERIALS",
     "face_scene",
+    "hall_scene",
+    "PAPER_DENSITY",
     "sample_world_positions",
     "ROOM_MATERIALS",
     "ROOM_WALLS",

@@ -235,3 +235,59 @@ def synthetic_deployment(
     truth = room_model(real, **room)
     nominal = room_model(surveyed, ceiling="concrete", walls="concrete", floor="concrete")
     return SyntheticDeployment(truth, surveyed, nominal)
+
+
+PAPER_DENSITY = 0.17
+"""APs per square metre of the paper's room (17 over 10 x 10 m)."""
+
+
+def hall_scene(
+    side: float,
+    *,
+    seed: int = 0,
+    power_dbm: float = -10.0,
+    density: float = PAPER_DENSITY,
+    height: float = 4.0,
+    jitter: float = 0.3,
+) -> Scene:
+    """A square hall of ``side`` metres at the paper's AP density: round(``density`` *
+    side^2) APs on a jittered grid on the ceiling (``height``), the paper's radio (800 MHz,
+    ``power_dbm``, concrete ground, ITU convention), UE region 0.5 m inside the walls and
+    0.5-3.5 m high. The scaling worlds of locality (:mod:`dmimo_jax.tiles`,
+    ``benchmarks/scaling.py``): 20 m holds 68 APs, 40 m 272, 80 m 1,088.
+
+    The grid has ``ceil(sqrt(M))`` columns and enough rows for M cells; M of its cells,
+    drawn with ``seed``, hold one AP each, moved by up to ``jitter`` of the cell's size
+    from its centre. Same arguments, same hall.
+
+    Raises:
+        ValueError: a ``side`` not above 2 m, fewer than 4 APs, a bad ``seed`` or ``jitter``.
+    """
+    check_scalar("side", side, positive=True)
+    if side <= 2.0:
+        raise ValueError(f"side must exceed 2 m (a 0.5 m margin on each side), got {side!r}")
+    check_scalar("density", density, positive=True)
+    check_scalar("height", height, positive=True)
+    check_scalar("jitter", jitter)
+    if not 0 <= jitter < 0.5:
+        raise ValueError(f"jitter must be in [0, 0.5) of a cell, got {jitter!r}")
+    check_int("seed", seed, maximum=SEED_MAX)
+    m = int(round(density * side * side))
+    if m < 4:
+        raise ValueError(f"a {side} m hall at density {density} holds {m} APs: at least 4")
+    cols = int(np.ceil(np.sqrt(m)))
+    rows = int(np.ceil(m / cols))
+    rng = np.random.default_rng(seed)
+    cells = np.sort(rng.choice(cols * rows, m, replace=False))
+    ix, iy = cells % cols, cells // cols
+    dx, dy = side / cols, side / rows
+    x = (ix + 0.5 + rng.uniform(-jitter, jitter, m)) * dx
+    y = (iy + 0.5 + rng.uniform(-jitter, jitter, m)) * dy
+    ap = np.stack([x, y, np.full(m, float(height))], axis=1)
+    base = paper_scene(power_dbm, "concrete", convention="itu")
+    return base.replace(
+        ap_positions=ap,
+        ue_low=np.array([0.5, 0.5, 0.5]),
+        ue_high=np.array([side - 0.5, side - 0.5, 3.5]),
+        room_size=np.array([side, side, float(height)]),
+    )
