@@ -25,6 +25,7 @@ over a tile's K APs it grows as the area.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -35,7 +36,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, warn_if_float32
 from dmimo_jax.bounds import linearize
-from dmimo_jax.estimators import RefineResult, egs, phasor_table, search_grid
+from dmimo_jax.estimators import PhasorTable, RefineResult, egs, phasor_table, search_grid
 from dmimo_jax.estimators.mle import refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.physics import TwoRayModel
@@ -214,24 +215,80 @@ class TiledResult(NamedTuple):
 
 
 class TileTables(NamedTuple):
-    """Each tile's model and phasor table (:func:`tile_tables`): memory ∝ area * K."""
+    """Every tile's model and phasor table stacked on a leading tile axis (T): one pytree
+    whose tiles are searched by one vmapped program, sharded over devices by that axis
+    (:func:`tile_tables`). Memory ∝ area * K."""
 
-    models: tuple  # (T,) TwoRayModel of each tile's scene
-    tables: tuple  # (T,) PhasorTable of each on its ``spacing`` grid
+    models: TwoRayModel  # each leaf (T, ...): the tiles' scenes
+    tables: PhasorTable  # data (T, N, 2K), grid.low (T, 3); one grid shape for all tiles
+    aps: Array  # (T, K) int: each tile's APs
+
+    def tile(self, t: int) -> tuple[TwoRayModel, PhasorTable]:
+        """Tile ``t``'s model and table."""
+        return jax.tree.map(lambda a: a[t], (self.models, self.tables))
 
 
-def tile_tables(scene: Scene | TwoRayModel, tiling: Tiling, spacing: float) -> TileTables:
-    """Every tile's model and phasor table on a ``spacing`` grid of its box with its K APs
-    (built once for many calls of :func:`tiled_egs`; without them it builds one tile's at
-    a time)."""
+def _tile_table(scene: Scene, tiling: Tiling, t: int, spacing: float) -> tuple[Any, Any]:
+    """Tile ``t``'s model and its phasor table on one device (a tile is one device's work)."""
+    sub = TwoRayModel(tile_scene(scene, tiling, t))
+    grid = search_grid(sub, spacing, "ue")
+    return sub, phasor_table(sub, grid, devices=jax.local_devices()[:1])
+
+
+def tile_tables(
+    scene: Scene | TwoRayModel, tiling: Tiling, spacing: float, *, devices: Any = None
+) -> TileTables:
+    """Every tile's model and phasor table on a ``spacing`` grid of its box with its K APs,
+    stacked (:class:`TileTables`: built once for many calls of :func:`tiled_egs`; without
+    them it builds one tile's at a time). With several ``devices`` (default: one), the
+    tiles are split over them (``jax.sharding`` along the tile axis; the tile count padded
+    to a multiple of theirs by repeating the last tile, whose copies never win a tie).
+
+    Raises:
+        ValueError: tiles whose grids differ in shape (tiles of one size have one shape).
+    """
     scene = _scene_of(scene)
     check_scalar("spacing", spacing, positive=True)
-    models, tables = [], []
-    for t in range(tiling.num_tiles):
-        sub = TwoRayModel(tile_scene(scene, tiling, t))
-        models.append(sub)
-        tables.append(phasor_table(sub, search_grid(sub, spacing, "ue")))
-    return TileTables(tuple(models), tuple(tables))
+    devices = [jax.local_devices()[0]] if devices is None else list(devices)
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    parts = [_tile_table(scene, tiling, t, spacing) for t in range(tiling.num_tiles)]
+    shapes = {p[1].grid.shape for p in parts}
+    if len(shapes) != 1:
+        raise ValueError(f"the tiles' grids differ in shape ({sorted(shapes)}): use equal tiles")
+    pad = -len(parts) % len(devices)
+    parts += [parts[-1]] * pad
+    aps = np.concatenate([tiling.aps, np.repeat(tiling.aps[-1:], pad, axis=0)])
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *parts)
+    out = TileTables(stacked[0], stacked[1], jnp.asarray(aps, jnp.int32))
+    if len(devices) > 1:
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+        mesh = Mesh(np.asarray(devices), ("tiles",))
+        out = jax.device_put(out, NamedSharding(mesh, PartitionSpec("tiles")))
+    return out
+
+
+@partial(jax.jit, static_argnames=("num_starts", "num_steps"))
+def _search_tiles(
+    r: Array, tables: TileTables, num_starts: int, num_steps: int
+) -> tuple[Array, Array, Array, Array]:
+    """Every tile's multi-start search of ``r`` (B, M) on its APs, one vmapped program:
+    the winning tile (B,), its answer (B, 3) and ML cost (B,) (the first tile on a tie), and
+    the runner-up tile (B,)."""
+
+    def one(model: TwoRayModel, table: PhasorTable, aps: Array) -> Any:
+        return coarse_to_fine_unchecked(r[:, aps], model, table, num_starts, num_steps)
+
+    fit = jax.vmap(one)(tables.models, tables.tables, tables.aps)  # (T, B, ...)
+    cost = jnp.where(jnp.isnan(fit.cost), jnp.inf, fit.cost)
+    order = jnp.argsort(cost, axis=0)  # stable: the first tile on a tie
+    tile, second = order[0], order[min(1, order.shape[0] - 1)]
+
+    def pick(a: Array) -> Array:
+        return jnp.take_along_axis(a, tile.reshape(1, -1, *(1,) * (a.ndim - 2)), 0)[0]
+
+    return tile, pick(fit.x), pick(cost), second
 
 
 def tiled_egs(
@@ -244,6 +301,8 @@ def tiled_egs(
     fine: str = "all",
     num_steps: int = 25,
     num_starts: int = 8,
+    wide_starts: int = 64,
+    gate: float = 100.0,
     num_candidates: int = 64,
     progress: bool = False,
 ) -> TiledResult:
@@ -256,7 +315,10 @@ def tiled_egs(
     points refined ``num_steps`` LM steps under the ML cost (eq. 17) on those APs
     (:func:`~dmimo_jax.estimators.coarse_to_fine`: with few APs the grid's LS arg-min can
     sit on a wrong lobe that the true lobe's refinement beats). The tile of the lowest ML
-    cost wins; its exhaustive search (:func:`~dmimo_jax.estimators.egs`: the certified
+    cost wins. An answer whose cost fails the gate (``gate * (K - 4)``: about chi-square
+    with K - 4 degrees of freedom at the right position) is searched again in its best two
+    tiles from ``wide_starts`` starts (with few APs the true lobe's coherence is less
+    prominent). The winner's exhaustive search (:func:`~dmimo_jax.estimators.egs`: the certified
     arg-min of eq. 18 over its grid, with the wider screen and the table-free scan where
     the certificate fails) is refined too and kept unless a start's cost is lower by more
     than 1 (another optimum; closer, they are one optimum found twice). With fewer
@@ -282,42 +344,58 @@ def tiled_egs(
         if spacing is None:
             raise ValueError("spacing (m) or tables (tile_tables) must be given")
         check_scalar("spacing", spacing, positive=True)
-    elif not isinstance(tables, TileTables) or len(tables.tables) != tiling.num_tiles:
+    elif not isinstance(tables, TileTables) or tables.aps.shape[1] != tiling.num_aps:
         raise ValueError("tables must be tile_tables' TileTables of this tiling")
     check_int("num_steps", num_steps, minimum=1)
     check_int("num_candidates", num_candidates, minimum=1)
     check_int("num_starts", num_starts, minimum=1)
+    check_int("wide_starts", wide_starts, minimum=1)
+    check_scalar("gate", gate, positive=True)
     if not isinstance(tiling, Tiling) or tiling.aps.max() >= scene.num_aps:
         raise ValueError("tiling must be tile_aps' Tiling of this scene")
 
     def tile_model(t: int) -> tuple[TwoRayModel, Any]:
         if tables is not None:
-            return tables.models[t], tables.tables[t]
-        sub = TwoRayModel(tile_scene(scene, tiling, t))
-        return sub, phasor_table(sub, search_grid(sub, spacing, "ue"))
+            return tables.tile(t)
+        return _tile_table(scene, tiling, t, spacing)
 
-    best: RefineResult | None = None
-    tile = jnp.zeros(rb.shape[0], jnp.int32)
+    if tables is not None:
+        starts = min(num_starts, tables.tables.grid.size)
+        tile, x, cost, second = _search_tiles(rb, tables, starts, num_steps)
+    else:  # one tile's table at a time
+        costs, xs = [], []
+        steps = range(tiling.num_tiles)
+        if progress:
+            from tqdm.auto import tqdm
+
+            steps = tqdm(steps, desc="tiles", unit="tile")
+        for t in steps:
+            sub, table = tile_model(t)
+            rt = rb[:, tiling.aps[t]]
+            starts = min(num_starts, table.grid.size)
+            fit = coarse_to_fine_unchecked(rt, sub, table, starts, num_steps)
+            del table
+            costs.append(jnp.where(jnp.isnan(fit.cost), jnp.inf, fit.cost))
+            xs.append(fit.x)
+        order = jnp.argsort(jnp.stack(costs), axis=0)
+        tile, second = order[0], order[min(1, len(costs) - 1)]
+        x = jnp.take_along_axis(jnp.stack(xs), tile[None, :, None], 0)[0]
+        cost = jnp.take_along_axis(jnp.stack(costs), tile[None], 0)[0]
+    best = RefineResult(x, jnp.zeros_like(cost), cost, jnp.zeros_like(tile))
+    # answers that fail the gate: the best two tiles searched again from wide_starts starts
+    failing = np.flatnonzero(~np.asarray(cost <= gate * max(tiling.num_aps - 4, 1)))
+    won, runner = np.asarray(tile)[failing], np.asarray(second)[failing]
+    for t in np.unique(np.concatenate([won, runner])):
+        rows = failing[(won == t) | (runner == t)]
+        sub, table = tile_model(int(t))
+        rt = rb[rows][:, tiling.aps[t]]
+        fit = coarse_to_fine_unchecked(rt, sub, table, min(wide_starts, table.grid.size), num_steps)
+        better = fit.cost < best.cost[rows]
+        tile = tile.at[rows].set(jnp.where(better, int(t), tile[rows]))
+        new = RefineResult(fit.x, jnp.zeros_like(fit.cost), fit.cost, jnp.zeros(rows.size, int))
+        merged = _where_rows(better, new, jax.tree.map(lambda a, rows=rows: a[rows], best))
+        best = jax.tree.map(lambda a, b, rows=rows: a.at[rows].set(b), best, merged)
     certified = jnp.zeros(rb.shape[0], bool)
-    steps = range(tiling.num_tiles)
-    if progress:
-        from tqdm.auto import tqdm
-
-        steps = tqdm(steps, desc="tiles", unit="tile")
-    for t in steps:
-        sub, table = tile_model(t)
-        rt = rb[:, tiling.aps[t]]
-        starts = min(num_starts, table.grid.size)
-        fit = coarse_to_fine_unchecked(rt, sub, table, starts, num_steps)
-        del table  # one tile's table at a time
-        if best is None:
-            best = fit
-            continue
-        better = fit.cost < best.cost
-        best = _where_rows(better, fit, best)
-        tile = jnp.where(better, t, tile)
-    assert best is not None
-    best = RefineResult(best.x, jnp.zeros_like(best.cost), best.cost, jnp.zeros_like(tile))
     for t in np.unique(np.asarray(tile)):  # the winner's exhaustive search, certified
         rows = np.flatnonzero(np.asarray(tile) == t)
         sub, table = tile_model(int(t))

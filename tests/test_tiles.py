@@ -112,3 +112,50 @@ def test_the_tiled_mle_locates_a_hall_at_its_bound():
     tables = tiles.tile_tables(scene, tiling, lam / 4)
     again = tiles.tiled_egs(r, scene, tiling, tables=tables)
     np.testing.assert_array_equal(np.asarray(again.x), np.asarray(out.x))
+
+
+_SHARDED = """
+import jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+import dmimo_jax as dj
+from dmimo_jax import tiles
+from dmimo_jax.datasets import hall_scene
+assert len(jax.devices()) == 4
+scene = hall_scene(20)
+tiling = tiles.tile_aps(scene, 10.0, factor=2.0)
+x, r, _, _ = dj.measure.labeled_snapshots(jax.random.key(4), dj.TwoRayModel(scene), 8)
+lam = float(scene.wavelength)
+out = {}
+for name, devices in (("sharded", jax.devices()), ("single", None)):
+    tables = tiles.tile_tables(scene, tiling, lam / 4, devices=devices)
+    print(name, tables.tables.data.sharding)
+    res = tiles.tiled_egs(r, scene, tiling, tables=tables)
+    out[name] = (np.asarray(res.x), np.asarray(res.tile), np.asarray(res.cost))
+loop = tiles.tiled_egs(r, scene, tiling, lam / 4)  # one tile's table at a time
+np.testing.assert_array_equal(out["sharded"][1], out["single"][1])  # the same tiles win
+np.testing.assert_array_equal(out["single"][1], np.asarray(loop.tile))
+for i, want in ((0, loop.x), (2, loop.cost)):  # positions to 1e-12 m, costs to 1e-9
+    tol = dict(rtol=0, atol=1e-12) if i == 0 else dict(rtol=1e-9)
+    np.testing.assert_allclose(out["sharded"][i], out["single"][i], **tol)
+    np.testing.assert_allclose(out["single"][i], np.asarray(want), **tol)
+print("IDENTICAL")
+"""
+
+
+@pytest.mark.slow  # a subprocess of four host devices
+def test_tiles_sharded_over_four_devices_give_the_one_device_answers(tmp_path):
+    """Tiles split over four host devices (jax.sharding along the tile axis) give the one
+    device's answers (the same winning tiles; positions to 1e-12 m and ML costs to 1e-9,
+    the rounding of another partition of one program), and the loop that builds one tile's table at a time
+    the same."""
+    import os
+    import subprocess
+    import sys
+
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+    script = tmp_path / "sharded_tiles.py"
+    script.write_text(_SHARDED)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "NamedSharding" in out.stdout and "IDENTICAL" in out.stdout
