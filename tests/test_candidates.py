@@ -329,3 +329,17 @@ def test_tabulated_gp_model_matches_eqs_26_27(small_gp):
         gp.TabulatedGPModel.from_model(exact, var_dd_step=0.0)
     with pytest.raises(ValueError, match="var_num_gamma"):
         gp.TabulatedGPModel.from_model(exact, var_num_gamma=1)
+
+
+def test_a_cell_table_too_large_is_refused_before_it_is_allocated():
+    """The size guard runs before any phasor is computed: an 80 m hall's cell table (1,088
+    APs, hundreds of GB) is refused by the default limit, naming the setting, and a limit
+    of 1 MiB refuses the paper room's."""
+    from dmimo_jax.datasets import hall_scene
+
+    hall = hall_scene(80)
+    with pytest.raises(ValueError, match=r"needs \d+\.\d+ GiB > max_bytes = 8\.00 GiB"):
+        est.cell_table(hall, est.cell_grid(hall, 1.0))
+    scene = dj.paper_scene()
+    with pytest.raises(ValueError, match="max_bytes"):
+        est.cell_table(scene, est.cell_grid(scene, 1.0), max_bytes=2**20)

@@ -134,6 +134,7 @@ def cell_table(
     *,
     spacing: float | None = None,
     margin: float | None = None,
+    max_bytes: float = 8 * 2**30,
 ) -> CellTable:
     r"""Tabulate ``model``'s phasors on a ``spacing`` grid of every cell widened by ``margin``.
 
@@ -143,6 +144,10 @@ def cell_table(
         spacing: point spacing (default :math:`\lambda/4`, as the safeguard's window).
         margin: how far the points reach past each face (default half a spacing), so a
             UE just outside a candidate cell is still next to a screened point.
+        max_bytes: refuse, before allocating, a table larger than this.
+
+    Raises:
+        ValueError: bad ``spacing`` or ``margin``, a table above ``max_bytes``.
     """
     model = as_phase_model(model)
     lam = float(model.scene.wavelength)
@@ -156,6 +161,15 @@ def cell_table(
             f"unscreened, got {margin}"
         )
     n = int(np.ceil((cells.cell_size + 2 * margin) / spacing)) + 1
+    check_scalar("max_bytes", max_bytes, positive=True)
+    nbytes = cells.num_cells * n**3 * 2 * model.num_aps * 4
+    if nbytes > max_bytes:
+        raise ValueError(
+            f"the cell table ({cells.num_cells} cells x {n**3} points x {2 * model.num_aps} "
+            f"float32) needs {nbytes / 2**30:.2f} GiB > max_bytes = {max_bytes / 2**30:.2f} "
+            "GiB: a coarser spacing, fewer APs per table (dmimo_jax.tiles) or a smaller "
+            "region shrinks it; max_bytes raises the limit"
+        )
     offsets = jnp.asarray(cube_offsets(-margin + spacing * np.arange(n)), cells.low.dtype)
     data = _cell_rows(model, cells, offsets)
     return CellTable(cells, offsets, data)
