@@ -71,60 +71,55 @@ def _xla_optimized_if_marked(request):
             yield
 
 
-# The longest files first. xdist's `--dist loadfile` hands each worker one file at a time
-# in collection order (`--no-loadscope-reorder`; its default orders files by their number
-# of tests), so a long file started last keeps one core busy after the other is idle.
-# Seconds of one worker, `python -m pytest --junitxml=...` summed per file (2026-11-28, a
-# fresh compilation cache, after the tests over about 6 s moved to the slow tier):
-# a stale entry only costs balance, never a result. Files not listed run after these.
-LONGEST_FILES = (
-    "tests/test_tracking.py",  # 42 s
-    "tests/test_candidates.py",  # 32 s
-    "tests/test_bad_input.py",  # 27 s
-    "tests/test_physics.py",  # 25 s
-    "tests/test_gp.py",  # 23 s
-    "tests/test_offline_online.py",  # 22 s (48 s before its Locator test moved to the slow tier)
-    "tests/test_learning.py",  # 21 s
-    "tests/test_calibration_deployment.py",  # 19 s
-    "tests/test_mle.py",  # 18 s
-    "tests/test_grid.py",  # 18 s
-    "docs/index.md",  # 17 s
-    "tests/test_calibration_surfaces.py",  # 17 s
-    "tests/test_antenna.py",  # 16 s
-    "tests/test_pipeline.py",  # 16 s
-    "tests/test_datasets.py",  # 15 s
-    "tests/test_faces.py",  # 15 s
-    "tests/test_bounds.py",  # 15 s
-    "tests/test_structure.py",  # 14 s
-    "tests/test_meshes.py",  # 13 s
-    "tests/test_image_source.py",  # 11 s
-)
+# The test order comes from a measurement the suite records: every run stores each test's
+# seconds (setup, call and teardown) in pytest's cache (.pytest_cache, key DURATIONS_KEY),
+# and the next run starts the longest first: the test command (xdist `--dist loadfile`,
+# `--no-loadscope-reorder`: one file at a time, in collection order) by each file's sum,
+# the slow tier (`--dist load`) test by test. So a long file never starts last and keeps one
+# core busy after the other is idle. Nothing measured yet (a fresh clone, CI): the
+# collection order. A stale entry only costs balance, never a result.
+DURATIONS_KEY = "dmimo_jax/durations"
 
 
-# The slow tests run with `--dist load` (test by test): the longest first, so that the last
-# ones to start are short and both cores finish together (their seconds in the .ci/run of
-# commit 4dc22d1, 2026-11-29; a stale entry only costs balance).
-LONGEST_SLOW_TESTS = (
-    "tests/test_locator.py::test_jit_vmap_and_the_plain_call_agree[cells]",  # 78 s
-    "tests/test_receivers.py::test_complex_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out",  # 70 s
-    "tests/test_examples.py::test_deployment_example_with_unlabeled_snapshots",  # 66 s
-    "tests/test_gp.py::test_nuts_posterior_runs_and_brackets_the_point_estimate",  # 63 s
-    "tests/test_examples.py::test_tracking_example_quick_and_resumable",  # 62 s
-    "tests/test_examples.py::test_quickstart_tiny",  # 62 s
-    "tests/test_examples.py::test_deployment_example_tiny",  # 54 s
-    "tests/test_examples.py::test_reacquisition_benchmark_quick",  # 52 s
-    "tests/test_examples.py::test_unlabeled_calibration_benchmark_quick",  # 50 s
-    "tests/test_examples.py::test_calibrate_material_example_tiny",  # 49 s
-)
+def _file_of(nodeid):
+    return nodeid.split("::")[0]
 
 
 def pytest_collection_modifyitems(config, items):
+    cache = getattr(config, "cache", None)
+    seconds = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
     if config.getoption("markexpr", "") == "slow":
-        rank = {nodeid: i for i, nodeid in enumerate(LONGEST_SLOW_TESTS)}
-        items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
-        return
-    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+        key = lambda item: -seconds.get(item.nodeid, 0.0)  # noqa: E731
+    else:
+        per_file = {}
+        for nodeid, s in seconds.items():
+            per_file[_file_of(nodeid)] = per_file.get(_file_of(nodeid), 0.0) + s
+        key = lambda item: -per_file.get(_file_of(item.nodeid), 0.0)  # noqa: E731
+    items.sort(key=key)  # stable: unmeasured tests keep their collection order, last
+
+
+class _Durations:
+    """Collects each test's seconds on the controller (xdist forwards the workers'
+    reports) and merges them into the cache when the session ends."""
+
+    def __init__(self):
+        self.seconds = {}
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session):
+        cache = getattr(session.config, "cache", None)
+        if cache is None or not self.seconds:
+            return
+        merged = dict(cache.get(DURATIONS_KEY, {}))
+        merged.update({k: round(v, 3) for k, v in self.seconds.items()})
+        cache.set(DURATIONS_KEY, merged)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist)
+        config.pluginmanager.register(_Durations(), "dmimo_jax_durations")
 
 
 # docs/hooks/ holds the docs build's MkDocs hooks and griffe extension: they import the docs

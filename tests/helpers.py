@@ -44,3 +44,17 @@ def xla_optimized():
         yield
     finally:
         jax.config.update("jax_disable_most_optimizations", previous)
+
+
+def assert_rate_at_least(successes, num, rate, *, alpha=0.01, what="successes"):
+    """A success rate stated with its sampling error, not a count that moves with XLA
+    versions and backends: fail only where ``successes`` of ``num`` would be rarer than
+    ``alpha`` if the true rate were ``rate`` (the binomial tail P(X <= successes) < alpha).
+    With 16 trials at a rate of 0.98 and alpha 0.01, 14 passes and 13 fails."""
+    import scipy.stats
+
+    tail = float(scipy.stats.binom.cdf(int(successes), int(num), rate))
+    assert tail >= alpha, (
+        f"{what}: {int(successes)} of {int(num)}, below a rate of {rate} at the {alpha} level "
+        f"(P(X <= {int(successes)}) = {tail:.2g})"
+    )

@@ -11,6 +11,7 @@ from dmimo_jax import bounds, estimators
 from dmimo_jax.measure import FAULT_KINDS, inject_faults
 from tests.helpers import LOCATOR_BATCH as BATCH
 from tests.helpers import LOCATOR_SHARED as SHARED
+from tests.helpers import assert_rate_at_least
 from tests.test_offline_online import MODEL, SCENE, _labeled, _offline
 
 
@@ -179,7 +180,7 @@ def test_without_faults_the_locator_is_unchanged(locator):
 def test_each_fault_model_is_detected_and_excluded(locator, kind):
     """One faulty AP of 17 on 16 snapshots: every answer is either within a millimetre
     with the faulty AP excluded or rejected (flagged), never a confident wrong answer;
-    at least 14 of 16 are found."""
+    found at a rate of at least 0.98 (within its sampling error over 16: tests.helpers)."""
     x, r, _ = _labeled(num=BATCH, seed=7)
     faulty = np.zeros((BATCH, 17), bool)
     faulty[np.arange(BATCH), np.random.default_rng(0).integers(0, 17, BATCH)] = True
@@ -191,7 +192,7 @@ def test_each_fault_model_is_detected_and_excluded(locator, kind):
     found = np.all(np.asarray(out.excluded) >= faulty, axis=1) & (err < 1e-3)
     rejected = np.asarray(out.rejected)
     assert np.all(found | rejected)
-    assert found.sum() >= 14
+    assert_rate_at_least(found.sum(), found.size, 0.98, what="found")
 
 
 @pytest.mark.slow  # runs the exclusion paths of the program (compiled by the test above)
@@ -199,7 +200,8 @@ def test_each_fault_model_is_detected_and_excluded(locator, kind):
 def test_three_faulty_aps_are_found_through_the_trimmed_screen(locator, kind):
     """Three faulty APs of 17 on 16 snapshots (the same three with offset jumps; three drawn
     per snapshot when blocked): the whole-region screen's trimmed starts find them, so at
-    least 14 of 16 answers leave out every faulty AP and are within a millimetre, and the
+    least 0.98 of the answers (within the sampling error over 16) leave out every faulty AP
+    and are within a millimetre, and the
     rest are flagged, never kept wrong. (This small world's plain screen finds most of them
     too; the paper-scale world where it does not is benchmarks/fault_tolerance.py's.)"""
     x, r, _ = _labeled(num=BATCH, seed=9)
@@ -214,7 +216,7 @@ def test_three_faulty_aps_are_found_through_the_trimmed_screen(locator, kind):
     err = np.linalg.norm(np.asarray(out.x) - np.asarray(x), axis=1)
     found = np.all(np.asarray(out.excluded) >= faulty, axis=1) & (err < 1e-3)
     assert np.all(found | np.asarray(out.rejected))
-    assert found.sum() >= 14
+    assert_rate_at_least(found.sum(), found.size, 0.98, what="found")
 
 
 @pytest.mark.slow  # compiles the exclusion paths of the program

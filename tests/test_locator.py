@@ -228,26 +228,30 @@ def test_two_processes_through_jax_distributed_equal_one(trained, tmp_path):
     import socket
 
     tmp, off = trained
-    with socket.socket() as s:  # a free port on the loopback for the coordinator
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
     script = tmp_path / "two.py"
     script.write_text(_TWO_PROCESSES.format(root=ROOT, cache=str(tmp), light=LIGHT, batch=BATCH))
     out = tmp_path / "x.npy"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(i), port, str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-3000:]
+    # the coordinator's port stays held by this socket until the children are done: the
+    # coordinator (gRPC, SO_REUSEPORT) binds beside it, any other process is refused, so no
+    # one can take the port between its choice and its use
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind(("127.0.0.1", 0))
+        port = str(held.getsockname()[1])
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(i), port, str(out)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(2)
+        ]
+        for p in procs:
+            _, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err[-3000:]
     loc = pipeline.Locator(off, "cells", **LIGHT)
     want = loc(_labeled(BATCH, seed=3)[1])
     assert _max_diff(np.load(out), want.x) < 1e-9
