@@ -86,8 +86,13 @@ class Receivers:
             raise ValueError(
                 f"gains and constants must both have shape (M,), got {g.shape} and {b.shape}"
             )
-        check_finite("gains", g)
-        check_finite("constants", b)
+        for name, v in (("gains", g), ("constants", b)):
+            if is_concrete(v) and not np.all(np.isfinite(np.asarray(v))):
+                bad = np.flatnonzero(~np.isfinite(np.asarray(v))).tolist()
+                raise ValueError(
+                    f"{name} must be finite, got NaN or inf for AP(s) {bad[:10]} (a receiver "
+                    "that heard nothing has no gain to estimate: leave that AP out)"
+                )
         if is_concrete(g) and np.any(np.abs(np.asarray(g)) == 0):
             raise ValueError("gains must be non-zero (a receiver with gain 0 measures nothing)")
         object.__setattr__(self, "gains", g)

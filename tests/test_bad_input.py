@@ -724,3 +724,17 @@ def test_no_source_or_doc_file_holds_a_control_character():
                 if any(ord(c) < 32 and c not in "\n" for c in line):
                     bad.append(f"{path.relative_to(root)}:{lineno}")
     assert not bad, bad
+
+
+def test_an_ap_that_hears_nothing_is_named():
+    """A variance of inf (an AP behind metal) and a receiver gain that cannot be estimated:
+    the error names the AP and what to do, not "must be finite"."""
+    x, r, nv, _ = dj.measure.labeled_snapshots(jax.random.key(0), MODEL, 8)
+    nv = np.asarray(nv).copy()
+    nv[:, 3] = np.inf
+    with pytest.raises(ValueError, match=r"noise_var is inf for AP\(s\) \[3\]"):
+        dj.calibrate(MODEL, x, r, nv, fit="ap_phase_offsets")
+    gains = np.ones(17, complex)
+    gains[5] = np.nan
+    with pytest.raises(ValueError, match=r"gains must be finite, got NaN or inf for AP\(s\) \[5\]"):
+        dj.Receivers(gains)

@@ -508,6 +508,14 @@ def _checked_data(model, x, r, noise_var, requests) -> tuple[Array, Array, Array
     """``(x, r, noise_var)`` as arrays of the model's dtype, checked (``ValueError``)."""
     # one label may do (e.g. offsets alone); the count of residuals is checked against the
     # unknowns later
+    nv = np.asarray(noise_var)
+    if nv.ndim == 2 and nv.dtype.kind == "f" and np.any(np.isposinf(nv)):
+        deaf = np.flatnonzero(np.any(np.isposinf(nv), axis=0)).tolist()
+        raise ValueError(
+            f"noise_var is inf for AP(s) {deaf[:10]} (an AP that hears nothing at some "
+            "labels, e.g. behind metal): calibrate the other APs (Scene.subset and their "
+            "columns of r and noise_var), or drop those labels"
+        )
     check_training_data(x, r, noise_var, model.num_aps, min_labels=1)
     if "ap_positions" in requests:
         _check_positions_request(requests["ap_positions"], model.num_aps)
