@@ -696,7 +696,7 @@ def test_round_five_probe_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="drop"):
         trimmed_coherence(jnp.zeros((2, 3, 34)), r, 17)
     assert Surfaces(names="ground").names == ("ground",)
-    with pytest.raises(ValueError, match="prior must be a positive number"):
+    with pytest.raises(ValueError, match="prior must be a number of metres"):
         Positions(prior="1cm")
     for fit, match in ((None, "fit must name groups"), (Positions, "not the class")):
         with pytest.raises(ValueError, match=match):

@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 from jax.typing import ArrayLike
 
 
@@ -50,13 +51,12 @@ class Positions(FitGroup):
     name: ClassVar[str] = "ap_positions"
 
     def __post_init__(self) -> None:
+        # a number (its value is checked where the fit runs); not text, a bool or an array
         p = self.prior
-        if p is not None and not (
-            isinstance(p, int | float) and not isinstance(p, bool) and 0 < p < float("inf")
+        if p is not None and (
+            isinstance(p, bool | str) or np.ndim(p) != 0 or np.asarray(p).dtype.kind not in "iuf"
         ):
-            raise ValueError(
-                f"Positions: prior must be a positive number of metres or None, got {p!r}"
-            )
+            raise ValueError(f"Positions.prior must be a number of metres or None, got {p!r}")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
