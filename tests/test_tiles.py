@@ -75,18 +75,24 @@ def test_a_tiles_table_is_the_all_ap_table_restricted_to_its_aps():
 
 def test_locality_off_is_todays_exhaustive_search_and_refinement():
     """One tile of every AP: tiled_egs equals egs then refine_batch (to 1e-12 m: the same
-    arithmetic in two compiled programs, which may round differently)."""
+    arithmetic in two compiled programs, which may round differently) wherever that found
+    the optimum, and is better by more than 1 in ML cost where a refined start beat it (on
+    this coarse lambda/2 grid, one of six)."""
     scene = dj.paper_scene(-10.0)
     model = dj.TwoRayModel(scene)
     x, r, _, _ = dj.measure.labeled_snapshots(jax.random.key(5), model, 6)
     lam = float(scene.wavelength)
     one = tiles.tile_aps(scene, 100.0, rule="all")
     assert one.num_tiles == 1
-    got = tiles.tiled_egs(r, scene, one, lam / 4)
-    found = dj.egs(r, model, phasor_table(model, search_grid(model, lam / 4, "ue")))
+    got = tiles.tiled_egs(r, scene, one, lam / 2)
+    found = dj.egs(r, model, phasor_table(model, search_grid(model, lam / 2, "ue")))
     want = dj.refine_batch(found.x, r, model, num_steps=25)
-    np.testing.assert_allclose(np.asarray(got.x), np.asarray(want.x), rtol=0, atol=1e-12)
-    np.testing.assert_allclose(np.asarray(got.cost), np.asarray(want.cost), rtol=1e-9)
+    same = np.asarray(got.cost) >= np.asarray(want.cost) - 1.0
+    assert same.sum() >= 1 and np.all(np.asarray(got.cost)[~same] < np.asarray(want.cost)[~same])
+    np.testing.assert_allclose(
+        np.asarray(got.x)[same], np.asarray(want.x)[same], rtol=0, atol=1e-12
+    )
+    np.testing.assert_allclose(np.asarray(got.cost)[same], np.asarray(want.cost)[same], rtol=1e-9)
 
 
 @pytest.mark.slow  # tables of four tiles of a 20 m hall
