@@ -316,9 +316,10 @@ def test_deployment_example_with_unlabeled_snapshots(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.optimized
-def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
+@pytest.mark.parametrize("seed", [0, 53])  # 53 once stopped at a start just outside the region
+def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch, seed):
     out = tmp_path / "trk"
-    argv = ["--quick", "--powers-dbm", "-10", "--out", str(out)]  # locked: the filter's path
+    argv = ["--quick", "--powers-dbm", "-10", "--seed", str(seed), "--out", str(out)]  # locked
     _run("examples/tracking.py", argv, monkeypatch)
     rows = read_rows(out / "tracking.json")
     keys = {"power_dbm", "rmse_m", "pcrb_m", "mean_peb_m", "single_rmse_m"}
