@@ -166,7 +166,7 @@ def test_export_runs_in_a_fresh_process(trained, tmp_path):
     _, off = trained
     loc = pipeline.Locator(off, "cells", **LIGHT)
     r = np.asarray(_labeled(5, seed=8)[1])
-    loc.export(tmp_path / "loc", batch_sizes=(1, 4))
+    pipeline.export_locator(loc, tmp_path / "loc", batch_sizes=(1, 4))
     meta = json.loads((tmp_path / "loc" / "locator.json").read_text())
     assert meta["batch_sizes"] == [1, 4] and meta["num_aps"] == 17
     np.save(tmp_path / "r.npy", r)

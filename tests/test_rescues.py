@@ -178,7 +178,7 @@ def test_locator_entry_points_refuse_bad_input_by_name(loc):
     with pytest.raises(ValueError, match="table must tabulate this Locator's 17 APs"):
         loc.with_table(other)
     with pytest.raises(ValueError, match="batch_sizes must be a tuple of positive ints"):
-        loc.export("unused", batch_sizes=5)
+        pipeline.export_locator(loc, "unused", batch_sizes=5)
     for devices in ("cpu", [], [jax.devices()[0]] * 2):
         with pytest.raises(ValueError, match="devices must"):
             pipeline.sharded(loc, devices=devices)
@@ -189,7 +189,7 @@ def test_locator_entry_points_refuse_bad_input_by_name(loc):
 
 @pytest.mark.slow  # exports the batch-1 program
 def test_a_damaged_export_is_refused_naming_its_file(loc, tmp_path):
-    loc.export(tmp_path, batch_sizes=(1,))
+    pipeline.export_locator(loc, tmp_path, batch_sizes=(1,))
     loaded = pipeline.load_locator(tmp_path)
     assert loaded(np.zeros((0, 17))).x.shape == (0, 3)  # as the Locator's own call
     blob = tmp_path / "batch_1.stablehlo"

@@ -44,15 +44,13 @@ from dmimo_jax.pipeline.cache import (
     default_cache_dir,
     use_compilation_cache,
 )
+from dmimo_jax.pipeline.export import ExportedLocator, export_locator, load_locator, sharded
 from dmimo_jax.pipeline.locator import (
     BUCKETS,
-    ExportedLocator,
     HealReport,
     LocatorResult,
     LocatorSettings,
     bucket_for,
-    load_locator,
-    sharded,
 )
 from dmimo_jax.pipeline.offline import (
     KINDS,
@@ -99,6 +97,7 @@ __all__ = [
     "LocatorResult",
     "LocatorSettings",
     "ExportedLocator",
+    "export_locator",
     "HealReport",
     "load_locator",
     "sharded",

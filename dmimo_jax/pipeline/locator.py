@@ -12,16 +12,15 @@ shell around it: it validates concrete snapshots, pads the batch to one of :data
 the capacity; traced (under ``jax.jit``, ``jax.vmap``) it skips the checks and reports
 those rows as ``overflow`` instead.
 
-So ``jax.jit(loc)``, ``jax.vmap(loc)`` over single snapshots, :func:`sharded` over every
-local device, and :meth:`Locator.export` (serialized StableHLO that a process without the
-training code loads with :func:`load_locator`) all run the same program.
+So ``jax.jit(loc)``, ``jax.vmap(loc)`` over single snapshots,
+:func:`~dmimo_jax.pipeline.export.sharded` over every local device, and
+:func:`~dmimo_jax.pipeline.export.export_locator` (serialized StableHLO that a process
+without the training code loads with :func:`~dmimo_jax.pipeline.export.load_locator`) all
+run the same program.
 """
 
 from __future__ import annotations
 
-import json
-import pathlib
-from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -717,43 +716,6 @@ class Locator:
         size = getattr(_program, "_cache_size", None)
         return int(size()) if size is not None else -1
 
-    # ------------------------------------------------------------------ export
-
-    def export(
-        self, path: str | pathlib.Path, batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
-    ) -> None:
-        """Write the online stage as serialized StableHLO (``jax.export``) for each of
-        ``batch_sizes`` (and 1, which re-runs the rows that overflowed a larger batch's
-        capacity), the weights and tables inside: :func:`load_locator` runs it in a process
-        that has jax and none of the training code. Platforms: this one's."""
-        if not isinstance(batch_sizes, tuple | list) or not all(
-            isinstance(b, int | np.integer) and not isinstance(b, bool) and b >= 1
-            for b in batch_sizes
-        ):
-            raise ValueError(f"batch_sizes must be a tuple of positive ints, got {batch_sizes!r}")
-        sizes = sorted({int(b) for b in batch_sizes} | {1})
-        dtype = jnp.result_type(float)
-        blobs = {}
-        for b in sizes:
-            fn = jax.jit(lambda r, n, b=b: tuple(self.program(r, self.capacity_for(b), n)))
-            rows = jax.ShapeDtypeStruct((b, self.num_aps), dtype)
-            exp = jax.export.export(fn)(rows, jax.ShapeDtypeStruct((), jnp.int32))
-            blobs[b] = bytes(exp.serialize())
-        path = pathlib.Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        meta = dict(
-            format="dmimo_jax.Locator/2",
-            num_aps=self.num_aps,
-            dtype=str(jnp.dtype(dtype)),
-            batch_sizes=sizes,
-            fields=list(LocatorResult._fields),
-            settings={k: v for k, v in self.settings._asdict().items() if k != "rescues"},
-            rescues=[type(x).__name__ for x in self.settings.rescues],
-        )
-        for b, blob in blobs.items():
-            (path / f"batch_{b}.stablehlo").write_bytes(blob)
-        (path / "locator.json").write_text(json.dumps(meta, indent=1))
-
 
 _program = jax.jit(Locator.program, static_argnums=2)
 
@@ -803,117 +765,3 @@ def _certify(loc: Locator, r: Array, screened: Array, fine: RefineResult, capaci
     state = run_gate(loc, r, start, capacity)
     rescued = (state.status > Status.LOCATED) & (state.status != Status.OVERFLOW)
     return _Certified(state.answer.screened, state.answer.fine, rescued)
-
-
-# ----------------------------------------------------------------------------- beyond one process
-
-
-def sharded(loc: Locator, devices: Any = None) -> Any:
-    """``loc``'s program over a batch split across ``devices`` (default: every local
-    device) with ``jax.sharding``: each device locates its rows with its own capacity
-    (``jax.shard_map``), so the answers equal one device's wherever no row overflows.
-    Returns a jitted ``r (B, M) -> LocatorResult``; B must be a multiple of the device
-    count (pad the batch)."""
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    devices = jax.local_devices() if devices is None else devices
-    if isinstance(devices, str) or not isinstance(devices, Sequence):
-        raise ValueError(f"devices must be a sequence of jax devices, got {devices!r}")
-    devices = list(devices)
-    if not devices or not all(isinstance(d, jax.Device) for d in devices):
-        raise ValueError(f"devices must name at least one jax device, got {devices!r}")
-    if len({d.id for d in devices}) != len(devices):
-        raise ValueError(f"devices must be distinct, got {devices!r}")
-    mesh = Mesh(np.asarray(devices), ("batch",))
-    rows = PartitionSpec("batch")
-    n = len(devices)
-    table = loc.table
-    if table.mesh is not None:  # each device searches the whole table: one copy each
-        table = PhasorTable(
-            jax.device_put(table.data, devices[0]),
-            table.grid,
-            table.chunk_size,
-            table.num_chunks,
-            None,
-        )
-    leaves, tree = jax.tree_util.tree_flatten(loc.with_table(table))
-    loc = jax.device_put(
-        jax.tree_util.tree_unflatten(tree, leaves), NamedSharding(mesh, PartitionSpec())
-    )
-
-    def local(loc: Locator, r: Array) -> LocatorResult:
-        return loc.program(r, loc.capacity_for(r.shape[0]))
-
-    mapped = jax.shard_map(
-        local, mesh=mesh, in_specs=(PartitionSpec(), rows), out_specs=rows, check_vma=False
-    )
-
-    @jax.jit
-    def run(loc: Locator, r: Array) -> LocatorResult:
-        return mapped(loc, r)
-
-    def call(r: ArrayLike) -> LocatorResult:
-        rb = loc._snapshots(r)
-        if rb.shape[0] % n:
-            raise ValueError(f"r: {rb.shape[0]} snapshots do not split over {n} devices")
-        rb = jax.device_put(rb, NamedSharding(mesh, rows))
-        return run(loc, rb)
-
-    return call
-
-
-class ExportedLocator:
-    """A Locator loaded from :meth:`Locator.export`: ``loaded(r)`` for (M,) or (B, M)
-    snapshots (padded to the next exported batch size, split above the largest; rows that
-    overflowed a program's capacity run again alone), checked like ``Locator.__call__``'s."""
-
-    def __init__(self, meta: dict, programs: dict[int, Any]):
-        self.meta, self.programs = meta, programs
-        self.num_aps = int(meta["num_aps"])
-        self.batch_sizes = sorted(programs)
-
-    def __call__(self, r: ArrayLike) -> LocatorResult:
-        single = np.ndim(r) == 1
-        rb = as_snapshot_batch("r", r, self.num_aps).astype(self.meta["dtype"])
-        if rb.shape[0] == 0:  # as Locator.__call__: the empty result
-            one = jax.ShapeDtypeStruct((1, self.num_aps), rb.dtype)
-            empty = jax.eval_shape(lambda r: self.programs[1].call(r, jnp.int32(1)), one)
-            return LocatorResult(*(jnp.zeros((0, *a.shape[1:]), a.dtype) for a in empty))
-        parts = []
-        for k, pad in padded_parts(rb, tuple(self.batch_sizes)):
-            out = self.programs[pad.shape[0]].call(pad, jnp.int32(k))
-            parts.append(jax.tree.map(lambda a, k=k: a[:k], tuple(out)))
-        out = LocatorResult(*(jnp.concatenate(f) for f in zip(*parts, strict=True)))
-        for row in np.flatnonzero(np.asarray(out.overflow)):  # alone, a row always fits
-            again = LocatorResult(*self.programs[1].call(rb[row : row + 1], jnp.int32(1)))
-            out = jax.tree.map(lambda a, b, i=row: a.at[i].set(b[0]), out, again)
-        return jax.tree.map(lambda a: a[0], out) if single else out
-
-
-def load_locator(path: str | pathlib.Path) -> ExportedLocator:
-    """Load what :meth:`Locator.export` wrote (needs jax only, no trained objects)."""
-    path = pathlib.Path(path)
-    meta_file = path / "locator.json"
-    if not meta_file.is_file():
-        raise ValueError(f"path: {path} holds no exported Locator (no locator.json)")
-    try:
-        meta = json.loads(meta_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"path: {meta_file} is damaged (not JSON: {e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != "dmimo_jax.Locator/2":
-        raise ValueError(
-            f"path: {meta_file} is not a dmimo_jax.Locator/2 export (format "
-            f"{meta.get('format')!r}: export it again with this version)"
-        )
-    programs = {}
-    for b in meta.get("batch_sizes", []):
-        file = path / f"batch_{b}.stablehlo"
-        if not file.is_file():
-            raise ValueError(f"path: {file} is missing (locator.json lists batch size {b})")
-        try:
-            programs[int(b)] = jax.export.deserialize(bytearray(file.read_bytes()))
-        except Exception as e:  # a truncated or foreign file: flatbuffers' own errors vary
-            raise ValueError(f"path: {file} is damaged ({type(e).__name__}: {e})") from None
-    if 1 not in programs:
-        raise ValueError(f"path: {meta_file} lists no batch size 1 (export it again)")
-    return ExportedLocator(meta, programs)
