@@ -496,7 +496,8 @@ def noise_fit_probability(
 
     Args:
         model: the model the gate's cost is under (a Scene or any PhaseModel).
-        low, high: (3,) the region's corners, m.
+        low: (3,) the region's lower corner, m.
+        high: (3,) its upper corner, m.
         gate: the cost gate :math:`g` per degree of freedom (``Locator``'s ``cost_gate``).
         num_points: grid points per axis of the integral.
 
