@@ -726,13 +726,21 @@ def test_no_source_or_doc_file_holds_a_control_character():
     assert not bad, bad
 
 
-def test_an_ap_that_hears_nothing_is_named():
-    """A variance of inf (an AP behind metal) and a receiver gain that cannot be estimated:
-    the error names the AP and what to do, not "must be finite"."""
+def test_an_ap_that_hears_nothing_weighs_zero_and_a_bad_gain_is_named():
+    """A variance of inf (an AP behind metal: what labeled_snapshots gives it) weighs 0 in
+    calibrate: the fit converges, that AP's offset is unconstrained (stderr inf, a warning
+    naming it), the others' are as without its data; a label that hears no AP is refused.
+    A receiver gain that cannot be estimated names its AP."""
     x, r, nv, _ = dj.measure.labeled_snapshots(jax.random.key(0), MODEL, 8)
     nv = np.asarray(nv).copy()
     nv[:, 3] = np.inf
-    with pytest.raises(ValueError, match=r"noise_var is inf for AP\(s\) \[3\]"):
+    with pytest.warns(UserWarning, match=r"ap_phase_offsets\[3\]"):
+        cal = dj.calibrate(MODEL, x, r, nv, fit="ap_phase_offsets")
+    se = np.asarray(cal.stderr["ap_phase_offsets"])
+    assert np.isinf(se[3]) and np.all(np.isfinite(np.delete(se, [0, 3])))
+    assert cal.dof == 8 * 16 - 8 - 16  # the deaf AP's 8 residuals count for nothing
+    nv[0] = np.inf
+    with pytest.raises(ValueError, match="noise_var is inf for every AP of a label"):
         dj.calibrate(MODEL, x, r, nv, fit="ap_phase_offsets")
     gains = np.ones(17, complex)
     gains[5] = np.nan

@@ -472,7 +472,7 @@ def _calibrate(
                 best[i] = _Fit(d.model, s.groups, s.u, s.cost, s.converged, lls[i][p], p)
     out = []
     for d, fitted, ll in zip(deployments, best, lls, strict=True):
-        fitted = _degrees_of_freedom(fitted, d.r, complex_data)
+        fitted = _degrees_of_freedom(fitted, d.r, d.noise_var, complex_data)
         dof_labeled, unl = fitted.dof, unl_all
         if unl is not None:
             fitted, unl = _with_unlabeled(fitted, d.x, d.r, d.noise_var, unl, num_steps, max_steps)
@@ -508,15 +508,15 @@ def _checked_data(model, x, r, noise_var, requests) -> tuple[Array, Array, Array
     """``(x, r, noise_var)`` as arrays of the model's dtype, checked (``ValueError``)."""
     # one label may do (e.g. offsets alone); the count of residuals is checked against the
     # unknowns later
+    # an AP that hears nothing at a label (behind metal) has an infinite variance there: it
+    # weighs 0 (its residual, the CPO's estimate, the degrees of freedom and the normalizer
+    # leave it out); NaN, zero or negative variances stay refused
     nv = np.asarray(noise_var)
-    if nv.ndim == 2 and nv.dtype.kind == "f" and np.any(np.isposinf(nv)):
-        deaf = np.flatnonzero(np.any(np.isposinf(nv), axis=0)).tolist()
-        raise ValueError(
-            f"noise_var is inf for AP(s) {deaf[:10]} (an AP that hears nothing at some "
-            "labels, e.g. behind metal): calibrate the other APs (Scene.subset and their "
-            "columns of r and noise_var), or drop those labels"
-        )
-    check_training_data(x, r, noise_var, model.num_aps, min_labels=1)
+    deaf = nv.dtype.kind == "f" and np.any(np.isposinf(nv))
+    if deaf and np.any(np.all(np.isposinf(nv), axis=-1)):
+        raise ValueError("noise_var is inf for every AP of a label: drop that label")
+    check_training_data(x, r, np.where(np.isposinf(nv), 1.0, nv) if deaf else noise_var,
+                        model.num_aps, min_labels=1)  # fmt: skip
     if "ap_positions" in requests:
         _check_positions_request(requests["ap_positions"], model.num_aps)
     warn_if_float32("calibrate")
@@ -560,7 +560,7 @@ def _with_receivers(model, x, r, fit, receivers, complex_data) -> Any:
     return ReceiverModel(model, rx)
 
 
-def _degrees_of_freedom(fit: _Fit, r: Array, complex_data: bool) -> _Fit:
+def _degrees_of_freedom(fit: _Fit, r: Array, noise_var: Array, complex_data: bool) -> _Fit:
     """``fit`` with its degrees of freedom: residuals (2 per complex entry), less one CPO
     (snapshot factor: 2) per snapshot and the unknowns, plus the prior's terms.
 
@@ -570,7 +570,8 @@ def _degrees_of_freedom(fit: _Fit, r: Array, complex_data: bool) -> _Fit:
     num_params = sum(g.size for g in fit.groups)
     num_l, num_m = r.shape
     per = 2 if complex_data else 1
-    dof = per * (num_l * num_m - num_l) - num_params + prior_size(fit.groups)
+    heard = int(np.sum(np.isfinite(np.asarray(noise_var))))  # an AP that hears nothing: none
+    dof = per * (heard - num_l) - num_params + prior_size(fit.groups)
     if dof < 1:
         raise ValueError(
             f"{per * num_l * num_m} residuals cannot fit {num_params} parameters and {num_l} "

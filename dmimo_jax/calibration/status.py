@@ -24,9 +24,10 @@ def prior_size(groups: Sequence[Group]) -> int:
 def log_normalizer(noise_var: Array, complex_data: bool) -> float:
     r""":math:`\sum\log 2\pi\sigma^2` over the real residuals (two per complex entry, each
     of variance :math:`\sigma_w^2/2`)."""
+    heard = jnp.isfinite(noise_var)  # an AP that hears nothing (inf) has no residual there
     if complex_data:
-        return 2.0 * float(jnp.sum(jnp.log(jnp.pi * noise_var)))
-    return float(jnp.sum(jnp.log(2 * jnp.pi * noise_var)))
+        return 2.0 * float(jnp.sum(jnp.where(heard, jnp.log(jnp.pi * noise_var), 0.0)))
+    return float(jnp.sum(jnp.where(heard, jnp.log(2 * jnp.pi * noise_var), 0.0)))
 
 
 def chi2_band(dof: int) -> tuple[float, float]:
