@@ -201,4 +201,6 @@ def test_the_order_m_fim_equals_the_dense_one(power):
         out = jnp.arange(17) % 5 == 0
         w = jnp.where(out, 0.0, 1.0 / var)
         dense = h.T @ (jnp.diag(w) - jnp.outer(w, w) / jnp.sum(w)) @ h
-        np.testing.assert_allclose(np.asarray(fim_from_jacobian(h, w)), np.asarray(dense), rtol=1e-12)
+        np.testing.assert_allclose(
+            np.asarray(fim_from_jacobian(h, w)), np.asarray(dense), rtol=1e-12
+        )
