@@ -96,7 +96,7 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     off, scene = offline_world(args.tiny)
-    loc = dj.Locator(off, "cells")
+    loc = dj.Locator.from_offline(off, "cells")
     rows = [reference_row(scene)]
     test = dj.measure.labeled_snapshots(jax.random.key(10_000), scene, max(args.batches))
     for b in args.batches:

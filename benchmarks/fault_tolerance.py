@@ -176,7 +176,7 @@ def main(argv=None):
     rows = []
     for name, power in [(w, p) for w in args.worlds for p in powers]:
         scene, truth, off = world(name, power)
-        loc = dj.Locator(off, "cells")
+        loc = dj.Locator.from_offline(off, "cells")
         xt, rt = labeled_snapshots(scene, num, 1, salt=10_000, model=truth)[:2]
         xt = np.asarray(xt)
         if args.adversarial:

@@ -45,7 +45,7 @@ def main(argv=None):
     scene = dj.paper_scene(-10.0, "concrete")
     x, r, nv = labeled_snapshots(scene, 50, 0)
     off = pipeline.run_offline(x, r, nv, scene, kinds=("cells",), preset="quick", seed=0)
-    loc = dj.Locator(off, "cells")
+    loc = dj.Locator.from_offline(off, "cells")
     jitted = jax.jit(loc)
     model = dj.TwoRayModel(scene)
     table = est.phasor_table(model, est.search_grid(scene, float(scene.wavelength) / 8))

@@ -88,7 +88,7 @@ def build_methods(off, scene, args, mle_model=None):
             continue
         # the library's online stage: its window screens the whole table (the whole-region
         # fallback) when it would hold more than 1/16 of it
-        loc = pipeline.Locator(off, kind, fine="model", fine_steps=FINE_STEPS_EXACT)
+        loc = pipeline.Locator.from_offline(off, kind, fine="model", fine_steps=FINE_STEPS_EXACT)
         methods.append(
             Method(
                 f"{kind.upper()} ({args.preset}) + window r={off.radii[kind]:.2f} m + exact GP",
@@ -109,7 +109,7 @@ def build_methods(off, scene, args, mle_model=None):
                 (f"{TABLE_FINE_STEPS} steps of the calibrated model", "screen", TABLE_FINE_STEPS)
             ]
         for fine_name, fine, steps in fines:
-            loc = pipeline.Locator(
+            loc = pipeline.Locator.from_offline(
                 off,
                 "cells",
                 num_cells=k,

@@ -145,7 +145,7 @@ class Learned:
     online stage, as the library's :class:`~dmimo_jax.pipeline.Locator` (timed per stage)."""
 
     def __init__(self, offline, kind):
-        self.loc = pipeline.Locator(offline, kind, fine="model")
+        self.loc = pipeline.Locator.from_offline(offline, kind, fine="model")
 
     def __call__(self, r):
         coarse, t_coarse = _timed(lambda: self.loc.coarse(r))
@@ -166,7 +166,7 @@ class Candidates:
     """
 
     def __init__(self, offline, *, num_cells=16, min_mass=0.5, fine_steps=None):
-        self.loc = pipeline.Locator(
+        self.loc = pipeline.Locator.from_offline(
             offline, "cells", num_cells=num_cells, min_mass=min_mass, fine_steps=fine_steps
         )
         self.stats = {}

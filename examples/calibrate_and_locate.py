@@ -22,7 +22,7 @@ x, r = snapshots(0, 50)  # L = 50 labeled snapshots
 noise_var = jax.vmap(truth.variance)(x)
 cal = dj.calibrate(nominal, x, r, noise_var, fit=("ap_positions", "ap_phase_offsets", "surfaces"))
 offline = dj.run_offline(x, r, noise_var, surveyed, model=cal, kinds=("cells",), preset="quick")
-locate = dj.Locator(offline, "cells")
+locate = dj.Locator.from_offline(offline, "cells")
 
 x_test, r_test = snapshots(10, 256)
 err = np.linalg.norm(np.asarray(locate(r_test).x - x_test), axis=1)

@@ -150,7 +150,7 @@ def learned(model, x_l, r_l, nv_l, x, r, args):
         seed=args.seed,
     )
     t_off = time.perf_counter() - t0
-    loc = pipeline.Locator(off, "cells")
+    loc = pipeline.Locator.from_offline(off, "cells")
     jax.block_until_ready(loc(r).x)  # compile outside the timing
     out, t = timed_passes(lambda: loc(r), args.repeats)  # the one program
     # the classifier's cells, for the recall (its stage alone, untimed)

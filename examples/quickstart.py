@@ -73,7 +73,7 @@ def main(argv=None) -> list[dict]:
         cells = dataclasses.replace(cells, num_samples=args.num_samples, train=train)
     off = dj.run_offline(lab.x, lab.r, lab.variance, scene, kinds=("cells",), preset=args.preset,
                          cells=cells, cache_dir=args.cache, seed=args.seed)  # fmt: skip
-    loc = dj.Locator(off, "cells")
+    loc = dj.Locator.from_offline(off, "cells")
     test = dj.measure.labeled_snapshots(jax.random.key(10_000 + args.seed), scene, args.num_test)
     pebs = np.asarray(dj.peb_map(test.x, scene))
 

@@ -159,7 +159,7 @@ def test_a_healthy_ap_dropped_by_the_trimming_rejoins():
 @pytest.fixture(scope="module")
 def locator(tmp_path_factory):
     # the settings and batch size of tests/test_locator.py: one program, compiled once
-    return dj.Locator(
+    return dj.Locator.from_offline(
         _offline(tmp_path_factory.mktemp("cache"), kinds=("cells",)), "cells", **SHARED
     )
 

@@ -44,7 +44,7 @@ def test_jit_vmap_and_the_plain_call_agree(trained, kind):
     # exclusion is traced under jit and vmap in the cells case; the popt case and the
     # programs of other shapes leave it out (LIGHT: half the compile; fault-free answers are
     # the same with or without it, so they are compared with the full program's)
-    loc = pipeline.Locator(off, kind, **(SHARED if kind == "cells" else LIGHT))
+    loc = pipeline.Locator.from_offline(off, kind, **(SHARED if kind == "cells" else LIGHT))
     out = loc(r)
     if kind == "cells":  # each a compile of the whole program: once is enough
         # jit closing over the Locator is the popt case's; here the Locator as an argument
@@ -69,7 +69,7 @@ def test_jit_vmap_and_the_plain_call_agree(trained, kind):
 @pytest.mark.newest  # CI's newest-versions leg runs it
 def test_a_device_resident_batch_never_touches_the_host(trained):
     _, off = trained
-    loc = jax.device_put(pipeline.Locator(off, "cells", **LIGHT))  # its leaves too
+    loc = jax.device_put(pipeline.Locator.from_offline(off, "cells", **LIGHT))  # its leaves too
     r = jax.device_put(_labeled(BATCH, seed=5)[1])
     run = jax.jit(lambda lo, rr: lo(rr))  # the program test_nan_complex_... compiles too
     jax.block_until_ready(run(loc, r))  # compiled outside the guard
@@ -84,7 +84,9 @@ def test_rows_beyond_the_capacity_are_reported_then_run_again(trained):
     row fits one of them per program."""
     _, off = trained
     x, r, _ = _labeled(6, seed=6)
-    tight = pipeline.Locator(off, "cells", **{**LIGHT, "min_mass": 1.5, "capacity": 0.0})
+    tight = pipeline.Locator.from_offline(
+        off, "cells", **{**LIGHT, "min_mass": 1.5, "capacity": 0.0}
+    )
     assert tight.capacity_for(6) == 1
     traced = jax.jit(tight)(r)
     np.testing.assert_array_equal(np.asarray(traced.overflow), [False] + [True] * 5)
@@ -101,7 +103,7 @@ def test_rows_beyond_the_capacity_are_reported_then_run_again(trained):
 @pytest.mark.newest  # CI's newest-versions leg runs it
 def test_nan_complex_and_empty_batches(trained):
     _, off = trained
-    loc = pipeline.Locator(off, "cells", **LIGHT)
+    loc = pipeline.Locator.from_offline(off, "cells", **LIGHT)
     r = np.asarray(_labeled(BATCH, seed=7)[1])
     bad = r.copy()
     bad[2, 3] = np.nan
@@ -118,7 +120,7 @@ def test_nan_complex_and_empty_batches(trained):
 
 def test_settings_are_checked_and_replace_keeps_the_stage(trained):
     _, off = trained
-    loc = pipeline.Locator(off, "cells", num_cells=4)
+    loc = pipeline.Locator.from_offline(off, "cells", num_cells=4)
     with pytest.raises(ValueError, match="capacity must be a fraction"):
         loc.replace(capacity=2.0)
     with pytest.raises(ValueError, match="not a setting"):
@@ -143,7 +145,7 @@ def test_the_program_shards_over_four_host_devices(trained, tmp_path):
         from tests.test_offline_online import _labeled, _offline
         assert len(jax.devices()) == 4, jax.devices()
         off = _offline(pathlib.Path({str(tmp)!r}), kinds=("popt", "cells"))
-        loc = pipeline.Locator(off, "cells", **{LIGHT!r})
+        loc = pipeline.Locator.from_offline(off, "cells", **{LIGHT!r})
         r = _labeled({BATCH}, seed=3)[1]
         one = loc(r)
         out = pipeline.sharded(loc)(r)
@@ -164,7 +166,7 @@ def test_the_program_shards_over_four_host_devices(trained, tmp_path):
 @pytest.mark.slow  # compiles the whole program several times (40-100 s here)
 def test_export_runs_in_a_fresh_process(trained, tmp_path):
     _, off = trained
-    loc = pipeline.Locator(off, "cells", **LIGHT)
+    loc = pipeline.Locator.from_offline(off, "cells", **LIGHT)
     r = np.asarray(_labeled(5, seed=8)[1])
     pipeline.export_locator(loc, tmp_path / "loc", batch_sizes=(1, 4))
     meta = json.loads((tmp_path / "loc" / "locator.json").read_text())
@@ -212,7 +214,7 @@ from jax.experimental import multihost_utils
 from dmimo_jax import pipeline
 from tests.test_offline_online import _labeled, _offline
 off = _offline(pathlib.Path({cache!r}), kinds=("popt", "cells"))
-loc = pipeline.Locator(off, "cells", **{light!r})
+loc = pipeline.Locator.from_offline(off, "cells", **{light!r})
 r = np.asarray(_labeled({batch}, seed=3)[1])
 half = {batch} // 2
 mine = loc(r[pid * half : (pid + 1) * half])  # each process locates its shard
@@ -252,6 +254,6 @@ def test_two_processes_through_jax_distributed_equal_one(trained, tmp_path):
         for p in procs:
             _, err = p.communicate(timeout=600)
             assert p.returncode == 0, err[-3000:]
-    loc = pipeline.Locator(off, "cells", **LIGHT)
+    loc = pipeline.Locator.from_offline(off, "cells", **LIGHT)
     want = loc(_labeled(BATCH, seed=3)[1])
     assert _max_diff(np.load(out), want.x) < 1e-9

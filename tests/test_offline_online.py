@@ -79,7 +79,7 @@ def test_cells_locator_equals_the_composed_stages(trained):
     x, r, _ = _labeled(LOCATOR_BATCH, seed=3)
     # without fault exclusion: its program compiles in a third of the time (the answers with
     # it are these: tests/test_faults.py::test_without_faults_the_locator_is_unchanged)
-    loc = pipeline.Locator(off, "cells", **LOCATOR_LIGHT)
+    loc = pipeline.Locator.from_offline(off, "cells", **LOCATOR_LIGHT)
     out = loc(r)
     ref = pipeline.locate_candidates(
         r,
@@ -113,7 +113,9 @@ def test_window_locator_equals_locate(trained, kind):
     _, off = trained
     r = _labeled(8, seed=4)[1]
     # fault exclusion in one kind's program only (a fault-free answer is the same without it)
-    out = pipeline.Locator(off, kind, fine="model", max_excluded=3 if kind == "popt" else 0)(r)
+    out = pipeline.Locator.from_offline(
+        off, kind, fine="model", max_excluded=3 if kind == "popt" else 0
+    )(r)
     ref = pipeline.locate(
         r,
         off.estimators[kind],
@@ -212,15 +214,15 @@ def test_run_offline_refuses_a_bad_model(tmp_path, model, match):
 def test_locator_refuses_bad_settings(trained):
     _, off = trained
     with pytest.raises(ValueError, match="was not trained"):
-        pipeline.Locator(off._replace(estimators={}), "cells")
+        pipeline.Locator.from_offline(off._replace(estimators={}), "cells")
     with pytest.raises(ValueError, match="fine must be"):
-        pipeline.Locator(off, "cells", fine="gp")
+        pipeline.Locator.from_offline(off, "cells", fine="gp")
     with pytest.raises(ValueError, match="num_cells=99 exceeds"):
-        pipeline.Locator(off, "cells", num_cells=99)
+        pipeline.Locator.from_offline(off, "cells", num_cells=99)
     with pytest.raises(ValueError, match="offline must be"):
-        pipeline.Locator(object(), "cells")
+        pipeline.Locator.from_offline(object(), "cells")
     with pytest.raises(ValueError, match=r"r must have shape"):
-        pipeline.Locator(off, "cells", num_cells=4)(jnp.zeros((2, 16)))
+        pipeline.Locator.from_offline(off, "cells", num_cells=4)(jnp.zeros((2, 16)))
 
 
 @pytest.mark.slow
@@ -229,10 +231,10 @@ def test_the_cost_gate_recovers_wrong_cells(trained):
     far above chi-square, and the whole-region search recovers it."""
     _, off = trained
     x, r, _ = _labeled(64, seed=8)
-    blind = pipeline.Locator(off, "cells", num_cells=1, min_mass=0.0, cost_gate=None)
+    blind = pipeline.Locator.from_offline(off, "cells", num_cells=1, min_mass=0.0, cost_gate=None)
     err = np.linalg.norm(np.asarray(blind(r).x) - np.asarray(x), axis=1)
     assert np.any(err > 1e-3)  # the top cell alone misses some
-    out = pipeline.Locator(off, "cells", num_cells=1, min_mass=0.0)(r)
+    out = pipeline.Locator.from_offline(off, "cells", num_cells=1, min_mass=0.0)(r)
     err_gated = np.linalg.norm(np.asarray(out.x) - np.asarray(x), axis=1)
     assert float(err_gated.max()) < 1e-3
     np.testing.assert_array_equal(np.asarray(out.recovered), err > 1e-3)
@@ -247,9 +249,9 @@ def test_locator_refuses_a_cell_table_of_other_cells(trained):
     _, off = trained
     other = cell_table(off.screen, cell_grid(SCENE, 0.3))
     with pytest.raises(ValueError, match="does not belong to the classifier's cells"):
-        pipeline.Locator(off._replace(cells=other), "cells", num_cells=2)
+        pipeline.Locator.from_offline(off._replace(cells=other), "cells", num_cells=2)
     with pytest.raises(ValueError, match="table: none"):
-        pipeline.Locator(off._replace(cells=None), "cells", num_cells=2)
+        pipeline.Locator.from_offline(off._replace(cells=None), "cells", num_cells=2)
 
 
 def test_the_estimator_kinds_are_declared_once_by_their_networks():

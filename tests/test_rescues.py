@@ -20,7 +20,7 @@ from tests.test_offline_online import _labeled, _offline
 @pytest.fixture(scope="module")
 def loc(tmp_path_factory):
     off = _offline(tmp_path_factory.mktemp("cache"), kinds=("cells",))
-    return pipeline.Locator(off, "cells", **SHARED)
+    return pipeline.Locator.from_offline(off, "cells", **SHARED)
 
 
 def _state(loc, x, cost, excluded, pending):

@@ -1,6 +1,6 @@
 """The one online object: :class:`Locator`, a pytree whose call is one XLA program.
 
-``dj.Locator(offline, kind)`` holds a trained coarse stage (the cell classifier, POPT, the
+``dj.Locator.from_offline(offline, kind)`` holds a trained coarse stage (the cell classifier, POPT, the
 MLP or HI), the screen's and the fine stage's models and the lookup tables, as pytree
 leaves; its settings are static. :meth:`Locator.program` is the traced core: coarse stage,
 the candidate screen in two tiers (or the safeguard window), the fine stage and the cost
@@ -21,6 +21,7 @@ run the same program.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -191,20 +192,22 @@ class LocatorSettings(NamedTuple):
 # ----------------------------------------------------------------------------- the Locator
 
 
-@pytree_dataclass(init=False)
+@pytree_dataclass
 class Locator:
     """The online stage of one trained coarse estimator: coarse -> screen -> fine -> gate.
 
-    The one online stage of the package (``dj.Locator(offline, kind)``), over any coarse
-    stage that :func:`~dmimo_jax.pipeline.run_offline` trained, as a pytree: the trained
-    network's state, the models and the tables are its leaves, the settings static. Its
+    The one online stage of the package (``dj.Locator.from_offline(offline, kind)``), over
+    any coarse stage that :func:`~dmimo_jax.pipeline.run_offline` trained, as a pytree: its
+    fields are its constructor's arguments (the trained stage, the models, the tables, the
+    healed phase corrections and the region are leaves; one static :class:`LocatorSettings`),
+    copies are ``dataclasses.replace`` (:meth:`replace` checks changed settings). Its
     call is one XLA program (:meth:`program`), so ``jax.jit(loc)``, ``jax.vmap(loc)`` over
     single snapshots and ``loc(r)`` give the same answers. Each stage is also a method, so a
     benchmark can time them one at a time; ``loc(r)`` equals :func:`locate_candidates`
     (cells) or :func:`locate` (POPT, MLP, HI) with the same settings wherever the cost gate
     does not trip.
 
-    Args:
+    Args (of :meth:`from_offline`):
         offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
         kind: ``"cells"``, ``"popt"``, ``"mlp"`` or ``"hi"`` (one of ``offline.estimators``).
         num_cells: the classifier's candidate cells screened at most (cells,
@@ -267,8 +270,16 @@ class Locator:
     region_high: Array
     settings: LocatorSettings = static_field()
 
-    def __init__(
-        self,
+    def __post_init__(self) -> None:
+        if not isinstance(self.settings, LocatorSettings):
+            raise ValueError(
+                f"settings must be a LocatorSettings, got {type(self.settings).__name__} (build "
+                "a Locator with Locator.from_offline(offline, kind, ...))"
+            )
+
+    @classmethod
+    def from_offline(
+        cls,
         offline: Any,
         kind: str = "cells",
         *,
@@ -286,7 +297,9 @@ class Locator:
         max_excluded: int | None = None,
         rescues: tuple = DEFAULT_RESCUES,
         fit_risk: float = 1e-3,
-    ):
+    ) -> Locator:
+        """The Locator of one coarse stage that ``offline`` trained (the arguments: see the
+        class docstring); its settings checked (``ValueError``)."""
         estimators = getattr(offline, "estimators", None)
         if estimators is None:
             raise ValueError(f"offline must be run_offline's result, got {type(offline).__name__}")
@@ -323,8 +336,6 @@ class Locator:
             for name in fields:
                 if name != "table":
                     fields[name] = jax.device_put(fields[name], everywhere)
-        for name, value in fields.items():
-            object.__setattr__(self, name, value)
         settings = dict(
             kind=kind,
             num_cells=num_cells,
@@ -342,7 +353,8 @@ class Locator:
             rescues=rescues,
             fit_risk=fit_risk,
         )
-        object.__setattr__(self, "settings", self._checked(settings))
+        raw = cls(**fields, settings=LocatorSettings(**settings))  # checked against it next
+        return dataclasses.replace(raw, settings=raw._checked(settings))
 
     def _checked(self, s: dict) -> LocatorSettings:
         """The settings with their defaults filled in, checked against the stage."""
@@ -424,7 +436,9 @@ class Locator:
         if unknown:
             raise ValueError(f"replace: not a setting of a Locator: {sorted(unknown)}")
         if "fine" in changes and changes["fine"] != self.settings.fine:
-            raise ValueError("replace: fine= changes the model; build a new Locator(offline, ...)")
+            raise ValueError(
+                "replace: fine= changes the model; build a new Locator.from_offline(offline, ...)"
+            )
         settings = {**self.settings._asdict(), **changes}
         if "cost_gate" in changes:  # the noise-fit bound is the gate's
             settings["noise_fit"] = ()
@@ -447,12 +461,9 @@ class Locator:
         return self._with(table=table)
 
     def _with(self, **fields: Any) -> Locator:
-        """This Locator with some of its fields (leaves or settings) replaced, unchecked
-        (``__init__`` builds from an offline result: this copies)."""
-        new = object.__new__(Locator)
-        for name in self.__dataclass_fields__:
-            object.__setattr__(new, name, fields.get(name, getattr(self, name)))
-        return new
+        """This Locator with some of its fields (leaves or settings) replaced
+        (``dataclasses.replace``: the settings are not checked again)."""
+        return dataclasses.replace(self, **fields)
 
     def corrected(self, r: Array) -> Array:
         """Snapshots ``r`` (..., M) with the healed phase offsets (:meth:`heal`) subtracted;

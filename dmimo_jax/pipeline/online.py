@@ -57,7 +57,7 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
     if hasattr(estimator, "top_cells"):
         raise ValueError(
             "estimator is a cell classifier: it gives candidate cells, not positions; use "
-            "locate_candidates(r, classifier, ...) or pipeline.Locator(offline, 'cells')"
+            "locate_candidates(r, classifier, ...) or pipeline.Locator.from_offline(offline, 'cells')"
         )
     num_aps = getattr(estimator, "num_aps", None)
     r = jnp.atleast_2d(r) if num_aps is None else as_snapshot_batch("r", r, num_aps)

@@ -103,7 +103,7 @@ def main(argv=None) -> list[dict]:
                     continue  # finished in an earlier run (e.g. before --benchmarks grew)
                 # the online stage a user calls: coarse -> window -> the exact GP's refinement,
                 # then the cost gate
-                out = dj.Locator(off, kind, fine="model")(rt)
+                out = dj.Locator.from_offline(off, kind, fine="model")(rt)
                 err = np.linalg.norm(np.asarray(out.x) - np.asarray(x_true)[None, :], axis=1)
                 rows.append(
                     dict(
