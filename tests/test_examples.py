@@ -30,6 +30,33 @@ def test_mle_mismatch_example(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
+def test_scaling_benchmark_small(tmp_path, monkeypatch):
+    """benchmarks/scaling.py on the 10 m hall (four tiles): every column, the tiles' tables
+    smaller than the all-AP one, every answer on the right lobe."""
+    out = tmp_path / "scaling.json"
+    argv = [
+        "--sizes",
+        "10",
+        "--num",
+        "8",
+        "--peb-points",
+        "64",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+    ]
+    _run("benchmarks/scaling.py", argv, monkeypatch)
+    rows = read_rows(out)["rows"]
+    keys = {"num_aps", "tiles", "k", "worst_ratio", "all_table_bytes", "tiled_table_bytes"}
+    keys |= {"peb_dense_us", "peb_us", "tiled_ms_per_snapshot", "rmse_over_peb", "right_lobe"}
+    assert len(rows) == 1 and keys <= set(rows[0])
+    row = rows[0]
+    assert row["num_aps"] == 17 and row["tiled_table_bytes"] < row["all_table_bytes"]
+    assert row["worst_ratio"] <= 2.0 and row["right_lobe"] == 1.0
+
+
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_egs_flops_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "egs.json"
     argv = ["--quick", "--batch", "16", "--realizations", "8", "--repeats", "1", "--json", str(out)]
