@@ -147,7 +147,7 @@ def test_a_healthy_ap_dropped_by_the_trimming_rejoins():
     suspects = jnp.asarray(faulty).at[8].set(True)
     refit = jax.vmap(lambda xi, ri, out: estimators.mle.refine_excluding(xi, ri, MODEL, out, 10))
     fit = refit(x + 0.03, rf, jnp.broadcast_to(suspects, (8, 17)))
-    out = jax.vmap(lambda xi, ri: estimators.faults.readmitted(xi, ri, MODEL, suspects, 100.0))(
+    out = jax.vmap(lambda xi, ri: estimators.faults.still_out(xi, ri, MODEL, suspects, 100.0))(
         fit.x, rf
     )
     np.testing.assert_array_equal(np.asarray(out), np.broadcast_to(faulty, (8, 17)))

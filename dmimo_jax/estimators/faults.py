@@ -152,9 +152,9 @@ def _trim(rows: Array, r: Array, drop: int, iterations: int = 2) -> tuple[Array,
     return (jnp.sum(share, axis=-1) + jnp.sum(neg, axis=-1)) / (m - drop), dropped
 
 
-def readmitted(x: Array, r: Array, model: PhaseModel, suspects: Array, gate: float) -> Array:
-    r"""The (M,) mask of the ``suspects`` that stay out at a position ``x`` fitted without
-    them: a suspect whose residual from the robust CPO (the median of the others':
+def still_out(x: Array, r: Array, model: PhaseModel, suspects: Array, gate: float) -> Array:
+    r"""The (M,) mask of the ``suspects`` that stay out (the rest rejoin) at a position ``x``
+    fitted without them: a suspect whose residual from the robust CPO (the median of the others':
     :func:`median_cpo_residuals`) is within :math:`\sqrt{g}\,\sigma_m` rejoins (a healthy AP
     the trimmed coherence happened to drop); ``gate`` :math:`g` is the cost gate per degree
     of freedom. One snapshot (M,), traced."""
@@ -179,7 +179,7 @@ def region_candidates(
     ``k - robust`` are the screen's most coherent grid points, refined with every AP; the
     last ``robust`` the best of its :data:`ROBUST_POOL` most coherent under
     :func:`trimmed_coherence` with ``drop`` APs left out, each refined without the APs it
-    dropped; in the mask the suspects that fit there rejoin (:func:`readmitted`, ``gate``
+    dropped; in the mask the suspects that fit there rejoin (:func:`still_out`, ``gate``
     per degree of freedom), for the caller's re-fit. With faulty APs the cheapest under the ML cost of every AP is often a wrong
     lobe, and with two or three of them the right lobe is often not among the most
     coherent either, nor stays there when refined with the faulty APs in, while the
@@ -204,7 +204,7 @@ def region_candidates(
     fine = jax.vmap(lambda x, ri, out: refine_excluding(x, ri, model, out, num_steps))(
         x0, rk, suspects
     )
-    out = jax.vmap(lambda x, ri, sus: readmitted(x, ri, model, sus, gate))(fine.x, rk, suspects)
+    out = jax.vmap(lambda x, ri, sus: still_out(x, ri, model, sus, gate))(fine.x, rk, suspects)
     return (
         fine.x.reshape(batch, k, 3),
         fine.cost.reshape(batch, k),
