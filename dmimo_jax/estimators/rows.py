@@ -29,8 +29,13 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
+MIN_CAPACITY = 16
+"""The fewest rare rows a program handles (:func:`capacity_for`): it costs what 8 would
+(:func:`on_rows` runs the marked rows one at a time below 32), and a batch of up to 16 rows
+never needs a second program."""
 
-def capacity_for(batch: int, fraction: float, minimum: int = 8) -> int:
+
+def capacity_for(batch: int, fraction: float, minimum: int = MIN_CAPACITY) -> int:
     """The largest number of rare rows a batch of ``batch`` rows handles in one program:
     ``ceil(fraction * batch)``, at least ``minimum``, at most ``batch`` and at least 1
     (static: ``batch`` is a shape). A small batch thus never overflows."""

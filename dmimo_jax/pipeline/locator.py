@@ -42,7 +42,7 @@ from dmimo_jax.bounds import noise_fit_probability
 from dmimo_jax.estimators import PhasorTable
 from dmimo_jax.estimators.faults import exclude_faults
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
-from dmimo_jax.estimators.rows import capacity_for, passes_gate
+from dmimo_jax.estimators.rows import MIN_CAPACITY, capacity_for, passes_gate
 from dmimo_jax.estimators.window import window_offsets
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.phase import wrap
@@ -69,7 +69,6 @@ from dmimo_jax.pipeline.stages import (
 )
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
-MIN_CAPACITY = 16
 """The fewest rows a rare step of the Locator handles in one program (capacity > 0)."""
 
 BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)

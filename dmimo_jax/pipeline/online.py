@@ -41,6 +41,7 @@ from dmimo_jax.estimators.rows import bucket_size, on_rows
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.physics import PhaseModel
+from dmimo_jax.pipeline.rescues import REGION_STARTS, REGION_STEPS
 
 
 def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
@@ -399,8 +400,9 @@ def whole_region_screen(r: Array, screen: PhaseModel, table: PhasorTable) -> Arr
 
 def whole_region_screen_unchecked(r: Array, screen: PhaseModel, table: PhasorTable) -> Array:
     """:func:`whole_region_screen`, traceable and unchecked."""
-    k = min(8, table.grid.size)
-    return coarse_to_fine_unchecked(r.astype(table.grid.low.dtype), screen, table, k, 25).x
+    k = min(REGION_STARTS, table.grid.size)
+    x = r.astype(table.grid.low.dtype)
+    return coarse_to_fine_unchecked(x, screen, table, k, REGION_STEPS).x
 
 
 def locate_candidates(
