@@ -92,7 +92,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="a small world (smoke run)")
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 256, 4096])
-    ap.add_argument("--sweep", type=int, default=64, help="loc(r) for every batch 1..N")
+    ap.add_argument("--sweep", type=int, default=64, help="loc(r) for every batch 1..N (0: none)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     off, scene = offline_world(args.tiny)
@@ -110,15 +110,16 @@ def main(argv=None):
             rows[-1]["compile_over_reference"] = rows[-1]["compile_s"] / ref
             print(rows[-1])
     # every batch size 1..sweep through the checked call: the buckets bound the programs
-    sweep = dj.measure.labeled_snapshots(jax.random.key(20_000), scene, args.sweep)
-    before = pipeline.Locator.compiled_programs()
-    t0 = time.perf_counter()
-    for n in range(1, args.sweep + 1):
-        jax.block_until_ready(loc(sweep.r[:n]).x)
-    sweep_s = time.perf_counter() - t0
-    programs = pipeline.Locator.compiled_programs() - before
-    rows.append(dict(program=f"loc(r), every batch 1..{args.sweep}", batch=args.sweep,
-                     programs=programs, sweep_s=sweep_s))  # fmt: skip
+    if args.sweep > 0:
+        sweep = dj.measure.labeled_snapshots(jax.random.key(20_000), scene, args.sweep)
+        before = pipeline.Locator.compiled_programs()
+        t0 = time.perf_counter()
+        for n in range(1, args.sweep + 1):
+            jax.block_until_ready(loc(sweep.r[:n]).x)
+        sweep_s = time.perf_counter() - t0
+        programs = pipeline.Locator.compiled_programs() - before
+        rows.append(dict(program=f"loc(r), every batch 1..{args.sweep}", batch=args.sweep,
+                         programs=programs, sweep_s=sweep_s))  # fmt: skip
     print(f"device {device_name()}")
     print_table(rows, [("program", "program", ">28"), ("batch", "batch", "d"),
                        ("stablehlo_lines", "HLO lines", "d"), ("lower_s", "lower s", ".2f"),

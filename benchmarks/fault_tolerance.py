@@ -86,12 +86,8 @@ def world(name, power):
 def allowed_exclusions(loc):
     """The ``max_excluded`` values ``loc`` accepts: 0 .. the most its noise-fit bound allows
     (0 .. M - 5 for a Locator without that bound)."""
-    s = loc.settings._asdict()
-    m = loc.num_aps
-    if not s.get("noise_fit"):
-        return list(range(m - 4))
-    within = np.cumsum(s["noise_fit"]) <= s["fit_risk"]
-    return list(range(min(int(np.sum(within)), m - 4)))
+    most = getattr(loc.settings, "most_excluded", None)  # None: no bound (or an older Locator)
+    return list(range((loc.num_aps - 5 if most is None else most) + 1))
 
 
 def integrity_row(loc, xt, rt, truth, mask, **labels):

@@ -20,6 +20,12 @@ def is_concrete(*values: Any) -> bool:
     return not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
 
 
+def dtype_of(value: Any) -> np.dtype:
+    """The NumPy dtype of a value, concrete (a list, a string: NumPy's reading) or traced
+    (its ``dtype``), for refusing bools, text and complex numbers by name."""
+    return np.asarray(value).dtype if is_concrete(value) else np.dtype(value.dtype)
+
+
 def check_finite(name: str, value: Any) -> None:
     if is_concrete(value):
         arr = np.asarray(value)
@@ -72,10 +78,9 @@ def check_phases(name: str, r: Any, num_aps: int, *, batched: bool | None | str 
             "h go to the complex-data functions (dj.estimators.complex_search, "
             "dj.bounds.complex_peb, calibrate_receivers)"
         )
-    kind = np.asarray(r).dtype.kind if is_concrete(r) else np.dtype(r.dtype).kind
-    if kind not in "iuf":
-        what = "bool" if kind == "b" else f"{np.asarray(r).dtype}" if is_concrete(r) else kind
-        raise ValueError(f"{name} must be real wrapped phases (rad), got {what} values")
+    dtype = dtype_of(r)
+    if dtype.kind not in "iuf":  # bool, text, objects
+        raise ValueError(f"{name} must be real wrapped phases (rad), got {dtype} values")
     shape = tuple(np.shape(r))
     single, batch = shape == (num_aps,), len(shape) == 2 and shape[1] == num_aps
     if batched == "any":
@@ -171,6 +176,13 @@ def check_covariance(name: str, cov: Any) -> None:
             f"{name} must be positive definite (a covariance), got eigenvalues "
             f"{np.round(np.linalg.eigvalsh((c + c.T) / 2), 12).tolist()}"
         )
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a bool (NumPy's included), else ``ValueError`` naming ``name``."""
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def check_int(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> None:

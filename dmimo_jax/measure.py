@@ -22,6 +22,7 @@ from dmimo_jax._checks import (
     check_int,
     check_positions,
     check_scalar,
+    dtype_of,
     is_concrete,
 )
 from dmimo_jax.phase import wrap
@@ -99,7 +100,7 @@ def inject_faults(
         if jump is None:
             size = jax.random.uniform(k_a, (m,), r.dtype, jnp.pi / 2, jnp.pi)
             jump = jnp.where(jax.random.bernoulli(k_b, 0.5, (m,)), size, -size)
-        if np.iscomplexobj(jump) or np.asarray(jump).dtype.kind not in "biuf":
+        if dtype_of(jump).kind not in "biuf":
             raise ValueError(f"jump must be real phase changes (rad), got {jump!r:.60}")
         jump = jnp.asarray(jump, r.dtype)
         if jump.shape != (m,):
@@ -223,7 +224,7 @@ def labeled_snapshots(
     if cpo is None:
         cpos = random_cpos(k_cpo, num)
     else:
-        if np.iscomplexobj(cpo) or np.asarray(cpo).dtype.kind not in "biuf":
+        if dtype_of(cpo).kind not in "biuf":
             raise ValueError(f"cpo must be real phase offsets (rad), got {cpo!r:.60}")
         cpo = jnp.asarray(cpo)
         if cpo.shape not in ((), (num,)):

@@ -15,12 +15,15 @@ over a tile's K APs it grows as the area.
   tiles share one shape (one compiled program); the K chosen and each tile's worst bound
   ratio are reported.
 * :func:`tile_scene`: a tile's deployment (its APs, its box as the UE region).
-* :func:`tiled_egs`: the exact MLE over tiles: each tile's exhaustive grid search (eq. 18,
-  its own phasor table of its K APs, built and dropped in turn, so memory is one tile's)
-  refined under the ML cost (eq. 17) on its APs; the tile of lowest ML cost wins (the same K
-  everywhere: the same chi-square), and its answer is refined on the APs ``fine`` asks
-  for. With one tile and K = M it is :func:`~dmimo_jax.estimators.egs` followed by
-  :func:`~dmimo_jax.estimators.refine_batch`, answer for answer.
+* :func:`tile_tables`: every tile's model and phasor table, stacked on a tile axis (one
+  vmapped program, split over devices).
+* :func:`tiled_egs`: the exact MLE over tiles: each tile's coherence screen and multi-start
+  refinement under the ML cost (eq. 17) on its K APs (its table from :func:`tile_tables`,
+  or built and dropped in turn, so memory is one tile's); the tile of lowest ML cost wins
+  (the same K everywhere: the same chi-square), the winner's certified exhaustive search
+  (eq. 18) is refined too, and the answer is refined on the APs ``fine`` asks for. With
+  one tile and K = M it is :func:`~dmimo_jax.estimators.egs` followed by
+  :func:`~dmimo_jax.estimators.refine_batch` wherever that finds the optimum.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, warn_if_float32
-from dmimo_jax.bounds import linearize
+from dmimo_jax.bounds import linearize, peb_from_fim
 from dmimo_jax.estimators import PhasorTable, RefineResult, egs, phasor_table, search_grid
 from dmimo_jax.estimators.mle import refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
@@ -120,12 +123,9 @@ def _nested_pebs(xs: Array, order: Array, model: TwoRayModel) -> Array:
         g = jnp.cumsum(w[:, None] * h, axis=0)
         s = jnp.cumsum(w)
         fim = a - g[:, :, None] * g[:, None, :] / s[:, None, None]
-        # trace of the inverse via eigenvalues: a nested FIM below 4 APs is singular
-        lam = jnp.linalg.eigvalsh(fim)
-        floor = 1e3 * jnp.finfo(fim.dtype).eps * jnp.max(lam, axis=-1)
-        bound = jnp.sqrt(jnp.sum(1.0 / jnp.maximum(lam, floor[:, None]), axis=-1))
-        ok = (jnp.arange(1, order.shape[0] + 1) >= 4) & (lam[:, 0] > floor)
-        return jnp.where(ok, bound, jnp.inf)
+        # below 4 APs a position and a CPO are not identifiable (the FIM is singular)
+        enough = jnp.arange(1, order.shape[0] + 1) >= 4
+        return jnp.where(enough, jax.vmap(peb_from_fim)(fim), jnp.inf)
 
     return jax.vmap(one)(xs)
 
@@ -198,9 +198,25 @@ def tile_scene(scene: Scene, tiling: Tiling, t: int) -> Scene:
     return scene.subset(tiling.aps[t]).replace(ue_low=tiling.low[t], ue_high=tiling.high[t])
 
 
-def _where_rows(rows: Array, a: Any, b: Any) -> Any:
-    """``a`` where ``rows`` (B,) holds, else ``b`` (pytrees of leading axis B)."""
-    return jax.tree.map(lambda u, v: jnp.where(rows.reshape(-1, *(1,) * (u.ndim - 1)), u, v), a, b)
+def _set_rows(best: Any, rows: np.ndarray, take: Array, new: Any) -> Any:
+    """``best`` (a pytree of leading axis B) with its ``rows`` replaced by ``new`` (their
+    answers, leading axis ``len(rows)``) where ``take`` holds."""
+
+    def one(a: Array, b: Array) -> Array:
+        keep = take.reshape(-1, *(1,) * (b.ndim - 1))
+        return a.at[rows].set(jnp.where(keep, b, a[rows]))
+
+    return jax.tree.map(one, best, new)
+
+
+def _rank_tiles(cost: Array, x: Array) -> tuple[Array, Array, Array, Array]:
+    """From every tile's ML costs (T, B) and answers (T, B, 3): the winning tile (B,) (the
+    first on a tie; NaN never wins), its answer (B, 3) and cost (B,), and the runner-up."""
+    cost = jnp.where(jnp.isnan(cost), jnp.inf, cost)
+    order = jnp.argsort(cost, axis=0)  # stable
+    tile, second = order[0], order[min(1, order.shape[0] - 1)]
+    pick = jnp.take_along_axis(cost, tile[None], 0)[0]
+    return tile, jnp.take_along_axis(x, tile[None, :, None], 0)[0], pick, second
 
 
 class TiledResult(NamedTuple):
@@ -281,14 +297,7 @@ def _search_tiles(
         return coarse_to_fine_unchecked(r[:, aps], model, table, num_starts, num_steps)
 
     fit = jax.vmap(one)(tables.models, tables.tables, tables.aps)  # (T, B, ...)
-    cost = jnp.where(jnp.isnan(fit.cost), jnp.inf, fit.cost)
-    order = jnp.argsort(cost, axis=0)  # stable: the first tile on a tie
-    tile, second = order[0], order[min(1, order.shape[0] - 1)]
-
-    def pick(a: Array) -> Array:
-        return jnp.take_along_axis(a, tile.reshape(1, -1, *(1,) * (a.ndim - 2)), 0)[0]
-
-    return tile, pick(fit.x), pick(cost), second
+    return _rank_tiles(fit.cost, fit.x)
 
 
 def tiled_egs(
@@ -375,12 +384,9 @@ def tiled_egs(
             starts = min(num_starts, table.grid.size)
             fit = coarse_to_fine_unchecked(rt, sub, table, starts, num_steps)
             del table
-            costs.append(jnp.where(jnp.isnan(fit.cost), jnp.inf, fit.cost))
+            costs.append(fit.cost)
             xs.append(fit.x)
-        order = jnp.argsort(jnp.stack(costs), axis=0)
-        tile, second = order[0], order[min(1, len(costs) - 1)]
-        x = jnp.take_along_axis(jnp.stack(xs), tile[None, :, None], 0)[0]
-        cost = jnp.take_along_axis(jnp.stack(costs), tile[None], 0)[0]
+        tile, x, cost, second = _rank_tiles(jnp.stack(costs), jnp.stack(xs))
     best = RefineResult(x, jnp.zeros_like(cost), cost, jnp.zeros_like(tile))
     # answers that fail the gate: the best two tiles searched again from wide_starts starts
     failing = np.flatnonzero(~np.asarray(cost <= gate * max(tiling.num_aps - 4, 1)))
@@ -393,8 +399,7 @@ def tiled_egs(
         better = fit.cost < best.cost[rows]
         tile = tile.at[rows].set(jnp.where(better, int(t), tile[rows]))
         new = RefineResult(fit.x, jnp.zeros_like(fit.cost), fit.cost, jnp.zeros(rows.size, int))
-        merged = _where_rows(better, new, jax.tree.map(lambda a, rows=rows: a[rows], best))
-        best = jax.tree.map(lambda a, b, rows=rows: a.at[rows].set(b), best, merged)
+        best = _set_rows(best, rows, better, new)
     certified = jnp.zeros(rb.shape[0], bool)
     for t in np.unique(np.asarray(tile)):  # the winner's exhaustive search, certified
         rows = np.flatnonzero(np.asarray(tile) == t)
@@ -403,8 +408,7 @@ def tiled_egs(
         exact = egs(rt, sub, table, num_candidates=num_candidates)
         fit = refine_batch_unchecked(exact.x, rt, sub, num_steps, 1e-3)
         take = ~(best.cost[rows] < fit.cost - 1.0)  # another optimum only if clearly lower
-        merged = _where_rows(take, fit, jax.tree.map(lambda a, rows=rows: a[rows], best))
-        best = jax.tree.map(lambda a, b, rows=rows: a.at[rows].set(b), best, merged)
+        best = _set_rows(best, rows, take, fit)
         certified = certified.at[rows].set(exact.screened)
     answer = best
     if fine == "all" and tiling.num_aps < scene.num_aps:

@@ -58,3 +58,27 @@ def assert_rate_at_least(successes, num, rate, *, alpha=0.01, what="successes"):
         f"{what}: {int(successes)} of {int(num)}, below a rate of {rate} at the {alpha} level "
         f"(P(X <= {int(successes)}) = {tail:.2g})"
     )
+
+
+def run_on_host_devices(script, *, count=4):
+    """Run the Python source ``script`` in a fresh process with ``count`` host devices on
+    the CPU (even where a GPU is the default platform), the suite's XLA flags kept
+    (conftest.py: the same compiler settings as the other tests), from the repository root;
+    assert it succeeded and return its stdout."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={count}"
+    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        cwd=pathlib.Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout

@@ -5,6 +5,7 @@ import pytest
 
 import dmimo_jax as dj
 from dmimo_jax import estimators as est
+from tests.helpers import run_on_host_devices
 
 SCENE = dj.paper_scene()
 LAM = float(SCENE.wavelength)
@@ -162,20 +163,9 @@ print("IDENTICAL")
 
 
 @pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
-def test_sharded_and_single_device_results_identical(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    # the suite's XLA flags (conftest.py) and four host devices, on the CPU even where a GPU
-    # is the default platform (it would otherwise be the one device)
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
-    script = tmp_path / "sharded.py"
-    script.write_text(_SHARDED)
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "NamedSharding" in out.stdout and "IDENTICAL" in out.stdout
+def test_sharded_and_single_device_results_identical():
+    out = run_on_host_devices(_SHARDED)
+    assert "NamedSharding" in out and "IDENTICAL" in out
 
 
 @pytest.mark.parametrize(

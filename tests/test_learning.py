@@ -2,10 +2,6 @@
 
 import dataclasses
 import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -25,6 +21,7 @@ from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
 from dmimo_jax.learning.nets import differential_inputs, functional, jit_method
 from dmimo_jax.learning.popt import POPT, POPTConfig
 from dmimo_jax.learning.train import TrainConfig, train
+from tests.helpers import run_on_host_devices
 
 SCENE = dj.paper_scene()
 LOW, HIGH = SCENE.ue_low, SCENE.ue_high
@@ -272,7 +269,7 @@ def test_ambiguity_classifier_labels_and_shapes():
 
 
 @pytest.mark.slow
-def test_data_parallel_training_matches_one_device(tmp_path):
+def test_data_parallel_training_matches_one_device():
     """Forced 4 CPU devices: minibatches sharded, parameters replicated; same result."""
     script = textwrap.dedent(
         """
@@ -296,22 +293,10 @@ def test_data_parallel_training_matches_one_device(tmp_path):
         print("result", rel, np.max(np.abs(np.subtract(*losses)) / np.abs(losses[0])))
         """
     )
-    # the suite's XLA flags (conftest.py) and four host devices
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    env = dict(os.environ, XLA_FLAGS=flags.strip())
-    root = pathlib.Path(__file__).parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = run_on_host_devices(script)
     # sharded reductions sum in another order: float32 rounding, which Adam's
     # normalized steps carry into the parameters at the 1e-4 level
-    rel_params, rel_losses = map(float, proc.stdout.split("result")[1].split())
+    rel_params, rel_losses = map(float, out.split("result")[1].split())
     assert rel_params < 1e-3 and rel_losses < 1e-4, (rel_params, rel_losses)
 
 

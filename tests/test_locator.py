@@ -16,6 +16,7 @@ from dmimo_jax import pipeline
 from tests.helpers import LOCATOR_BATCH as BATCH
 from tests.helpers import LOCATOR_LIGHT as LIGHT
 from tests.helpers import LOCATOR_SHARED as SHARED
+from tests.helpers import run_on_host_devices
 from tests.test_offline_online import _labeled, _offline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,7 +133,7 @@ def test_settings_are_checked_and_replace_keeps_the_stage(trained):
 
 
 @pytest.mark.slow  # compiles the whole program several times (40-100 s here)
-def test_the_program_shards_over_four_host_devices(trained, tmp_path):
+def test_the_program_shards_over_four_host_devices(trained):
     tmp, _ = trained
     script = textwrap.dedent(
         f"""
@@ -153,14 +154,8 @@ def test_the_program_shards_over_four_host_devices(trained, tmp_path):
         print(float(np.max(np.abs(np.asarray(out.x) - np.asarray(one.x)))))
         """
     )
-    # the suite's XLA flags kept (conftest.py): the same compiler settings as the other tests
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip())
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert float(done.stdout.strip().splitlines()[-1]) < 1e-9
+    out = run_on_host_devices(script)
+    assert float(out.strip().splitlines()[-1]) < 1e-9
 
 
 @pytest.mark.slow  # compiles the whole program several times (40-100 s here)

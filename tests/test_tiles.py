@@ -10,6 +10,7 @@ import dmimo_jax as dj
 from dmimo_jax import tiles
 from dmimo_jax.datasets import hall_scene
 from dmimo_jax.estimators import phasor_table, search_grid
+from tests.helpers import run_on_host_devices
 
 
 def test_halls_hold_the_papers_density_and_are_reproducible():
@@ -149,19 +150,10 @@ print("IDENTICAL")
 
 
 @pytest.mark.slow  # a subprocess of four host devices
-def test_tiles_sharded_over_four_devices_give_the_one_device_answers(tmp_path):
+def test_tiles_sharded_over_four_devices_give_the_one_device_answers():
     """Tiles split over four host devices (jax.sharding along the tile axis) give the one
     device's answers (the same winning tiles; positions to 1e-12 m and ML costs to 1e-9,
-    the rounding of another partition of one program), and the loop that builds one tile's table at a time
-    the same."""
-    import os
-    import subprocess
-    import sys
-
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu")
-    script = tmp_path / "sharded_tiles.py"
-    script.write_text(_SHARDED)
-    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "NamedSharding" in out.stdout and "IDENTICAL" in out.stdout
+    the rounding of another partition of one program), and the loop that builds one tile's
+    table at a time the same."""
+    out = run_on_host_devices(_SHARDED)
+    assert "NamedSharding" in out and "IDENTICAL" in out

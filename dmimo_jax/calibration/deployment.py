@@ -511,12 +511,7 @@ def _checked_data(model, x, r, noise_var, requests) -> tuple[Array, Array, Array
     # an AP that hears nothing at a label (behind metal) has an infinite variance there: it
     # weighs 0 (its residual, the CPO's estimate, the degrees of freedom and the normalizer
     # leave it out); NaN, zero or negative variances stay refused
-    nv = np.asarray(noise_var)
-    deaf = nv.dtype.kind == "f" and np.any(np.isposinf(nv))
-    if deaf and np.any(np.all(np.isposinf(nv), axis=-1)):
-        raise ValueError("noise_var is inf for every AP of a label: drop that label")
-    check_training_data(x, r, np.where(np.isposinf(nv), 1.0, nv) if deaf else noise_var,
-                        model.num_aps, min_labels=1)  # fmt: skip
+    check_training_data(x, r, noise_var, model.num_aps, min_labels=1, deaf=True)
     if "ap_positions" in requests:
         _check_positions_request(requests["ap_positions"], model.num_aps)
     warn_if_float32("calibrate")

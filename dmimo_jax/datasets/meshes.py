@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 from jax.typing import ArrayLike
 
+from dmimo_jax._checks import check_bool, check_finite
 from dmimo_jax.materials import ITU_MATERIALS
 from dmimo_jax.physics import Face
-from dmimo_jax.physics.faces import check_polygon, newell_normal
+from dmimo_jax.physics.faces import check_polygon, has_zero_area, newell_normal
 
 _PLY_TYPES = MappingProxyType({
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
@@ -354,13 +355,6 @@ def air_points(air: ArrayLike | None) -> np.ndarray:
     return pts
 
 
-def check_flag(name: str, value: Any) -> bool:
-    """``value`` if it is a bool (NumPy's included), else ``ValueError`` naming ``name``."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 def orient_polygons(
     polygons: Sequence[np.ndarray], air: ArrayLike | None = None
 ) -> tuple[list[np.ndarray], np.ndarray]:
@@ -527,9 +521,8 @@ def convex_polygons(
     for i, p in enumerate(polygons):
         poly = v[np.asarray(p, int)]
         name = f"{source}: face {i} (vertices {[int(j) for j in p]})"
-        _finite_polygon(name, poly)
-        span = float(np.ptp(poly, axis=0).max())
-        if not np.linalg.norm(newell_normal(poly)) > 1e-12 * span * span:
+        check_finite(name, poly)
+        if has_zero_area(poly):
             warnings.warn(f"{name} has zero area: skipped", stacklevel=2)
             continue
         try:
@@ -562,7 +555,7 @@ def scene_faces(
     Raises:
         ValueError: a material that is not known, ``air`` not points (A, 3).
     """
-    merge, orient = check_flag("merge", merge), check_flag("orient", orient)
+    merge, orient = check_bool("merge", merge), check_bool("orient", orient)
     air = air_points(air)
     meshes = [(name, [ps[i] for i in _distinct(ps)]) for name, ps in meshes]
     polys = [p for _, ps in meshes for p in ps]

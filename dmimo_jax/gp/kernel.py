@@ -185,12 +185,13 @@ def check_covariance_size(num_locations: int, num_aps: int, max_bytes: float) ->
 
 
 def check_training_data(
-    x: Any, r: Any, noise_var: Any, num_aps: int, *, min_labels: int = 2
+    x: Any, r: Any, noise_var: Any, num_aps: int, *, min_labels: int = 2, deaf: bool = False
 ) -> None:
     """Validate L labeled snapshots: x (L, 3) above ground with L >= ``min_labels`` (the GP
     needs 2; a calibration checks its own count of residuals against its unknowns), r and
     noise_var (L, M) finite, noise_var real and > 0 (``ValueError`` naming the argument
-    otherwise)."""
+    otherwise). ``deaf``: noise_var may be +inf where an AP heard nothing (it weighs 0),
+    though not for every AP of a label."""
     check_positions("x", x, batched=True)
     x = np.asarray(x)
     if x.shape[0] < min_labels:
@@ -203,6 +204,10 @@ def check_training_data(
             raise ValueError(
                 f"{name} must have shape {(x.shape[0], num_aps)} (L, M), got {v.shape}"
             )
+        if name == "noise_var" and deaf and v.dtype.kind == "f" and np.any(np.isposinf(v)):
+            if np.any(np.all(np.isposinf(v), axis=-1)):
+                raise ValueError("noise_var is inf for every AP of a label: drop that label")
+            v = np.where(np.isposinf(v), 1.0, v)  # an AP that heard nothing: weight 0
         check_finite(name, v)
     if np.iscomplexobj(noise_var):
         raise ValueError("noise_var must be real variances (rad^2), got complex values")

@@ -62,7 +62,7 @@ import numpy as np
 from jax import Array, lax
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, check_permittivity, is_concrete
+from dmimo_jax._checks import check_bool, check_int, check_permittivity, is_concrete
 from dmimo_jax.antenna import is_isotropic
 from dmimo_jax.physics.fresnel import surface_reflections
 from dmimo_jax.physics.image_source import MOUNT_TOLERANCE, mirror, resolve_material
@@ -91,6 +91,15 @@ def newell_normal(v: np.ndarray) -> np.ndarray:
     )
 
 
+def has_zero_area(vertices: np.ndarray) -> bool:
+    """Whether a finite polygon (K, 3) encloses no area: its Newell normal's length at most
+    1e-12 of its longest edge squared (collinear or repeated vertices; exporters leave such
+    faces, which bound nothing)."""
+    v = np.asarray(vertices, float)
+    scale = max(float(np.max(np.linalg.norm(np.roll(v, -1, axis=0) - v, axis=1))), 1e-300)
+    return not float(np.linalg.norm(newell_normal(v))) > 1e-12 * scale * scale
+
+
 def check_polygon(name: str, vertices: np.ndarray) -> np.ndarray:
     """The unit normal of a planar convex polygon (K, 3), or ``ValueError`` naming ``name``
     (fewer than 3 vertices, non-finite, repeated or collinear vertices, zero area,
@@ -108,10 +117,10 @@ def check_polygon(name: str, vertices: np.ndarray) -> np.ndarray:
     scale = max(float(np.max(lengths)), 1e-300)
     if np.any(lengths <= 1e-12 * scale):
         raise ValueError(f"{name} repeats a vertex (a zero-length edge): a degenerate face")
+    if has_zero_area(v):
+        raise ValueError(f"{name} has zero area (collinear vertices): a degenerate face")
     area2 = newell_normal(v)
     norm = float(np.linalg.norm(area2))
-    if not norm > 1e-12 * scale * scale:
-        raise ValueError(f"{name} has zero area (collinear vertices): a degenerate face")
     n = area2 / norm
     off = (v - v.mean(axis=0)) @ n
     if np.max(np.abs(off)) > PLANARITY_TOLERANCE:
@@ -186,8 +195,7 @@ class Face:
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
-        if not isinstance(sheet, bool | np.bool_):
-            raise ValueError(f"sheet must be True or False, got {sheet!r}")
+        check_bool("sheet", sheet)
         fdt = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
         cdt = jnp.result_type(fdt, jnp.complex64)
         n = check_polygon(f"vertices of face {name!r}", vertices)

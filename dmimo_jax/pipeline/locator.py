@@ -69,8 +69,6 @@ from dmimo_jax.pipeline.stages import (
 )
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
-"""The fewest rows a rare step of the Locator handles in one program (capacity > 0)."""
-
 BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)
 """The batch sizes the Locator's call compiles: a batch is padded to the next (a larger one
 runs in parts of the last), so any batch runs one of seven programs."""
@@ -154,6 +152,16 @@ class HealReport(NamedTuple):
     count: Array  # int: the accepted snapshots that excluded it
 
 
+def exclusions_allowed(noise_fit: tuple, fit_risk: float) -> int | None:
+    """The largest k whose :func:`~dmimo_jax.bounds.noise_fit_probability` (``noise_fit``,
+    k = 0 .. M - 4) summed over 0 .. k is within ``fit_risk``, at most M - 5 (one redundant
+    AP); -1 where even k = 0 is not; None for an empty ``noise_fit`` (no cost gate)."""
+    if not noise_fit:
+        return None
+    within = int(np.sum(np.cumsum(noise_fit) <= fit_risk))
+    return min(within - 1, len(noise_fit) - 2)
+
+
 class LocatorSettings(NamedTuple):
     """The static settings of a :class:`Locator` (checked at construction; see there)."""
 
@@ -174,11 +182,11 @@ class LocatorSettings(NamedTuple):
     fit_risk: float = 1e-3
     noise_fit: tuple = ()  # derived: bounds.noise_fit_probability for k = 0 .. M - 4 APs out
 
-    def noise_fit_risk(self, k: int) -> float:
-        """The bound on the chance that phases with no relation to the model pass the gate
-        with up to ``k`` APs left out (:func:`~dmimo_jax.bounds.noise_fit_probability`
-        summed over 0 .. k; 0 without a cost gate's bound)."""
-        return float(sum(self.noise_fit[: k + 1])) if self.noise_fit else 0.0
+    @property
+    def most_excluded(self) -> int | None:
+        """The most APs an answer may leave out at ``fit_risk`` (:func:`exclusions_allowed`
+        of ``noise_fit``); None without a cost gate (no bound)."""
+        return exclusions_allowed(self.noise_fit, self.fit_risk)
 
     @property
     def screen(self) -> ScreenSettings:
@@ -410,9 +418,8 @@ class Locator:
             low, high = np.asarray(self.region_low), np.asarray(self.region_high)
             p = noise_fit_probability(self.fine_model, low, high, float(s["cost_gate"]))
             s["noise_fit"] = tuple(float(v) for v in p)
-        within = np.cumsum(s["noise_fit"]) <= s["fit_risk"] if s["noise_fit"] else np.ones(1)
-        allowed = max(int(np.sum(within)) - 1, 0) if s["noise_fit"] else max(m - 5, 0)
-        allowed = min(allowed, max(m - 5, 0))
+        bound = exclusions_allowed(s["noise_fit"], s["fit_risk"])
+        allowed = max(m - 5 if bound is None else bound, 0)
         if s["max_excluded"] is None:
             s["max_excluded"] = min(3, allowed)
             return

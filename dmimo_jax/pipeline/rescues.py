@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import Array
 
 from dmimo_jax.estimators.faults import pick_excluding, region_candidates
@@ -237,12 +236,11 @@ def final_status(loc: Locator, state: GateState) -> Array:
     AP or with more APs left out than the noise-fit bound allows at the Locator's
     ``fit_risk`` (:func:`~dmimo_jax.bounds.noise_fit_probability`: noise could have
     passed), ``OVERFLOW`` and the rest as the gate left them."""
-    s = loc.settings
     k = jnp.sum(state.answer.excluded, axis=1)
     weak = loc.num_aps - k - 4 < 1
-    if s.noise_fit:
-        risky = np.cumsum(s.noise_fit) > s.fit_risk  # (M - 3,) static, k = 0 .. M - 4
-        weak = weak | jnp.asarray(risky)[jnp.minimum(k, len(risky) - 1)]
+    allowed = loc.settings.most_excluded  # static
+    if allowed is not None:
+        weak = weak | (k > allowed)
     status = jnp.where(state.pending, jnp.int32(Status.REJECTED), state.status)
     accepted = status <= Status.RECOVERED
     return jnp.where(accepted & weak, jnp.int32(Status.UNVERIFIED), status)

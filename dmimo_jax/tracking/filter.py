@@ -345,7 +345,7 @@ class Tracker:
         """
         check_positions("x0", x0, batched=False)
         if is_concrete(x0):
-            x0 = start_in_region(self, np.asarray(x0, float)[None], "x0")[0]
+            x0 = start_in_region(self.motion, np.asarray(x0, float)[None], "x0")[0]
         check_scalar("position_std", position_std, positive=True)
         check_scalar("velocity_std", velocity_std, positive=True)
         if v0 is not None:
@@ -739,12 +739,12 @@ def global_center(tracker: Tracker, state: TrackState) -> Array:
 START_MARGIN = 0.5  # m: a start this far outside the region is moved onto it; further: refused
 
 
-def start_in_region(tracker: Tracker, pos: np.ndarray, name: str) -> np.ndarray:
+def start_in_region(motion: MotionModel, pos: np.ndarray, name: str) -> np.ndarray:
     """Start positions ``pos`` (B, 3) inside the motion model's region: one at most
     ``START_MARGIN`` outside it (a single-snapshot estimate at low power, the normal case)
     is moved onto its boundary with a warning naming the UEs; NaN, or one further out
     (which cannot be meant), is a ``ValueError`` naming ``name``."""
-    low, high = (np.asarray(v, float) for v in (tracker.motion.low, tracker.motion.high))
+    low, high = np.asarray(motion.low, float), np.asarray(motion.high, float)
     if not np.all(np.isfinite(pos)):
         raise ValueError(f"{name}: a start position is not finite: {pos.tolist()[:3]}")
     clipped = np.clip(pos, low, high)
@@ -810,7 +810,7 @@ def run_tracker(
         )
     if is_concrete(state.mean):  # jax.vmap(tracker.init) skipped init's check of x0
         pos = np.asarray(state.mean, float)[:, :3]
-        moved = start_in_region(tracker, pos, "state")
+        moved = start_in_region(tracker.motion, pos, "state")
         if not np.array_equal(moved, pos):
             mean = jnp.asarray(state.mean).at[:, :3].set(jnp.asarray(moved, state.mean.dtype))
             state = state._replace(mean=mean, prior_mean=mean)
