@@ -72,6 +72,40 @@ def robust_residuals(r: Array, mean: Array, variance: Array, excluded: Array) ->
     return jnp.where(excluded, 0.0, out)
 
 
+def exclusion_trial(r: Array, mean: Array, variance: Array, excluded: Array) -> Array:
+    """The next exclusion's mask (M,): ``excluded`` and the AP of the largest
+    :func:`robust_residuals` at the answer, where the model's mean and variance are
+    ``mean`` and ``variance`` (M,). One snapshot ``r`` (M,), traced."""
+    score = robust_residuals(r, mean, variance, excluded)
+    return excluded.at[jnp.argmax(score)].set(True)
+
+
+def exclusion_taken(passed: Array, trial: Array, limit: int) -> Array:
+    """Where an exclusion step's re-fit replaces the answer: the answer fails the gate
+    (not ``passed``) and ``trial`` (..., M) leaves out at most ``limit`` APs."""
+    return ~passed & (jnp.sum(trial, axis=-1) <= limit)
+
+
+def take_exclusion(
+    current: ExclusionResult, fit: RefineResult, trial: Array, gate: float, limit: int
+) -> ExclusionResult:
+    """One exclusion step's outcome: the re-fit ``fit`` without the APs of ``trial`` replaces
+    the ``current`` answer where that one fails the gate and ``trial`` leaves out at most
+    ``limit`` APs; the gate (``gate`` per degree of freedom) checked again. Traced; shapes
+    of one snapshot or batched alike."""
+    take = exclusion_taken(current.passed, trial, limit)
+    pick = lambda a, b: jnp.where(take.reshape(take.shape + (1,) * (a.ndim - take.ndim)), a, b)
+    fine = jax.tree.map(pick, fit, current.fine)
+    excluded = pick(trial, current.excluded)
+    return ExclusionResult(fine, excluded, passes_gate(fine.cost, gate, trial.shape[-1], excluded))
+
+
+def exclusion_limit(max_excluded: int, num_aps: int) -> int:
+    """The most APs an answer may leave out: ``max_excluded``, and never so many that fewer
+    than one redundant AP is left (M - k - 4 >= 1)."""
+    return min(int(max_excluded), num_aps - 5)
+
+
 def exclude_faults(
     r: Array,
     fine: RefineResult,
@@ -91,19 +125,14 @@ def exclude_faults(
     unchanged (nothing excluded), so a batch without faults gives today's answers."""
     m = r.shape[-1]
     excluded = jnp.zeros(m, bool) if excluded is None else excluded
-    limit = min(int(max_excluded), m - 5)
+    limit = exclusion_limit(max_excluded, m)
 
     def step(_: int, carry: ExclusionResult) -> ExclusionResult:
-        fine, excluded, passed = carry
-        mean, var = model.mean(fine.x), model.variance(fine.x)
-        score = robust_residuals(r, mean, var, excluded)
-        trial = excluded.at[jnp.argmax(score)].set(True)
+        x = carry.fine.x
+        trial = exclusion_trial(r, model.mean(x), model.variance(x), carry.excluded)
         # the re-fit's cost is eq. (17) over the APs left (the excluded at infinite variance)
-        fit = refine_excluding(fine.x, r, model, trial, num_steps)
-        take = ~passed & (jnp.sum(trial) <= limit)
-        fine = jax.tree.map(lambda a, b: jnp.where(take, a, b), fit, fine)
-        excluded = jnp.where(take, trial, excluded)
-        return ExclusionResult(fine, excluded, passes_gate(fine.cost, gate, m, excluded))
+        fit = refine_excluding(carry.fine.x, r, model, trial, num_steps)
+        return take_exclusion(carry, fit, trial, gate, limit)
 
     # a loop, not unrolled: one re-fit in the program whatever max_excluded (compile time)
     start = ExclusionResult(fine, excluded, passes_gate(fine.cost, gate, m, excluded))
@@ -158,35 +187,24 @@ def still_out(x: Array, r: Array, model: PhaseModel, suspects: Array, gate: floa
     :func:`median_cpo_residuals`) is within :math:`\sqrt{g}\,\sigma_m` rejoins (a healthy AP
     the trimmed coherence happened to drop); ``gate`` :math:`g` is the cost gate per degree
     of freedom. One snapshot (M,), traced."""
-    z = median_cpo_residuals(r, model.mean(x), model.variance(x), suspects)
+    return still_out_at(r, model.mean(x), model.variance(x), suspects, gate)
+
+
+def still_out_at(r: Array, mean: Array, variance: Array, suspects: Array, gate: float) -> Array:
+    """:func:`still_out` from the model's ``mean`` and ``variance`` (M,) at the position."""
+    z = median_cpo_residuals(r, mean, variance, suspects)
     return suspects & ~(z**2 <= gate)
 
 
-def region_candidates(
-    r: Array,
-    model: PhaseModel,
-    table: PhasorTable,
-    k: int,
-    num_steps: int,
-    robust: int = 0,
-    drop: int = 0,
-    gate: float = 100.0,
-) -> tuple[Array, Array, Array]:
-    """The whole-region screen's candidates of each snapshot ``r`` (B, M), each refined
-    (``num_steps`` LM steps under ``model``), *before* the pick of the cheapest
-    (:func:`~dmimo_jax.estimators.coarse_to_fine` keeps only that one): positions
-    (B, k, 3), ML costs (B, k) and (B, k, M) the APs each leaves out. The first
-    ``k - robust`` are the screen's most coherent grid points, refined with every AP; the
-    last ``robust`` the best of its :data:`ROBUST_POOL` most coherent under
-    :func:`trimmed_coherence` with ``drop`` APs left out, each refined without the APs it
-    dropped; in the mask the suspects that fit there rejoin (:func:`still_out`, ``gate``
-    per degree of freedom), for the caller's re-fit. With faulty APs the cheapest under the ML cost of every AP is often a wrong
-    lobe, and with two or three of them the right lobe is often not among the most
-    coherent either, nor stays there when refined with the faulty APs in, while the
-    trimmed coherence ranks it near the top and names its faulty APs (measured in
-    docs/learning.md); :func:`pick_excluding` chooses after the exclusion. Traced,
-    unchecked; ``k``, ``num_steps``, ``robust`` (< k), ``drop`` (>= 1 when ``robust``) and
-    ``gate`` static."""
+def region_starts(
+    r: Array, table: PhasorTable, k: int, robust: int = 0, drop: int = 0
+) -> tuple[Array, Array]:
+    """The whole-region screen's ``k`` starts of each snapshot ``r`` (B, M) (B, k, 3) and
+    the APs each leaves out (B, k, M) (the Locator's whole-region rescue refines them, each
+    without its APs, then re-admits with :func:`still_out`): the first
+    ``k - robust`` the most coherent grid points (nothing out), the last ``robust`` the best
+    of the :data:`ROBUST_POOL` most coherent under :func:`trimmed_coherence` with ``drop``
+    APs out (the APs it dropped). Traced, unchecked; ``k``, ``robust``, ``drop`` static."""
     batch, size, m = r.shape[0], table.grid.size, r.shape[1]
     pool = max(k, min(ROBUST_POOL, size)) if robust else k
     _, cand = screen(r, table, pool)
@@ -198,18 +216,8 @@ def region_candidates(
         dropped = jnp.take_along_axis(dropped, top[:, :, None], axis=1)
         suspects = jnp.concatenate([suspects, dropped], axis=1)
         cand = jnp.concatenate([cand[:, : k - robust], best], axis=1)
-    x0 = grid_points(table.grid, cand).reshape(batch * k, 3).astype(r.dtype)
-    rk, suspects = jnp.repeat(r, k, axis=0), suspects.reshape(batch * k, m)
-    # one LM for every start (the plain ones with nothing out: refine_batch's answers)
-    fine = jax.vmap(lambda x, ri, out: refine_excluding(x, ri, model, out, num_steps))(
-        x0, rk, suspects
-    )
-    out = jax.vmap(lambda x, ri, sus: still_out(x, ri, model, sus, gate))(fine.x, rk, suspects)
-    return (
-        fine.x.reshape(batch, k, 3),
-        fine.cost.reshape(batch, k),
-        out.reshape(batch, k, m),
-    )
+    x0 = grid_points(table.grid, cand).reshape(batch, k, 3).astype(r.dtype)
+    return x0, suspects
 
 
 def pick_excluding(cost: Array, first: Array, passed: Array, num_excluded: Array) -> Array:

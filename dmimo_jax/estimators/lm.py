@@ -47,19 +47,21 @@ def levenberg_marquardt(
 ) -> LMResult:
     """Run ``num_steps`` Levenberg-Marquardt steps on ``residual_fn(x, aux)`` from ``x0``.
 
-    Pure and traceable (no checks): call it inside ``jit``/``vmap``. Every evaluation is
-    kept: a step linearizes the residuals at its iterate (the residuals and the Jacobian in
-    one pass) and evaluates them once at the trial point, whose residuals, ``aux`` and extra
-    output become the next iterate's when the step is accepted; so a program holds two
-    copies of ``residual_fn`` and one of ``aux_fn`` per call site, and the result's ``cost``
-    and ``extra`` are those of the final iterate without a further evaluation.
+    Pure and traceable (no checks): call it inside ``jit``/``vmap``. One evaluation per
+    step: a step linearizes the residuals at its trial point (the residuals and the Jacobian
+    in one pass), and when the step is accepted they become the next step's; a first pass
+    of the same loop body linearizes the start. So a program holds one copy of
+    ``residual_fn`` (with its linearization) and one of ``aux_fn`` per call site, and the
+    result's ``cost`` and ``extra`` are those of the final iterate without a further
+    evaluation.
 
     Args:
         residual_fn: ``(x, aux) -> e`` (K,), differentiable in ``x``; with ``has_extra``,
             ``(x, aux) -> (e, extra)`` (an extra output at ``x``, e.g. a nuisance estimate,
             returned at the final iterate).
         x0: (n,) start.
-        num_steps: number of steps (a Python int).
+        num_steps: number of steps: a Python int, or a traced int >= 0 (one program for
+            several step counts; the loop is then a ``while_loop``).
         damping: initial damping factor :math:`\\lambda`.
         aux_fn: ``x -> aux`` evaluated at the current iterate and held constant (no
             gradient) within a step; default ``None`` passes ``None``.
@@ -79,44 +81,51 @@ def levenberg_marquardt(
     aux_of = (lambda x: None) if aux_fn is None else (lambda x: jax.lax.stop_gradient(aux_fn(x)))
     with_extra = residual_fn if has_extra else (lambda x, aux: (residual_fn(x, aux), None))
 
-    def step(_, carry):
-        x, lam, accepted, aux, _, _ = carry  # aux at x
-        if normal_fn is None:
-            (e, extra), linear = jax.linearize(lambda y: with_extra(y, aux), x)
-            eye = jnp.eye(x.shape[0], dtype=x.dtype)
-            jac = jax.vmap(linear)(eye)[0].T
-            a, g = jac.T @ jac, jac.T @ e
-        else:
+    def evaluate(x: Array, aux: Any) -> tuple[Array, Any, Array, Array]:
+        """Residuals, extra output and the normal equations (J^T J, J^T e) at ``x``."""
+        if normal_fn is not None:
             e, extra = with_extra(x, aux)
-            a, g = normal_fn(x, aux)
+            return (e, extra, *normal_fn(x, aux))
+        (e, extra), linear = jax.linearize(lambda y: with_extra(y, aux), x)
+        jac = jax.vmap(linear)(jnp.eye(x.shape[0], dtype=x.dtype))[0].T
+        return e, extra, jac.T @ jac, jac.T @ e
+
+    def step(i, carry):
+        x, lam, accepted, aux, cost, extra, a, g = carry  # all at x
+        first = i == 0  # the start's evaluation, accepted as it is
         d = jnp.diag(a)
         # a column of J that vanishes (a saturated parametrization) keeps a positive scale
         d = jnp.maximum(d, jnp.finfo(d.dtype).eps * jnp.max(d))
-        dx = jnp.linalg.solve(a + lam * jnp.diag(d), -g)
-        x_new = x + dx
+        m = jnp.where(first, jnp.eye(x.shape[0], dtype=a.dtype), a + lam * jnp.diag(d))
+        x_new = jnp.where(first, x, x + jnp.linalg.solve(m, -g))
         aux_new = aux_of(x_new)
-        e_new, extra_new = with_extra(x_new, aux_new)
-        cost_old, cost_new = jnp.sum(e**2), jnp.sum(e_new**2)
-        ok = jnp.isfinite(cost_new) & (cost_new < cost_old)
+        e_new, extra_new, a_new, g_new = evaluate(x_new, aux_new)
+        cost_new = jnp.sum(e_new**2)
+        ok = jnp.isfinite(cost_new) & (cost_new < cost)
         if feasible is not None:
             ok = ok & feasible(x_new)
-        pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+        take = first | ok
+        pick = lambda new, old: jax.tree.map(lambda u, v: jnp.where(take, u, v), new, old)
         return (
             pick(x_new, x),
-            jnp.where(ok, lam / 3.0, lam * 4.0),
-            accepted + ok.astype(jnp.int32),
+            jnp.where(first, lam, jnp.where(ok, lam / 3.0, lam * 4.0)),
+            accepted + (ok & ~first).astype(jnp.int32),
             pick(aux_new, aux),
-            pick(cost_new, cost_old),
+            pick(cost_new, cost),
             pick(extra_new, extra),
+            pick(a_new, a),
+            pick(g_new, g),
         )
 
     aux0 = aux_of(x0)
-    if num_steps == 0:
+    if isinstance(num_steps, int) and num_steps == 0:
         e0, extra0 = with_extra(x0, aux0)
         return LMResult(x0, jnp.sum(e0**2), jnp.zeros((), jnp.int32), extra0)
-    shapes = jax.eval_shape(with_extra, x0, aux0)
+    # one evaluation in the loop: iteration 0 evaluates the start, each later one the trial
+    # point (its linearization becomes the next step's when the step is accepted)
+    shapes = jax.eval_shape(evaluate, x0, aux0)
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    cost0 = jnp.zeros((), zeros[0].dtype)
-    init = (x0, jnp.asarray(damping, x0.dtype), jnp.zeros((), jnp.int32), aux0, cost0, zeros[1])
-    x, _, accepted, _, cost, extra = jax.lax.fori_loop(0, num_steps, step, init)
+    lam0 = jnp.asarray(damping, x0.dtype)
+    init = (x0, lam0, jnp.zeros((), jnp.int32), aux0, jnp.sum(zeros[0] ** 2), *zeros[1:])
+    x, _, accepted, _, cost, extra, _, _ = jax.lax.fori_loop(0, num_steps + 1, step, init)
     return LMResult(x, cost, accepted, extra)

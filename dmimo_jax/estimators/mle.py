@@ -115,44 +115,71 @@ def refine_batch(
     return refine_batch_unchecked(x0, r, model, num_steps, damping)
 
 
-@partial(jax.jit, static_argnums=(3,))
-def _refine(
+class Refined(NamedTuple):
+    """Output of :func:`refine_with_model`: the refinement and the model at its answer."""
+
+    fine: RefineResult
+    mean: Array  # (M,) the model's mean phases at fine.x
+    variance: Array  # (M,) its variances there (every AP's, the excluded ones' too)
+
+
+def refine_body(
     x0: Array,
     r: Array,
     model: PhaseModel,
-    num_steps: int,
+    num_steps: int | Array,
     damping: float,
     excluded: Array | None = None,
 ) -> RefineResult:
-    r"""The refinement of :func:`refine`: Levenberg-Marquardt on the weighted residuals
-    :math:`e_m = \mathrm{wrap}(r_m - \mu_m(\mathbf x) - \hat\phi(\mathbf x))/\sigma_m`
-    (eq. 17) by :func:`~dmimo_jax.estimators.lm.levenberg_marquardt`, the CPO (eq. 15) its
-    extra output and the weights :math:`\sigma_m^2` its ``aux`` (held within a step): every
-    evaluation is kept, so a step evaluates the model twice (its linearization and the
-    trial point) and a call site holds two copies of the model (the online program is
-    mostly these copies)."""
-    variance = model.variance if excluded is None else excluded_variance(model, excluded)
+    """The refinement of :func:`refine` for one snapshot, traced and unchecked
+    (:func:`refine_with_model` without the model's values)."""
+    return refine_with_model(x0, r, model, num_steps, damping, excluded).fine
 
-    def weighted_residual(x: Array, var: Array) -> tuple[Array, Array]:
+
+def refine_with_model(
+    x0: Array,
+    r: Array,
+    model: PhaseModel,
+    num_steps: int | Array,
+    damping: float,
+    excluded: Array | None = None,
+) -> Refined:
+    r"""The refinement of :func:`refine` for one snapshot, traced and unchecked (``num_steps``
+    a Python int or a traced int >= 0: one program for several step counts), with the model's
+    mean and variance at its answer: Levenberg-Marquardt on the weighted residuals
+    :math:`e_m = \mathrm{wrap}(r_m - \mu_m(\mathbf x) - \hat\phi(\mathbf x))/\sigma_m`
+    (eq. 17) by :func:`~dmimo_jax.estimators.lm.levenberg_marquardt`, the CPO (eq. 15) and
+    the model's values its extra output, the variances :math:`\sigma_m^2` its ``aux`` (held
+    within a step); the APs of the (M,) bool mask ``excluded`` weigh nothing
+    (:func:`excluded_variance`). A step evaluates the model once (its linearization at the
+    trial point), so a call site holds one copy of the model and its tangent."""
+
+    def weighted_residual(x: Array, var: Array) -> tuple[Array, tuple[Array, Array, Array]]:
         mean = model.mean(x)
-        phi = cpo_estimate(r, mean, var)
-        return wrap(r - mean - phi) / jnp.sqrt(var), phi
+        weight = var if excluded is None else jnp.where(excluded, jnp.inf, var)
+        phi = cpo_estimate(r, mean, weight)
+        return wrap(r - mean - phi) / jnp.sqrt(weight), (phi, mean, var)
 
     fit = levenberg_marquardt(
         weighted_residual,
         x0,
         num_steps=num_steps,
         damping=damping,
-        aux_fn=variance,  # weights held constant within a step
+        aux_fn=model.variance,  # weights held constant within a step
         feasible=lambda x: x[2] > 0,
-        has_extra=True,  # the CPO at the final iterate
+        has_extra=True,  # the CPO and the model's values at the final iterate
     )
-    return RefineResult(x=fit.x, cpo=wrap(fit.extra), cost=fit.cost, num_accepted=fit.num_accepted)
+    phi, mean, var = fit.extra
+    fine = RefineResult(x=fit.x, cpo=wrap(phi), cost=fit.cost, num_accepted=fit.num_accepted)
+    return Refined(fine, mean, var)
+
+
+_refine = jax.jit(refine_body, static_argnums=(3,))
 
 
 def excluded_variance(model: PhaseModel, excluded: Array) -> Callable[[Array], Array]:
     """``x -> model.variance(x)`` with the APs of the (M,) bool mask ``excluded`` at infinite
-    variance: they drop out of the CPO estimate (eq. 15, weight 0), of the ML cost (eq. 17)
+    variance (how :func:`refine_with_model` weighs them): they drop out of the CPO estimate (eq. 15, weight 0), of the ML cost (eq. 17)
     and of the Fisher information (eq. 14) exactly, as an AP that hears nothing does."""
     return lambda x: jnp.where(excluded, jnp.inf, model.variance(x))
 

@@ -163,6 +163,17 @@ def window_search_unchecked(
     ``low``/``high`` (3,) it is clipped to, ``k`` starts of ``num_steps`` LM steps (both
     static). Returns the best refined point (B, 3)."""
 
+    x0 = window_starts(r, model, x_coarse, offsets, low, high, k)
+    return refine_multistart_unchecked(x0, r, model, num_steps).x
+
+
+def window_starts(
+    r: Array, model: PhaseModel, x_coarse: Array, offsets: Array, low: Array, high: Array, k: int
+) -> Array:
+    """The ``k`` window points of lowest LS cost (eq. 18) around each centre ``x_coarse``
+    (B, 3) (clipped to ``low``/``high``), of snapshots ``r`` (B, M): (B, k, 3), the starts
+    :func:`window_search_unchecked` refines. Traced, ``k`` static."""
+
     def starts(args):  # the k best window points of one snapshot (k, 3)
         ri, xi = args
         centre = jnp.clip(xi, low, high)  # a coarse estimate may lie outside the region
@@ -171,8 +182,7 @@ def window_search_unchecked(
         _, idx = jax.lax.top_k(-cost, k)
         return pts[idx]
 
-    x0 = jax.lax.map(starts, (r, x_coarse))
-    return refine_multistart_unchecked(x0, r, model, num_steps).x
+    return jax.lax.map(starts, (r, x_coarse))
 
 
 def recheck_costly(

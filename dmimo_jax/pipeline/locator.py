@@ -40,7 +40,6 @@ from dmimo_jax._checks import (
 )
 from dmimo_jax.bounds import noise_fit_probability
 from dmimo_jax.estimators import PhasorTable
-from dmimo_jax.estimators.faults import exclude_faults
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
 from dmimo_jax.estimators.rows import MIN_CAPACITY, capacity_for, passes_gate
 from dmimo_jax.estimators.window import window_offsets
@@ -50,7 +49,6 @@ from dmimo_jax.physics import PhaseModel
 from dmimo_jax.pipeline.online import CandidateScreen, ScreenSettings, check_screen_settings
 from dmimo_jax.pipeline.rescues import (
     DEFAULT_RESCUES,
-    EXCLUSION_STEPS,
     Answer,
     RegionSearch,
     Rescue,
@@ -538,27 +536,6 @@ class Locator:
         """Whether fault exclusion is on (``max_excluded`` > 0 and a cost gate)."""
         return bool(self.settings.max_excluded) and self.settings.cost_gate is not None
 
-    def exclude(
-        self, r: Array, fine: RefineResult, excluded: Array | None = None
-    ) -> tuple[RefineResult, Array]:
-        """Fault exclusion of answers ``fine`` (B rows), traced
-        (:func:`~dmimo_jax.estimators.faults.exclude_faults` under :attr:`fine_model`):
-        the answers with up to ``max_excluded`` APs left out in all (those already in
-        ``excluded`` count), and the (B, M) mask of them."""
-        settings = self.settings
-        out = jax.vmap(
-            lambda ri, fi, ei: exclude_faults(
-                ri,
-                fi,
-                self.fine_model,
-                settings.cost_gate,
-                settings.max_excluded,
-                max(settings.fine_steps, EXCLUSION_STEPS),
-                ei,
-            )
-        )(r, fine, jnp.zeros(r.shape, bool) if excluded is None else excluded)
-        return out.fine, out.excluded
-
     def passes(self, cost: Array, excluded: Array) -> Array:
         """(B,) whether costs pass the gate of the APs left: ``cost_gate * (M - k - 4)`` for
         k excluded (``cost_gate * (M - 4)`` with none); NaN fails; without a cost gate,
@@ -766,7 +743,14 @@ def _locate_one_vmap(
 _coarse = jax.jit(lambda loc, r: loc.stage.coarse(loc, r))
 _screen = jax.jit(lambda loc, r, c, cap: loc.stage.screen(loc, r, c, cap), static_argnums=3)
 _refine = jax.jit(Locator.refine)
-_region = jax.jit(lambda loc, r: RegionSearch().run(loc, r, None))
+
+
+@jax.jit
+def _region(loc: Locator, r: Array) -> Answer:
+    b = r.shape[0]
+    blank = RefineResult(jnp.zeros((b, 3), r.dtype), jnp.zeros(b, r.dtype),
+                         jnp.full(b, jnp.inf, r.dtype), jnp.zeros(b, jnp.int32))  # fmt: skip
+    return RegionSearch().run(loc, r, Answer(blank.x, blank, jnp.zeros(r.shape, bool)))
 
 
 class _Certified(NamedTuple):

@@ -3,27 +3,35 @@
 The Locator's first answer (coarse stage -> screen -> fine stage) is checked against the
 cost gate (eq. 17: about chi-square with M - k - 4 degrees of freedom at the right position,
 k APs left out). A row that fails, or whose coarse stage was unsure, is *pending*; each
-rescue in turn takes some of the pending rows (at most a capacity of them, in one program:
-:func:`~dmimo_jax.estimators.rows.on_rows`) and returns new answers for them; a row whose
-new answer passes gets the rescue's :class:`Status` and is no longer pending. After the
-last rescue, a row still pending is ``REJECTED``; a row that passes with no redundant AP
-(M - k - 4 < 1: four APs fit any phases), or with more APs out than the noise-fit bound
-allows, is ``UNVERIFIED``; a row a rescue could not fit in
-its capacity is ``OVERFLOW`` (the Locator's call runs it again).
+rescue in turn takes some of the pending rows (at most a capacity of them) and returns new
+answers for them; a row whose new answer passes gets the rescue's :class:`Status` and is
+no longer pending. After the last rescue, a row still pending is ``REJECTED``; a row that
+passes with no redundant AP (M - k - 4 < 1: four APs fit any phases), or with more APs out
+than the noise-fit bound allows, is ``UNVERIFIED``; a row a rescue could not fit in its
+capacity is ``OVERFLOW`` (the Locator's call runs it again).
 
 A rescue is a small object (a :class:`Rescue`): whether it runs for a Locator at all, which
-pending rows it takes, how many it handles in one program, and how it runs them. A new rescue
-is one new class passed in the Locator's ``rescues``; the gate (:func:`run_gate`) is not
-edited.
+pending rows it takes, how many it handles in one program, and how it runs them, as a few
+Levenberg-Marquardt passes (:class:`Fit`) over *lanes* (:class:`Lanes`: ``width`` starts of
+each row it works on) between a ``begin`` that lays out the lanes and a ``finish`` that
+reads each row's answer from them. A new rescue is one new class passed in the Locator's
+``rescues``; the gate (:func:`run_gate`) is not edited.
+
+**One loop, one refinement.** :func:`run_gate` is one ``lax.while_loop`` over the rescues,
+their rows (a job of rows at a time) and their passes: each iteration lays out or updates
+the lanes (a ``lax.switch`` over the passes' small steps) and runs *the* refinement, one
+Levenberg-Marquardt call site for every pass of every rescue (its step count a traced
+value). So the program holds the model once for all rescues, however many passes they make
+(the rescues' passes were each a copy of the model and its linearization: most of the
+program's size and compile time).
 
 The rescues of the package, in the Locator's order:
 
 1. :class:`ExcludeFaults`: the first answer with faulty APs left out one at a time
-   (:func:`~dmimo_jax.estimators.faults.exclude_faults`), status ``EXCLUDED``.
+   (:func:`~dmimo_jax.estimators.faults.exclude_faults`' steps), status ``EXCLUDED``.
 2. :class:`RegionSearch`: the whole region searched again (the phasor table's most coherent
    points, and with fault exclusion on, the best under the trimmed coherence, each refined
-   without the APs it names: one body for the plain and the excluding search), status
-   ``RECOVERED``.
+   without the APs it names, then through the fault exclusion), status ``RECOVERED``.
 3. :class:`DenseRecheck`: a dense window around answers that still fail with every AP in,
    when they are few (a shadow boundary one refinement cannot cross), status ``RECOVERED``.
 """
@@ -32,19 +40,30 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import Array
 
-from dmimo_jax.estimators.faults import pick_excluding, region_candidates
-from dmimo_jax.estimators.mle import RefineResult, refine_excluding
-from dmimo_jax.estimators.rows import on_rows
-from dmimo_jax.estimators.window import dense_recheck
+from dmimo_jax.estimators.faults import (
+    ExclusionResult,
+    exclusion_limit,
+    exclusion_taken,
+    exclusion_trial,
+    pick_excluding,
+    region_starts,
+    still_out_at,
+    take_exclusion,
+)
+from dmimo_jax.estimators.mle import Refined, RefineResult, refine_with_model
+from dmimo_jax.estimators.rows import chunk_for
+from dmimo_jax.estimators.window import window_starts
 
 if TYPE_CHECKING:
+    from dmimo_jax.physics import PhaseModel
     from dmimo_jax.pipeline.locator import Locator
 
 REGION_STARTS, REGION_STEPS = 8, 25  # the whole-region search's most coherent starts, LM steps
@@ -81,10 +100,45 @@ class GateState(NamedTuple):
     count: Array  # () int: the batch's real rows (a padded batch's padding takes no rescue)
 
 
+class Lanes(NamedTuple):
+    """A rescue's work on n rows, ``width`` lanes each (leading axis L >= n * width; lane
+    ``l < n * width`` belongs to row ``l // width``, the rest repeat lane 0 and are
+    dropped). What :meth:`Rescue.begin` lays out, each :class:`Fit` refines and
+    :meth:`Rescue.finish` reads."""
+
+    r: Array  # (L, M) the lane's snapshot
+    x: Array  # (L, 3) the next fit's starts
+    out: Array  # (L, M) bool: the APs the next fit leaves out
+    fine: RefineResult  # (L,) the lanes' answers so far
+    excluded: Array  # (L, M) bool: the APs their answers leave out
+    passed: Array  # (L,) bool: whether those pass the cost gate
+    screened: Array  # (L, 3) the screen's point of each lane
+    best: Array  # (L,) int32: a per-row choice of lane (the rescue's own use)
+    mean: Array  # (L, M) the fine model's mean at fine.x (where a fit set it)
+    variance: Array  # (L, M) its variance there
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """One Levenberg-Marquardt pass of a rescue: ``steps`` steps under the Locator's
+    ``"screen"`` or ``"fine"`` model from each lane's ``x`` without its ``out`` APs
+    (:func:`~dmimo_jax.estimators.mle.refine_with_model`); ``prepare(loc, lanes)`` sets ``x`` and
+    ``out`` before it (default: as they are), ``fold(loc, lanes, fit)`` takes its (L,)
+    :class:`~dmimo_jax.estimators.mle.Refined` in (the answers and the model there). Two rescues that make the same
+    pass share one ``Fit`` (equal objects: one step of the program's switch)."""
+
+    steps: int
+    model: str
+    fold: Callable[[Locator, Lanes, Refined], Lanes]
+    prepare: Callable[[Locator, Lanes], Lanes] | None = None
+
+
 class Rescue:
     """One rescue of the cost gate (module docstring): a frozen dataclass that says whether
     it runs for a Locator at all (static: a rescue that is off is not in the program), which
-    pending rows it takes, how many it runs in one program, and how."""
+    pending rows it takes, how many it runs in one program, and how: ``begin`` lays out
+    ``width`` lanes per row, its :meth:`fits` refine them, ``finish`` reads each row's
+    answer. A rescue without a refinement may define ``run`` alone."""
 
     status: ClassVar[Status]
 
@@ -100,9 +154,136 @@ class Rescue:
         """The rows it runs in one program (static; default: the Locator's ``capacity``)."""
         return capacity
 
+    def width(self, loc: Locator) -> int:
+        """Lanes per row (static; default 1)."""
+        return 1
+
+    def fits(self, loc: Locator) -> tuple[Fit, ...]:
+        """Its refinement passes, in order (static; default none)."""
+        return ()
+
+    def begin(self, loc: Locator, r: Array, answer: Answer) -> Lanes:
+        """The lanes (n * width) of the n gathered rows ``r`` (n, M) whose answers are
+        ``answer`` (default: :meth:`run`'s answers, one lane per row)."""
+        if type(self).run is Rescue.run:
+            raise NotImplementedError(f"{type(self).__name__} defines neither begin nor run")
+        return answer_lanes(self.run(loc, r, answer), r)
+
+    def finish(self, loc: Locator, lanes: Lanes) -> Answer:
+        """The n rows' answers from their lanes (default: lane ``l`` is row ``l``)."""
+        return Answer(lanes.screened, lanes.fine, lanes.excluded)
+
     def run(self, loc: Locator, r: Array, answer: Answer) -> Answer:
-        """New answers for the gathered rows ``r`` (n, M) whose answers are ``answer``."""
-        raise NotImplementedError
+        """New answers for the gathered rows ``r`` (n, M) whose answers are ``answer``: the
+        rescue on its own (``begin``, each fit, ``finish``; the gate runs them in its loop)."""
+        lanes = self.begin(loc, r, answer)
+        for fit in self.fits(loc):
+            lanes = (fit.prepare or _as_is)(loc, lanes)
+            lanes = fit.fold(loc, lanes, refine_lanes(loc, lanes, fit.steps, fit.model))
+        return self.finish(loc, lanes)
+
+
+def _as_is(loc: Locator, lanes: Lanes) -> Lanes:
+    return lanes
+
+
+def answer_lanes(answer: Answer, r: Array, width: int = 1) -> Lanes:
+    """Lanes of the rows' ``answer`` (n,), ``width`` per row: each starts at its row's answer
+    with its APs out, ``passed`` False and ``best`` 0."""
+    spread = lambda a: jnp.repeat(a, width, axis=0)
+    fine, excluded = jax.tree.map(spread, answer.fine), spread(answer.excluded)
+    zero, rr = jnp.zeros(excluded.shape[0], jnp.int32), spread(r)
+    return Lanes(rr, fine.x, excluded, fine, excluded, zero > 0, spread(answer.screened), zero,
+                 jnp.zeros_like(rr), jnp.ones_like(rr))  # fmt: skip
+
+
+def model_of(loc: Locator, which: str) -> PhaseModel:
+    """The Locator's ``"screen"`` or ``"fine"`` model (one model where ``fine="screen"``)."""
+    return (
+        loc.screen_model if which == "screen" or loc.settings.fine == "screen" else loc.fine_model
+    )
+
+
+def refine_lanes(loc: Locator, lanes: Lanes, steps: int | Array, which: str) -> Refined:
+    """``steps`` LM steps (a Python int or traced) of every lane from ``lanes.x`` without
+    its ``lanes.out`` APs under the Locator's ``which`` model (:func:`model_of`), and the
+    model at the answers."""
+    model = model_of(loc, which)
+    return jax.vmap(lambda x, ri, o: refine_with_model(x, ri, model, steps, 1e-3, o))(
+        lanes.x.astype(lanes.r.dtype), lanes.r, lanes.out
+    )
+
+
+def row_view(a: Array, width: int) -> Array:
+    """The (n, width, ...) view of lanes ``a`` (L, ...), n = L // width (the rest dropped)."""
+    n = a.shape[0] // width
+    return a[: n * width].reshape((n, width) + a.shape[1:])
+
+
+def lane_spread(a: Array, width: int, size: int) -> Array:
+    """Per-row values ``a`` (n, ...) repeated over each row's ``width`` lanes, padded to
+    ``size`` lanes by lane 0."""
+    return pad_lanes(jnp.repeat(a, width, axis=0), size)
+
+
+def pad_lanes(tree: Any, size: int) -> Any:
+    """Every leaf of ``tree`` (l, ...) padded to ``size`` lanes by repeats of lane 0."""
+
+    def pad(a: Array) -> Array:
+        extra = size - a.shape[0]
+        return a if extra == 0 else jnp.concatenate([a, jnp.repeat(a[:1], extra, axis=0)])
+
+    return jax.tree.map(pad, tree)
+
+
+# ------------------------------------------------------------------ fault exclusion
+
+
+def _exclusion_prepare(loc: Locator, lanes: Lanes) -> Lanes:
+    trial = jax.vmap(exclusion_trial)(lanes.r, lanes.mean, lanes.variance, lanes.excluded)
+    return lanes._replace(x=lanes.fine.x, out=trial)
+
+
+def _exclusion_fold(loc: Locator, lanes: Lanes, fit: Refined) -> Lanes:
+    limit = _limit(loc)
+    current = ExclusionResult(lanes.fine, lanes.excluded, lanes.passed)
+    out = take_exclusion(current, fit.fine, lanes.out, loc.settings.cost_gate, limit)
+    take = exclusion_taken(lanes.passed, lanes.out, limit)
+    mean, variance = select_lanes(take, (fit.mean, fit.variance), (lanes.mean, lanes.variance))
+    return lanes._replace(fine=out.fine, excluded=out.excluded, passed=out.passed, mean=mean,
+                          variance=variance)  # fmt: skip
+
+
+def _evaluated(loc: Locator, lanes: Lanes, fit: Refined) -> Lanes:
+    """The model at the lanes' answers (a pass of no step: their answers unchanged)."""
+    return lanes._replace(mean=fit.mean, variance=fit.variance)
+
+
+def select_lanes(mask: Array, new: Any, old: Any) -> Any:
+    """``new`` where the (L,) ``mask`` holds, else ``old`` (pytrees of (L, ...) arrays)."""
+    pick = lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+    return jax.tree.map(pick, new, old)
+
+
+def _limit(loc: Locator) -> int:
+    return exclusion_limit(loc.settings.max_excluded, loc.num_aps)
+
+
+def exclusion_fits(loc: Locator) -> tuple[Fit, ...]:
+    """The fault exclusion's passes (:func:`~dmimo_jax.estimators.faults.exclude_faults`'
+    steps: the AP of the largest robust residual out, a re-fit of ``max(fine_steps,
+    EXCLUSION_STEPS)`` steps, taken where the answer failed; up to the Locator's
+    ``max_excluded`` in all); none when fault exclusion is off."""
+    if not loc.excluding:
+        return ()
+    steps = max(loc.settings.fine_steps, EXCLUSION_STEPS)
+    one = Fit(steps, "fine", _exclusion_fold, _exclusion_prepare)
+    return (one,) * max(_limit(loc), 0)
+
+
+EVALUATE = Fit(0, "fine", _evaluated)
+"""A pass of no step: the fine model's mean and variance at the lanes' answers (what the
+exclusion's first pass reads)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,63 +299,95 @@ class ExcludeFaults(Rescue):
     def takes(self, loc: Locator, state: GateState) -> Array:
         return ~state.unsure
 
-    def run(self, loc: Locator, r: Array, answer: Answer) -> Answer:
-        fine, excluded = loc.exclude(r, answer.fine, answer.excluded)
-        return answer._replace(fine=fine, excluded=excluded)
+    def fits(self, loc: Locator) -> tuple[Fit, ...]:
+        return (EVALUATE, *exclusion_fits(loc))
+
+    def begin(self, loc: Locator, r: Array, answer: Answer) -> Lanes:
+        lanes = answer_lanes(answer, r)
+        return lanes._replace(passed=loc.passes(answer.fine.cost, answer.excluded))
+
+
+# ------------------------------------------------------------------ the whole region
 
 
 @dataclasses.dataclass(frozen=True)
 class RegionSearch(Rescue):
     """The whole region searched again: the phasor table's ``REGION_STARTS`` most coherent
     points and (fault exclusion on) ``EXCLUSION_STARTS - REGION_STARTS`` more by the
-    trimmed coherence (:func:`~dmimo_jax.estimators.faults.region_candidates`), each refined
-    under the screen's model, then under the fine model without the APs it names, then
-    through the fault exclusion; the pick (:func:`~dmimo_jax.estimators.faults.pick_excluding`)
-    is the most coherent starts' cheapest where it passes with every AP. It reads nothing of
-    the rows' present answers (``answer`` may be None)."""
+    trimmed coherence (:func:`~dmimo_jax.estimators.faults.region_starts`), each refined
+    under the screen's model (``REGION_STEPS``), then under the fine model without the APs
+    it names (:func:`~dmimo_jax.estimators.faults.still_out`), then through the fault
+    exclusion; the pick (:func:`~dmimo_jax.estimators.faults.pick_excluding`) is the most
+    coherent starts' cheapest where it passes with every AP. It reads nothing of the rows'
+    present answers."""
 
     status: ClassVar[Status] = Status.RECOVERED
 
     def takes(self, loc: Locator, state: GateState) -> Array:
         return jnp.ones_like(state.pending)
 
-    def run(self, loc: Locator, r: Array, answer: Answer | None) -> Answer:
-        s = loc.settings
-        excluding = loc.excluding
-        k = min(EXCLUSION_STARTS if excluding else REGION_STARTS, loc.table.grid.size)
-        plain = min(REGION_STARTS, k)  # k - plain: the trimmed starts (none unless excluding)
-        batch = r.shape[0]
-        # the gate only reaches region_candidates' readmission with trimmed starts, which
-        # need a cost gate (excluding): without one it is never read
-        gate = s.cost_gate if excluding else 0.0
-        xs, cost, out = region_candidates(
-            r, loc.screen_model, loc.table, k, REGION_STEPS, k - plain, s.max_excluded, gate
+    def width(self, loc: Locator) -> int:
+        starts = EXCLUSION_STARTS if loc.excluding else REGION_STARTS
+        return min(starts, loc.table.grid.size)
+
+    def _plain(self, loc: Locator) -> int:  # the most coherent starts (the rest trimmed)
+        return min(REGION_STARTS, self.width(loc))
+
+    def fits(self, loc: Locator) -> tuple[Fit, ...]:
+        steps = loc.settings.fine_steps
+        return (
+            Fit(REGION_STEPS, "screen", self._screened),
+            Fit(steps, "fine", self._fitted),
+            *exclusion_fits(loc),
         )
-        first = jnp.argmin(jnp.where(jnp.isfinite(cost), cost, jnp.inf)[:, :plain], axis=1)
-        rk, out = jnp.repeat(r, k, axis=0), out.reshape(batch * k, -1)
-        steps = s.fine_steps
-        fine = jax.vmap(lambda x, ri, o: refine_excluding(x, ri, loc.fine_model, o, steps))(
-            xs.reshape(batch * k, 3).astype(r.dtype), rk, out
+
+    def begin(self, loc: Locator, r: Array, answer: Answer) -> Lanes:
+        k = self.width(loc)
+        x0, suspects = region_starts(
+            r, loc.table, k, k - self._plain(loc), loc.settings.max_excluded or 0
         )
-        excluded = out
-        if excluding:
-            fine, excluded = loc.exclude(rk, fine, out)
-        passed = loc.passes(fine.cost, excluded).reshape(batch, k)
-        count = jnp.sum(excluded, axis=1).reshape(batch, k)
-        pick = pick_excluding(fine.cost.reshape(batch, k), first, passed, count)
-        flat = jnp.arange(batch) * k + pick
-        return Answer(
-            xs.reshape(batch * k, 3)[flat], jax.tree.map(lambda a: a[flat], fine), excluded[flat]
-        )
+        lanes = answer_lanes(answer, r, k)
+        x0, suspects = x0.reshape(-1, 3), suspects.reshape(-1, r.shape[1])
+        return lanes._replace(x=x0, out=suspects, screened=x0)
+
+    def _screened(self, loc: Locator, lanes: Lanes, fit: Refined) -> Lanes:
+        k, x = self.width(loc), fit.fine.x
+        gate = loc.settings.cost_gate if loc.excluding else 0.0  # read with trimmed starts only
+        still = partial(still_out_at, gate=gate)
+        out = jax.vmap(still)(lanes.r, fit.mean, fit.variance, lanes.out)
+        cost = row_view(jnp.where(jnp.isfinite(fit.fine.cost), fit.fine.cost, jnp.inf), k)
+        first = jnp.argmin(cost[:, : self._plain(loc)], axis=1).astype(jnp.int32)
+        best = lane_spread(first, k, lanes.best.shape[0])
+        return lanes._replace(x=x, out=out, screened=x, best=best)
+
+    def _fitted(self, loc: Locator, lanes: Lanes, fit: Refined) -> Lanes:
+        passed = loc.passes(fit.fine.cost, lanes.out)
+        return lanes._replace(fine=fit.fine, excluded=lanes.out, passed=passed, mean=fit.mean,
+                              variance=fit.variance)  # fmt: skip
+
+    def finish(self, loc: Locator, lanes: Lanes) -> Answer:
+        k = self.width(loc)
+        view = lambda a: row_view(a, k)
+        passed = view(loc.passes(lanes.fine.cost, lanes.excluded))
+        count = view(jnp.sum(lanes.excluded, axis=1))
+        pick = pick_excluding(view(lanes.fine.cost), view(lanes.best)[:, 0], passed, count)
+        take = lambda a: jnp.take_along_axis(
+            view(a), pick.reshape((-1, 1) + (1,) * (a.ndim - 1)), axis=1
+        )[:, 0]
+        return Answer(take(lanes.screened), jax.tree.map(take, lanes.fine), take(lanes.excluded))
+
+
+# ------------------------------------------------------------------ the dense recheck
 
 
 @dataclasses.dataclass(frozen=True)
 class DenseRecheck(Rescue):
     """A dense window (half-width lambda/4 at lambda/16) around the answers that still fail
     with every AP in, when at most ``recheck_fraction`` of the batch (at least one row)
-    does (:func:`~dmimo_jax.estimators.window.dense_recheck`); more means the model itself
-    misses, and a local search cannot help. Off without a cost gate or with
-    ``recheck_fraction`` 0."""
+    does (:func:`~dmimo_jax.estimators.window.dense_recheck`'s search: the window's 32 best
+    points refined 15 steps, the best 25 more, kept where its cost is lower); more means
+    the model itself misses, and a local search cannot help. Off without a cost gate or
+    with ``recheck_fraction`` 0."""
 
     status: ClassVar[Status] = Status.RECOVERED
 
@@ -189,11 +402,35 @@ class DenseRecheck(Rescue):
     def capacity(self, loc: Locator, batch: int, capacity: int) -> int:
         return max(1, int(loc.settings.recheck_fraction * batch))
 
-    def run(self, loc: Locator, r: Array, answer: Answer) -> Answer:
-        fine = dense_recheck(
-            r, loc.fine_model, answer.fine, loc.recheck_offsets, loc.region_low, loc.region_high
-        )
-        return answer._replace(fine=fine)
+    def width(self, loc: Locator) -> int:
+        return min(32, loc.recheck_offsets.shape[0])
+
+    def fits(self, loc: Locator) -> tuple[Fit, ...]:
+        return (Fit(15, "fine", self._best), Fit(25, "fine", self._kept))
+
+    def begin(self, loc: Locator, r: Array, answer: Answer) -> Lanes:
+        k = self.width(loc)
+        starts = window_starts(
+            r, model_of(loc, "fine"), answer.fine.x, loc.recheck_offsets, loc.region_low,
+            loc.region_high, k,
+        )  # fmt: skip
+        lanes = answer_lanes(answer, r, k)
+        return lanes._replace(x=starts.reshape(-1, 3), out=jnp.zeros_like(lanes.out))
+
+    def _best(self, loc: Locator, lanes: Lanes, fit: Refined) -> Lanes:
+        k, fine = self.width(loc), fit.fine
+        cost = row_view(jnp.where(jnp.isfinite(fine.cost), fine.cost, jnp.inf), k)
+        j = jnp.argmin(cost, axis=1)
+        x = jnp.take_along_axis(row_view(fine.x, k), j[:, None, None], axis=1)[:, 0]
+        return lanes._replace(x=lane_spread(x, k, lanes.x.shape[0]))
+
+    def _kept(self, loc: Locator, lanes: Lanes, fit: Refined) -> Lanes:
+        better = fit.fine.cost < lanes.fine.cost  # every lane of a row holds the same fit
+        return lanes._replace(fine=select_lanes(better, fit.fine, lanes.fine))
+
+    def finish(self, loc: Locator, lanes: Lanes) -> Answer:
+        first = lambda a: row_view(a, self.width(loc))[:, 0]
+        return Answer(first(lanes.screened), jax.tree.map(first, lanes.fine), first(lanes.excluded))
 
 
 DEFAULT_RESCUES: tuple[Rescue, ...] = (ExcludeFaults(), RegionSearch(), DenseRecheck())
@@ -211,23 +448,177 @@ def initial_state(loc: Locator, answer: Answer, unsure: Array, count: Array) -> 
 
 def run_gate(loc: Locator, r: Array, state: GateState, capacity: int) -> GateState:
     """Every rescue of ``loc`` that is enabled, in turn, on its pending rows (module
-    docstring). A row a rescue has no room for is ``OVERFLOW`` and no longer pending (the
-    Locator's call runs it again). Traced."""
-    for rescue in loc.settings.rescues:
-        if not rescue.enabled(loc):
-            continue
-        rows = state.pending & rescue.takes(loc, state)
-        room = rescue.capacity(loc, r.shape[0], capacity)
-        answer, over = on_rows(rows, room, partial(rescue.run, loc), state.answer, r, state.answer)
-        ok = loc.passes(answer.fine.cost, answer.excluded)
-        done = rows & ~over
-        status = jnp.where(done & ok, jnp.int32(rescue.status), state.status)
-        state = state._replace(
-            answer=answer,
-            pending=jnp.where(done, ~ok, state.pending) & ~over,
-            status=jnp.where(over, jnp.int32(Status.OVERFLOW), status),
+    docstring), as one ``lax.while_loop`` with one refinement call site. A rescue takes its
+    pending rows up to its capacity, a job of ``lanes // width`` rows at a time; a row it
+    has no room for is ``OVERFLOW`` and no longer pending (the Locator's call runs it
+    again). Nothing runs when no row is pending. Traced."""
+    rescues = tuple(x for x in loc.settings.rescues if x.enabled(loc))
+    batch = r.shape[0]
+    if not rescues or batch == 0:
+        return state
+    plan = _Plan.of(loc, rescues, batch, capacity)
+
+    def enter(i: Array, st: GateState) -> tuple[GateState, Array, Array]:
+        """Rescue i's rows (its capacity of the pending rows it takes); overflow marked."""
+
+        def branch(k: int):
+            def take(st: GateState) -> tuple[GateState, Array, Array]:
+                rows = st.pending & rescues[k].takes(loc, st)
+                (idx,) = jnp.nonzero(rows, size=plan.slots, fill_value=batch)
+                idx = jnp.where(jnp.arange(plan.slots) < plan.rooms[k], idx, batch)
+                over = rows & (jnp.cumsum(rows.astype(jnp.int32)) > plan.rooms[k])
+                st = st._replace(
+                    pending=st.pending & ~over,
+                    status=jnp.where(over, jnp.int32(Status.OVERFLOW), st.status),
+                )
+                return (
+                    st,
+                    idx.astype(jnp.int32),
+                    jnp.minimum(jnp.sum(rows, dtype=jnp.int32), plan.rooms[k]),
+                )
+
+            return take
+
+        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
+
+    def seek(st: GateState, i: Array) -> tuple[GateState, Array, Array, Array]:
+        """From rescue i on, the first that has rows (i = the number of rescues: none)."""
+
+        def next_one(c):
+            st, i, _, _ = c
+            st, idx, n = enter(i, st)
+            return st, i + 1, idx, n
+
+        empty = (st, i, jnp.full(plan.slots, batch, jnp.int32), jnp.int32(0))
+        st, i, idx, n = jax.lax.while_loop(
+            lambda c: (c[3] == 0) & (c[1] < len(rescues)), next_one, empty
         )
-    return state
+        return st, jnp.where(n > 0, i - 1, len(rescues)), idx, n
+
+    def job_rows(k: int, idx: Array, j: Array) -> Array:
+        return jax.lax.dynamic_slice(idx, (j * plan.rows[k],), (plan.rows[k],))
+
+    def begin(i: Array, j: Array, idx: Array, st: GateState) -> Lanes:
+        def branch(k: int):
+            def lay_out(st: GateState) -> Lanes:
+                rows = job_rows(k, idx, j)
+                safe = jnp.where(rows < batch, rows, jnp.minimum(rows[0], batch - 1))
+                answer = jax.tree.map(lambda a: a[safe], st.answer)
+                return pad_lanes(rescues[k].begin(loc, r[safe], answer), plan.lanes)
+
+            return lay_out
+
+        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
+
+    def finish(i: Array, j: Array, idx: Array, st: GateState, lanes: Lanes) -> GateState:
+        def branch(k: int):
+            def write(st: GateState) -> GateState:
+                rows = job_rows(k, idx, j)
+                new = rescues[k].finish(loc, lanes)
+                put = lambda c, o: c.at[rows].set(o.astype(c.dtype), mode="drop")
+                answer = jax.tree.map(put, st.answer, new)
+                done = jnp.zeros(batch, bool).at[rows].set(True, mode="drop")
+                ok = loc.passes(answer.fine.cost, answer.excluded)
+                status = jnp.where(done & ok, jnp.int32(rescues[k].status), st.status)
+                return st._replace(answer=answer, pending=jnp.where(done, ~ok, st.pending),
+                                   status=status)  # fmt: skip
+
+            return write
+
+        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
+
+    def step(c):
+        st, i, idx, n, j, p, lanes = c
+        lanes = jax.lax.cond(p == 0, lambda: begin(i, j, idx, st), lambda: lanes)
+        phase = plan.first[i] + p
+        lanes = plan.run(loc, phase, lanes)
+        last = p == plan.passes[i] - 1
+
+        def next_job():
+            st2 = finish(i, j, idx, st, lanes)
+            more = (j + 1) * plan.rows_of(i) < n
+            st3, i3, idx3, n3 = jax.lax.cond(
+                more, lambda: (st2, i, idx, n), lambda: seek(st2, i + 1)
+            )
+            return st3, i3, idx3, n3, jnp.where(more, j + 1, 0), jnp.int32(0)
+
+        st, i, idx, n, j, p = jax.lax.cond(last, next_job, lambda: (st, i, idx, n, j, p + 1))
+        return st, i, idx, n, j, p, lanes
+
+    def loop(st: GateState) -> GateState:
+        st, i, idx, n = seek(st, jnp.int32(0))
+        lanes = jax.eval_shape(lambda: begin(jnp.int32(0), jnp.int32(0), idx, st))
+        lanes = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), lanes)
+        init = (st, i, idx, n, jnp.int32(0), jnp.int32(0), lanes)
+        return jax.lax.while_loop(lambda c: c[1] < len(rescues), step, init)[0]
+
+    # under a cond: XLA hoists the loop-invariant part of the passes (their work on the
+    # tables) out of a while loop, which would then run even when no row is pending
+    return jax.lax.cond(jnp.any(state.pending), loop, lambda st: st, state)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The static layout of :func:`run_gate`'s loop for one Locator and batch."""
+
+    rooms: tuple[int, ...]  # each rescue's capacity (rows)
+    rows: tuple[int, ...]  # each rescue's rows per job
+    lanes: int  # lanes of every job
+    slots: int  # length of the row index of a rescue
+    first: Array  # (R,) each rescue's first phase
+    passes: Array  # (R,) its phases (at least one)
+    fits: tuple[Fit | None, ...]  # the distinct passes (None: no refinement)
+    phase_fit: tuple[int, ...]  # each phase's place in ``fits``
+
+    @classmethod
+    def of(cls, loc: Locator, rescues: tuple[Rescue, ...], batch: int, capacity: int) -> _Plan:
+        rooms = tuple(max(1, min(x.capacity(loc, batch, capacity), batch)) for x in rescues)
+        widths = [x.width(loc) for x in rescues]
+        lanes = max(w * chunk_for(c) for w, c in zip(widths, rooms, strict=True))
+        rows = tuple(max(1, lanes // w) for w in widths)
+        slots = max(-(-c // n) * n for c, n in zip(rooms, rows, strict=True))
+        fits: list[Fit | None] = []
+        phase_fit, first, passes = [], [], []
+        for rescue in rescues:
+            own = rescue.fits(loc) or (None,)
+            first.append(len(phase_fit))
+            passes.append(len(own))
+            for fit in own:
+                if fit not in fits:
+                    fits.append(fit)
+                phase_fit.append(fits.index(fit))
+        return cls(rooms, rows, lanes, slots, jnp.asarray(first, jnp.int32),
+                   jnp.asarray(passes, jnp.int32), tuple(fits), tuple(phase_fit))  # fmt: skip
+
+    def rows_of(self, i: Array) -> Array:
+        return jnp.asarray(self.rows, jnp.int32)[i]
+
+    def run(self, loc: Locator, phase: Array, lanes: Lanes) -> Lanes:
+        """Phase ``phase``'s pass on ``lanes``: its prepare, *the* refinement (one call
+        site; the step count and the model picked by the phase), its fold."""
+        fit_of = jnp.asarray(self.phase_fit, jnp.int32)[phase]
+        branches = lambda f: [partial(f, fit) for fit in self.fits]
+        lanes = jax.lax.switch(fit_of, branches(_prepare), loc, lanes)
+        steps = jnp.asarray([f.steps if f else 1 for f in self.fits], jnp.int32)[fit_of]
+        models = {f.model for f in self.fits if f} if loc.settings.fine != "screen" else set()
+        if len(models) > 1:  # two models: two refinements (fine="model" only)
+            screen = jnp.asarray([bool(f and f.model == "screen") for f in self.fits])[fit_of]
+            fit = jax.lax.cond(
+                screen,
+                lambda: refine_lanes(loc, lanes, steps, "screen"),
+                lambda: refine_lanes(loc, lanes, steps, "fine"),
+            )
+        else:
+            fit = refine_lanes(loc, lanes, steps, "fine")
+        return jax.lax.switch(fit_of, branches(_fold), loc, lanes, fit)
+
+
+def _prepare(fit: Fit | None, loc: Locator, lanes: Lanes) -> Lanes:
+    return lanes if fit is None or fit.prepare is None else fit.prepare(loc, lanes)
+
+
+def _fold(fit: Fit | None, loc: Locator, lanes: Lanes, result: Refined) -> Lanes:
+    return lanes if fit is None else fit.fold(loc, lanes, result)
 
 
 def final_status(loc: Locator, state: GateState) -> Array:
