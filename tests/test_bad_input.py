@@ -521,12 +521,12 @@ def _cell_stage():
         (np.array([[0.7, 0.6]]), "logits passed by mistake"),
     ],
 )
-def test_screen_candidates_refuses_what_are_not_probabilities(probs, match):
-    from dmimo_jax.pipeline import screen_candidates
+def test_the_candidate_check_refuses_what_are_not_probabilities(probs, match):
+    from dmimo_jax.pipeline.online import check_candidates
 
     _, table = _cell_stage()
     with pytest.raises(ValueError, match=match):
-        screen_candidates(R[None], jnp.array([[0, 1]]), probs, MODEL, table)
+        check_candidates(R[None], jnp.array([[0, 1]]), probs, table)
 
 
 def test_cells_of_a_nan_position_and_a_negative_margin_are_refused():
@@ -539,19 +539,16 @@ def test_cells_of_a_nan_position_and_a_negative_margin_are_refused():
         cell_table(SCENE, cells, spacing=1.0, margin=-0.2)
 
 
-def test_the_cell_stage_names_a_classifier_where_positions_are_expected_and_takes_no_rows():
+def test_the_cell_stage_names_a_classifier_where_positions_are_expected():
     from flax import nnx
 
     from dmimo_jax.learning.cells import CellClassifier, CellConfig
-    from dmimo_jax.pipeline import bucketed, locate, locate_candidates
+    from dmimo_jax.pipeline import locate
 
-    cells, table = _cell_stage()
+    cells, _ = _cell_stage()
     net = CellClassifier(17, CellConfig(hidden=(8,), top_k=2), cells=cells, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="cell classifier"):
         locate(R[None], net, MODEL)
-    out = locate_candidates(jnp.zeros((0, 17)), net, MODEL, screen=MODEL, table=table, num_cells=4)
-    assert out.fine.shape == (0, 3) and out.cells.shape == (0, 4)
-    np.testing.assert_array_equal(bucketed(lambda a: a, [2, 0], jnp.arange(4.0)), [2.0, 0.0])
 
 
 def test_layout_objective_of_an_infinite_peb_is_infinite_and_wall_low_is_checked():

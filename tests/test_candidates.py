@@ -18,6 +18,8 @@ from dmimo_jax.learning import (
     synthesize,
     train,
 )
+from dmimo_jax.pipeline.online import check_screen_settings
+from dmimo_jax.pipeline.stages import check_cell_table
 from tests.helpers import xla_optimized
 
 SCENE = dj.paper_scene()
@@ -185,37 +187,33 @@ def test_model_file_round_trip_of_the_cell_classifier(tiny_classifier, tmp_path)
     assert back.cells.shape == net.cells.shape
 
 
+def _screen(r, net, model, table, fallback=None, num_cells=2, **kw):
+    """The classifier's candidates through the two-tier screen (every row fitted), then the
+    fine stage: the Locator's cell path composed from its public functions."""
+    cells, probs = pipeline.cell_probabilities(net, r, num_cells)
+    settings = dict(first_cells=None, first_mass=0.999, min_mass=0.5, num_starts=4,
+                    screen_steps=2) | kw  # fmt: skip
+    settings = check_screen_settings(model, table, num_cells, **settings)
+    screen = jax.jit(pipeline.cell_screen, static_argnums=(6, 7))
+    found, _ = screen(r, cells, probs, model, table, fallback, settings, r.shape[0])
+    return cells, found, dj.refine_batch(found.x, r, model, num_steps=3)
+
+
 @pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
-def test_locate_candidates_falls_back_when_the_classifier_is_unsure(tiny_classifier):
+def test_the_screen_falls_back_when_the_classifier_is_unsure(tiny_classifier):
     scene, model, cells, net = tiny_classifier
     table = est.cell_table(model, cells, spacing=0.05)
     fallback = est.phasor_table(model, est.search_grid(scene, 0.05, region="ue"))
     test = synthesize(jax.random.key(6), model, 16)
-
-    def locate(min_mass):
-        return pipeline.locate_candidates(
-            test.r,
-            net,
-            model,
-            screen=model,
-            table=table,
-            fallback_table=fallback,
-            num_cells=2,
-            min_mass=min_mass,
-        )
-
-    sure = locate(0.0)
+    _, sure, fine = _screen(test.r, net, model, table, fallback, min_mass=0.0)
     assert not bool(jnp.any(sure.fallback))
-    err = np.linalg.norm(np.asarray(sure.fine) - np.asarray(test.x), axis=1)
+    err = np.linalg.norm(np.asarray(fine.x) - np.asarray(test.x), axis=1)
     assert err.max() < 1e-3
-    unsure = locate(1.01)  # nothing is ever that sure: every snapshot falls back
+    # nothing is ever that sure: every snapshot falls back
+    _, unsure, fine = _screen(test.r, net, model, table, fallback, min_mass=1.01)
     assert bool(jnp.all(unsure.fallback))
-    err = np.linalg.norm(np.asarray(unsure.fine) - np.asarray(test.x), axis=1)
+    err = np.linalg.norm(np.asarray(fine.x) - np.asarray(test.x), axis=1)
     assert err.max() < 1e-3  # the whole-region screen found them
-    with pytest.raises(ValueError, match="fallback_table"):
-        pipeline.locate_candidates(
-            test.r, net, model, screen=model, table=table, num_cells=2, min_mass=1.01
-        )
 
 
 def test_confident_snapshots_screen_only_their_first_cells(tiny_classifier):
@@ -224,58 +222,40 @@ def test_confident_snapshots_screen_only_their_first_cells(tiny_classifier):
     scene, model, cells, net = tiny_classifier
     table = est.cell_table(model, cells, spacing=0.05)
     test = synthesize(jax.random.key(9), model, 16)
-    kw = dict(screen=model, table=table, num_cells=4, first_cells=1, min_mass=0.0)
-    narrow = pipeline.locate_candidates(test.r, net, model, first_mass=0.0, **kw)
-    wide = pipeline.locate_candidates(test.r, net, model, first_mass=1.01, **kw)
+    kw = dict(num_cells=4, first_cells=1, min_mass=0.0)
+    top, narrow, fine_n = _screen(test.r, net, model, table, first_mass=0.0, **kw)
+    _, wide, fine_w = _screen(test.r, net, model, table, first_mass=1.01, **kw)
     assert bool(jnp.all(narrow.narrow)) and not bool(jnp.any(wide.narrow))
-    top1 = np.asarray(narrow.cells[:, 0]) == np.asarray(cells.index(test.x))
-    err_n = np.linalg.norm(np.asarray(narrow.fine) - np.asarray(test.x), axis=1)
-    err_w = np.linalg.norm(np.asarray(wide.fine) - np.asarray(test.x), axis=1)
+    top1 = np.asarray(top[:, 0]) == np.asarray(cells.index(test.x))
+    err_n = np.linalg.norm(np.asarray(fine_n.x) - np.asarray(test.x), axis=1)
+    err_w = np.linalg.norm(np.asarray(fine_w.x) - np.asarray(test.x), axis=1)
     assert top1.sum() >= 8 and err_n[top1].max() < 1e-3
     assert err_w.max() < 1e-3
 
 
-def test_bucketed_pads_to_a_few_sizes_and_returns_the_rows():
-    seen = []
-
-    def fn(a):
-        seen.append(a.shape[0])
-        return a * 2
-
-    a = jnp.arange(40.0)
-    for rows in (np.array([3]), np.array([0, 4, 9]), np.arange(5), np.arange(2, 37)):
-        np.testing.assert_array_equal(pipeline.bucketed(fn, rows, a), 2 * np.asarray(a)[rows])
-    assert seen == [1, 3, 5, 40]
-    with pytest.raises(ValueError, match="rows"):
-        pipeline.bucketed(fn, np.array([], int), a)
+def test_bucket_sizes_are_a_few_per_octave():
     sizes = {pipeline.bucket_size(n) for n in range(1, 1281)}
     assert len(sizes) <= 40  # a handful per octave, not one per batch size
     assert all(n <= pipeline.bucket_size(n) < 1.25 * n + 1 for n in range(1, 1281))
 
 
-def test_locate_candidates_refuses_a_classifier_of_another_scene(tiny_classifier, small_table):
+def test_a_classifier_of_another_scene_and_bad_screen_settings_are_refused(
+    tiny_classifier, small_table
+):
     _, _, _, net = tiny_classifier
-    r = jnp.zeros((2, 17))
-    with pytest.raises(ValueError, match="another"):
-        pipeline.locate_candidates(r, net, MODEL, screen=MODEL, table=small_table)
-    with pytest.raises(ValueError, match=r"r must have shape"):
-        pipeline.locate_candidates(jnp.zeros((2, 16)), net, MODEL, screen=MODEL, table=small_table)
-    with pytest.raises(ValueError, match="finite"):
-        pipeline.locate_candidates(
-            jnp.full((2, 17), jnp.nan), net, MODEL, screen=MODEL, table=small_table
-        )
+    with pytest.raises(ValueError, match="does not belong"):
+        check_cell_table(net, small_table)
     scene, model, cells, net = tiny_classifier
     table = est.cell_table(model, cells, spacing=0.1)
+    base = dict(first_cells=None, first_mass=0.999, min_mass=0.5, num_starts=4, screen_steps=2)
     for kw, match in (
-        (dict(first_cells=5, num_cells=4), "first_cells"),
+        (dict(first_cells=5), "first_cells"),
         (dict(first_mass=-0.1), "first_mass"),
         (dict(min_mass=float("nan")), "min_mass"),
-        (dict(fine_steps=0), "fine_steps"),
-        (dict(num_cells=9), "num_cells"),
+        (dict(screen_steps=-1), "screen_steps"),
     ):
-        kw = dict(num_cells=4) | kw
         with pytest.raises(ValueError, match=match):
-            pipeline.locate_candidates(r, net, model, screen=model, table=table, **kw)
+            check_screen_settings(model, table, 4, **(base | kw))
 
 
 @pytest.fixture(scope="module")

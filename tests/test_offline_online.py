@@ -13,6 +13,7 @@ import dmimo_jax as dj
 from dmimo_jax import pipeline
 from dmimo_jax.learning import CellConfig, POPTConfig, TrainConfig
 from dmimo_jax.learning.presets import CellsPreset, Preset
+from dmimo_jax.pipeline.online import check_screen_settings
 from tests.helpers import LOCATOR_BATCH, LOCATOR_LIGHT
 
 # a 0.6 m x 0.6 m x 0.4 m UE region: small tables, 0.2 m cells
@@ -81,20 +82,20 @@ def test_cells_locator_equals_the_composed_stages(trained):
     # it are these: tests/test_faults.py::test_without_faults_the_locator_is_unchanged)
     loc = pipeline.Locator.from_offline(off, "cells", **LOCATOR_LIGHT)
     out = loc(r)
-    ref = pipeline.locate_candidates(
-        r,
-        off.estimators["cells"],
-        MODEL,
-        screen=off.screen,
-        table=off.cells,
-        fallback_table=off.table,
-        num_cells=4,
-        first_cells=2,
-    )
+    # the same stages composed from the public functions: the classifier's candidates, the
+    # two-tier screen (the whole region for unsure rows), the fine stage under its model
+    cells, probs = pipeline.cell_probabilities(off.estimators["cells"], r, 4)
+    settings = check_screen_settings(
+        off.screen, off.cells, 4, first_cells=2, first_mass=0.999, min_mass=0.5, num_starts=4,
+        screen_steps=2,
+    )  # fmt: skip
+    screen = jax.jit(pipeline.cell_screen, static_argnums=(6, 7))
+    found, _ = screen(r, cells, probs, off.screen, off.cells, off.table, settings, LOCATOR_BATCH)
+    ref = dj.refine_batch(found.x, r, off.screen, num_steps=loc.settings.fine_steps)
     # one program against separate calls: the same steps, fused differently (a nanometre is
     # five orders of magnitude below the PEB)
-    np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.fine), rtol=0, atol=1e-9)
-    np.testing.assert_array_equal(np.asarray(out.fallback), np.asarray(ref.fallback))
+    np.testing.assert_allclose(np.asarray(out.x), np.asarray(ref.x), rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(np.asarray(out.fallback), np.asarray(found.fallback))
     assert out.x.shape == (LOCATOR_BATCH, 3) and out.coarse.shape == (LOCATOR_BATCH, 3)
     # stage by stage, as a benchmark times them
     coarse = loc.coarse(r)

@@ -12,7 +12,8 @@ import pytest
 import dmimo_jax as dj
 from dmimo_jax import pipeline
 from dmimo_jax.estimators import RefineResult
-from dmimo_jax.pipeline.rescues import Answer, GateState, Rescue, Status, final_status, run_gate
+from dmimo_jax.pipeline.gate import run_gate
+from dmimo_jax.pipeline.rescues import Answer, GateState, Rescue, Status, final_status
 from tests.helpers import LOCATOR_SHARED as SHARED
 from tests.test_offline_online import _labeled, _offline
 

@@ -20,11 +20,11 @@ Online (for every snapshot, batched):
 
 :func:`locate` runs the three online steps.
 
-Beyond the paper, :func:`locate_candidates` replaces the regression network by a cell
-classifier: its most likely cells -> the two-tier candidate screen
-(:func:`screen_candidates`, the whole region only when the classifier itself is unsure)
--> refinement under the tabulated GP model of eq. (27) (``Offline.screen``: mean and
-variance read from tables, no kernel evaluation online).
+Beyond the paper, :class:`Locator` with ``kind="cells"`` replaces the regression network
+by a cell classifier: its most likely cells -> the two-tier candidate screen
+(:func:`cell_screen`, the whole region only when the classifier itself is unsure) ->
+refinement under the tabulated GP model of eq. (27) (``Offline.screen``: mean and
+variance read from tables, no kernel evaluation online) -> the cost gate.
 
 Beyond the paper too, every step runs on **any PhaseModel**: ``run_offline(..., model=m)``
 with a calibrated two-ray or room model (:func:`~dmimo_jax.calibration.calibrate`) fits no
@@ -37,6 +37,8 @@ program), :mod:`~dmimo_jax.pipeline.stages` (its coarse stages as pytrees),
 :mod:`~dmimo_jax.pipeline.cache` (where the offline work is kept and the key that names it).
 """
 
+from dmimo_jax.estimators.rows import bucket_size
+from dmimo_jax.pipeline.batches import BUCKETS, bucket_for
 from dmimo_jax.pipeline.cache import (
     CACHE_ENV,
     COMPILATION_CACHE_ENV,
@@ -45,13 +47,8 @@ from dmimo_jax.pipeline.cache import (
     use_compilation_cache,
 )
 from dmimo_jax.pipeline.export import ExportedLocator, export_locator, load_locator, sharded
-from dmimo_jax.pipeline.locator import (
-    BUCKETS,
-    HealReport,
-    LocatorResult,
-    LocatorSettings,
-    bucket_for,
-)
+from dmimo_jax.pipeline.heal import HealReport
+from dmimo_jax.pipeline.locator import LocatorResult
 from dmimo_jax.pipeline.offline import (
     KINDS,
     Offline,
@@ -63,19 +60,15 @@ from dmimo_jax.pipeline.offline import (
     train_estimator,
 )
 from dmimo_jax.pipeline.online import (
-    CandidateOnlineResult,
     CandidateScreen,
     OnlineResult,
-    bucket_size,
-    bucketed,
     cell_probabilities,
     cell_screen,
     coarse_estimate,
     locate,
-    locate_candidates,
-    screen_candidates,
 )
 from dmimo_jax.pipeline.rescues import Status
+from dmimo_jax.pipeline.settings import LocatorSettings
 from dmimo_jax.pipeline.stages import CellStage, WindowScreen, WindowStage
 
 # isort: split
@@ -89,7 +82,6 @@ from dmimo_jax.pipeline.offline import run_offline  # noqa: F401
 __all__ = [
     "CACHE_ENV",
     "KINDS",
-    "CandidateOnlineResult",
     "CandidateScreen",
     "CellStage",
     "WindowScreen",
@@ -106,7 +98,6 @@ __all__ = [
     "calibrated_model",
     "OnlineResult",
     "bucket_size",
-    "bucketed",
     "cache_key",
     "cell_probabilities",
     "coarse_estimate",
@@ -119,9 +110,7 @@ __all__ = [
     "fit_phase_model",
     "stored_phase_model",
     "locate",
-    "locate_candidates",
     "make_training_set",
-    "screen_candidates",
     "search_radius",
     "train_estimator",
 ]

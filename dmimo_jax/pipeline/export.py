@@ -17,7 +17,8 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch
 from dmimo_jax.estimators import PhasorTable
-from dmimo_jax.pipeline.locator import Locator, LocatorResult, padded_parts
+from dmimo_jax.pipeline.batches import padded_parts
+from dmimo_jax.pipeline.locator import Locator, LocatorResult
 
 
 def export_locator(

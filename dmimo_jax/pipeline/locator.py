@@ -33,12 +33,8 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import (
     as_snapshot_batch,
-    check_int,
-    check_probability,
-    check_scalar,
     is_concrete,
 )
-from dmimo_jax.bounds import noise_fit_probability
 from dmimo_jax.estimators import PhasorTable
 from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
 from dmimo_jax.estimators.rows import MIN_CAPACITY, capacity_for, passes_gate
@@ -46,17 +42,19 @@ from dmimo_jax.estimators.window import window_offsets
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel
-from dmimo_jax.pipeline.online import CandidateScreen, ScreenSettings, check_screen_settings
+from dmimo_jax.pipeline.batches import padded_parts
+from dmimo_jax.pipeline.gate import run_gate
+from dmimo_jax.pipeline.heal import HealReport, heal
+from dmimo_jax.pipeline.online import CandidateScreen
 from dmimo_jax.pipeline.rescues import (
     DEFAULT_RESCUES,
     Answer,
     RegionSearch,
-    Rescue,
     Status,
     final_status,
     initial_state,
-    run_gate,
 )
+from dmimo_jax.pipeline.settings import LocatorSettings, checked_settings
 from dmimo_jax.pipeline.stages import (
     CellStage,
     WindowScreen,
@@ -66,34 +64,6 @@ from dmimo_jax.pipeline.stages import (
     window_box,
 )
 from dmimo_jax.pytree import pytree_dataclass, static_field
-
-BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)
-"""The batch sizes the Locator's call compiles: a batch is padded to the next (a larger one
-runs in parts of the last), so any batch runs one of seven programs."""
-
-
-def bucket_for(n: int, sizes: tuple[int, ...] = BUCKETS) -> int:
-    """The smallest of ``sizes`` (ascending; default :data:`BUCKETS`) that holds ``n`` rows.
-
-    Raises:
-        ValueError: ``n`` above the largest (split the batch: :func:`padded_parts`).
-    """
-    for size in sizes:
-        if size >= n:
-            return size
-    raise ValueError(f"n={n} rows exceed the largest batch size {sizes[-1]}: split them")
-
-
-def padded_parts(r: Array, sizes: tuple[int, ...] = BUCKETS):
-    """``r`` (B, M) in parts of at most the largest of ``sizes``, each padded to the next
-    size by repeats of its last row: yields ``(n, padded)`` with ``n`` its real rows. What the Locator's call and a loaded export run, so a few programs serve any
-    batch."""
-    top = sizes[-1]
-    for start in range(0, r.shape[0], top):
-        part = r[start : start + top]
-        n = part.shape[0]
-        pad = bucket_for(n, sizes) - n
-        yield n, jnp.concatenate([part, jnp.repeat(part[-1:], pad, axis=0)])
 
 
 class LocatorResult(NamedTuple):
@@ -140,60 +110,6 @@ class LocatorResult(NamedTuple):
         return self.status <= Status.RECOVERED
 
 
-class HealReport(NamedTuple):
-    """What :meth:`Locator.heal` found, per AP (M,)."""
-
-    offsets: Array  # the phase change estimated and corrected, rad (0 where not healed)
-    stderr: Array  # its circular standard error, rad (inf where not healed)
-    healed: Array  # bool: a persistent offset jump, now corrected (the AP rejoins)
-    dead: Array  # bool: persistently excluded with no one offset (random, stale, blocked)
-    count: Array  # int: the accepted snapshots that excluded it
-
-
-def exclusions_allowed(noise_fit: tuple, fit_risk: float) -> int | None:
-    """The largest k whose :func:`~dmimo_jax.bounds.noise_fit_probability` (``noise_fit``,
-    k = 0 .. M - 4) summed over 0 .. k is within ``fit_risk``, at most M - 5 (one redundant
-    AP); -1 where even k = 0 is not; None for an empty ``noise_fit`` (no cost gate)."""
-    if not noise_fit:
-        return None
-    within = int(np.sum(np.cumsum(noise_fit) <= fit_risk))
-    return min(within - 1, len(noise_fit) - 2)
-
-
-class LocatorSettings(NamedTuple):
-    """The static settings of a :class:`Locator` (checked at construction; see there)."""
-
-    kind: str
-    num_cells: int
-    first_cells: int
-    first_mass: float
-    min_mass: float
-    num_starts: int
-    screen_steps: int
-    fine_steps: int
-    fine: str
-    cost_gate: float | None
-    capacity: float
-    recheck_fraction: float
-    max_excluded: int
-    rescues: tuple = DEFAULT_RESCUES  # the cost gate's rescues, in order (pipeline.rescues)
-    fit_risk: float = 1e-3
-    noise_fit: tuple = ()  # derived: bounds.noise_fit_probability for k = 0 .. M - 4 APs out
-
-    @property
-    def most_excluded(self) -> int | None:
-        """The most APs an answer may leave out at ``fit_risk`` (:func:`exclusions_allowed`
-        of ``noise_fit``); None without a cost gate (no bound)."""
-        return exclusions_allowed(self.noise_fit, self.fit_risk)
-
-    @property
-    def screen(self) -> ScreenSettings:
-        """The candidate screen's settings."""
-        return ScreenSettings(
-            self.first_cells, self.first_mass, self.min_mass, self.num_starts, self.screen_steps
-        )
-
-
 # ----------------------------------------------------------------------------- the Locator
 
 
@@ -208,15 +124,15 @@ class Locator:
     copies are ``dataclasses.replace`` (:meth:`replace` checks changed settings). Its
     call is one XLA program (:meth:`program`), so ``jax.jit(loc)``, ``jax.vmap(loc)`` over
     single snapshots and ``loc(r)`` give the same answers. Each stage is also a method, so a
-    benchmark can time them one at a time; ``loc(r)`` equals :func:`locate_candidates`
-    (cells) or :func:`locate` (POPT, MLP, HI) with the same settings wherever the cost gate
-    does not trip.
+    benchmark can time them one at a time (``coarse``, ``screen``, ``fine_stage``: their
+    composition is ``loc(r)`` wherever the cost gate does not trip; for POPT, MLP and HI also
+    :func:`~dmimo_jax.pipeline.locate` with the same settings).
 
     Args (of :meth:`from_offline`):
         offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
         kind: ``"cells"``, ``"popt"``, ``"mlp"`` or ``"hi"`` (one of ``offline.estimators``).
         num_cells: the classifier's candidate cells screened at most (cells,
-            :func:`screen_candidates`, as the next three).
+            :func:`~dmimo_jax.pipeline.cell_screen`, as the next three).
         first_cells: the cells of the screen's first tier.
         first_mass: the probability mass the first tier must hold, else the second runs.
         min_mass: below it, the row is unsure and re-screened over the whole region.
@@ -359,78 +275,7 @@ class Locator:
             fit_risk=fit_risk,
         )
         raw = cls(**fields, settings=LocatorSettings(**settings))  # checked against it next
-        return dataclasses.replace(raw, settings=raw._checked(settings))
-
-    def _checked(self, s: dict) -> LocatorSettings:
-        """The settings with their defaults filled in, checked against the stage."""
-        if s["fine"] not in ("screen", "model"):
-            raise ValueError(f"fine must be 'screen' or 'model', got {s['fine']!r}")
-        if s["cost_gate"] is not None:
-            check_scalar("cost_gate", s["cost_gate"], positive=True)
-        for name in ("capacity", "recheck_fraction"):
-            check_scalar(name, s[name])
-            if not 0 <= s[name] <= 1:
-                raise ValueError(f"{name} must be a fraction of the batch in [0, 1], got {s[name]}")
-        for name, default in self.stage.defaults.items():
-            if s[name] is None:
-                s[name] = default
-            check_int(name, s[name], minimum=1)
-        check_int("num_cells", s["num_cells"], minimum=1)
-        rescues = s["rescues"]
-        if not isinstance(rescues, tuple) or not all(isinstance(x, Rescue) for x in rescues):
-            raise ValueError(
-                f"rescues must be a tuple of pipeline.rescues.Rescue objects, got {rescues!r}"
-            )
-        self._check_exclusions(s)
-        if isinstance(self.stage, CellStage):
-            own = self.stage.cells.cells.num_cells
-            if s["num_cells"] > own:
-                raise ValueError(f"num_cells={s['num_cells']} exceeds the classifier's {own} cells")
-            checked = check_screen_settings(
-                self.screen_model,
-                self.stage.cells,
-                s["num_cells"],
-                first_cells=s["first_cells"],
-                first_mass=s["first_mass"],
-                min_mass=s["min_mass"],
-                num_starts=s["num_starts"],
-                screen_steps=s["screen_steps"],
-            )
-            s["first_cells"] = checked.first_cells
-        else:
-            s["first_cells"] = s["first_cells"] or 1
-            if not self.stage.whole:
-                count = self.stage.offsets.shape[0]
-                check_int("num_starts", s["num_starts"], minimum=1, maximum=count)
-        return LocatorSettings(**s)
-
-    def _check_exclusions(self, s: dict) -> None:
-        """Fill in ``noise_fit`` (the cost gate's noise-fit bound, recomputed when the gate
-        changes) and ``max_excluded`` (default: 3 or the most ``fit_risk`` allows), and
-        refuse a ``max_excluded`` the bound does not allow (``max_excluded``'s doc)."""
-        check_probability("fit_risk", s["fit_risk"])
-        m = self.num_aps
-        if s["cost_gate"] is None:
-            s["noise_fit"] = ()
-        elif not s.get("noise_fit"):
-            low, high = np.asarray(self.region_low), np.asarray(self.region_high)
-            p = noise_fit_probability(self.fine_model, low, high, float(s["cost_gate"]))
-            s["noise_fit"] = tuple(float(v) for v in p)
-        bound = exclusions_allowed(s["noise_fit"], s["fit_risk"])
-        allowed = max(m - 5 if bound is None else bound, 0)
-        if s["max_excluded"] is None:
-            s["max_excluded"] = min(3, allowed)
-            return
-        check_int("max_excluded", s["max_excluded"], maximum=max(m - 5, 0))
-        if s["max_excluded"] > allowed:
-            bound = sum(s["noise_fit"][: s["max_excluded"] + 1])
-            raise ValueError(
-                f"max_excluded={s['max_excluded']} lets noise pass: with that many of the "
-                f"{m} APs left out, phases with no relation to the model pass the cost gate "
-                f"with a chance of up to {min(bound, 1.0):.3g} "
-                f"(bounds.noise_fit_probability), above fit_risk={s['fit_risk']}; this "
-                f"deployment allows at most {allowed} (raise fit_risk to allow more)"
-            )
+        return dataclasses.replace(raw, settings=checked_settings(raw, settings))
 
     def replace(self, **changes: Any) -> Locator:
         """A Locator with the same trained stage and tables and some settings changed
@@ -446,7 +291,7 @@ class Locator:
         settings = {**self.settings._asdict(), **changes}
         if "cost_gate" in changes:  # the noise-fit bound is the gate's
             settings["noise_fit"] = ()
-        return self._with(settings=self._checked(settings))
+        return self._with(settings=checked_settings(self, settings))
 
     def with_table(self, table: PhasorTable) -> Locator:
         """The same Locator over another copy of its phasor table (e.g. on other devices).
@@ -554,52 +399,10 @@ class Locator:
         min_count: int = 10,
         min_coherence: float = 0.9,
     ) -> tuple[Locator, HealReport]:
-        r"""Repair the faults that persist: for each AP excluded in at least ``min_count``
-        of the located snapshots ``r`` (N, M) (their answers ``out``, accepted ones only),
-        its phase change in closed form, :math:`\hat\delta_m = \arg\sum_n
-        e^{j(r_{nm} - \mu_m(\hat{\mathbf x}_n) - \hat\phi_n)}` (the CPO
-        :math:`\hat\phi_n` estimated without it), with the circular standard error
-        :math:`\sqrt{-2\ln R_m / n_m}` (:math:`R_m` the mean resultant length). Where
-        :math:`R_m \ge` ``min_coherence`` the fault is an offset jump: the returned Locator
-        subtracts :math:`\hat\delta_m` from AP m's phases before its program (and the AP
-        rejoins); elsewhere (random, stale or blocked phases: no one offset) the AP is
-        reported ``dead`` and left to the exclusion.
-
-        Returns:
-            ``(locator, report)``: the Locator with its phase corrections updated, and a
-            :class:`HealReport`.
-
-        Raises:
-            ValueError: ``r`` not (N, M) or ``out`` not a LocatorResult of N rows, bad
-                ``min_count`` or ``min_coherence``.
-        """
-        rb = self._snapshots(r)
-        if not isinstance(out, LocatorResult) or np.shape(out.excluded) != rb.shape:
-            raise ValueError(
-                f"out must be this Locator's LocatorResult for the {rb.shape[0]} snapshots r"
-            )
-        check_int("min_count", min_count, minimum=1)
-        check_scalar("min_coherence", min_coherence)
-        if not 0 < min_coherence <= 1:
-            raise ValueError(f"min_coherence must be in (0, 1], got {min_coherence!r}")
-        rc = self.corrected(rb)
-        use = jnp.asarray(out.excluded) & ~jnp.asarray(out.rejected)[:, None]
-        mean = jax.vmap(self.fine_model.mean)(jnp.asarray(out.x, rb.dtype))
-        z = jnp.where(use, jnp.exp(1j * (rc - mean - jnp.asarray(out.cpo)[:, None])), 0.0)
-        count = jnp.sum(use, axis=0)
-        resultant = jnp.abs(jnp.sum(z, axis=0)) / jnp.maximum(count, 1)
-        delta = jnp.angle(jnp.sum(z, axis=0))
-        stderr = jnp.sqrt(-2.0 * jnp.log(jnp.clip(resultant, 1e-300, 1.0)) / jnp.maximum(count, 1))
-        often = count >= min_count
-        healed = often & (resultant >= min_coherence)
-        dead = often & ~healed
-        c = self.phase_corrections.astype(rb.dtype)
-        corrections = jnp.where(healed, wrap(c + delta), c)
-        new = self._with(phase_corrections=corrections)
-        report = HealReport(
-            jnp.where(healed, delta, 0.0), jnp.where(healed, stderr, jnp.inf), healed, dead, count
-        )
-        return new, report
+        """Repair the faults that persist in the answers ``out`` of snapshots ``r``: offset
+        jumps corrected before the program, dead APs reported
+        (:func:`~dmimo_jax.pipeline.heal.heal`)."""
+        return heal(self, r, out, min_count=min_count, min_coherence=min_coherence)
 
     # ------------------------------------------------------------------ the checked shell
 

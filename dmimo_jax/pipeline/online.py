@@ -1,10 +1,11 @@
 """The online stage of Fig. 1: coarse estimate -> safeguard screen -> fine refinement.
 
-:func:`locate` (a regression network's position, the safeguard window, refinement) and, beyond
-the paper, :func:`locate_candidates` (a cell classifier's candidates, the two-tier candidate
-screen, the fine stage) compose the stages; :class:`Locator` holds one trained coarse stage
-with its screen and fine models and runs them one at a time (so each can be timed) or all at
-once.
+:func:`locate` composes the paper's stages from their parts (a regression network's
+position, the safeguard window, refinement). Beyond the paper, the cell classifier's
+two-tier candidate screen (:func:`cell_screen`, with its checks of a classifier's output
+and settings) is the screen of :class:`~dmimo_jax.pipeline.Locator`, the one online object
+that holds a trained coarse stage with its screen and fine models and runs them one at a
+time (so each can be timed) or all at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dmimo_jax._checks import (
     check_int,
     check_num_aps,
     check_scalar,
-    check_table_aps,
 )
 from dmimo_jax.estimators import (
     CellTable,
@@ -36,8 +36,7 @@ from dmimo_jax.estimators.candidates import (
     check_cell_table,
     tiered_candidate_search,
 )
-from dmimo_jax.estimators.mle import check_num_steps, refine_batch_unchecked
-from dmimo_jax.estimators.rows import bucket_size, on_rows
+from dmimo_jax.estimators.rows import on_rows
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.physics import PhaseModel
@@ -58,7 +57,7 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
     if hasattr(estimator, "top_cells"):
         raise ValueError(
             "estimator is a cell classifier: it gives candidate cells, not positions; use "
-            "locate_candidates(r, classifier, ...) or pipeline.Locator.from_offline(offline, 'cells')"
+            "pipeline.Locator.from_offline(offline, 'cells')"
         )
     num_aps = getattr(estimator, "num_aps", None)
     r = jnp.atleast_2d(r) if num_aps is None else as_snapshot_batch("r", r, num_aps)
@@ -133,19 +132,6 @@ def locate(
 # ----------------------------------------------------------------------------- candidates
 
 
-class CandidateOnlineResult(NamedTuple):
-    """Output of :func:`locate_candidates` (leading batch axis B)."""
-
-    cells: Array  # (B, K) candidate cells, most likely first
-    mass: Array  # (B,) their total probability (the confidence signal)
-    fallback: Array  # (B,) bool: screened over the whole region instead
-    narrow: Array  # (B,) bool: confident enough to screen only the first few cells
-    screened: Array  # (B, 3) refined best point of the screen (under the tabulated model)
-    fine: Array  # (B, 3) after the fine stage's steps under ``model``
-    cost: Array  # (B,) ML cost (eq. 17) of ``fine`` under ``model``
-    cpo: Array  # (B,) CPO estimate at ``fine``
-
-
 def cell_probabilities(classifier: nnx.Module, r: ArrayLike, k: int) -> tuple[Array, Array]:
     """The ``k`` most likely cells (B, k) of a :class:`~dmimo_jax.learning.cells.CellClassifier`,
     most likely first, and their probabilities (B, k), run as one jitted pure function of
@@ -159,82 +145,13 @@ def _cell_probabilities(classifier: nnx.Module, r: Array, k: int) -> tuple[Array
     return jit_method(classifier, "top_cells", r.astype(jnp.float32), k=k)
 
 
-def bucketed(fn: Any, rows: np.ndarray, *arrays: Array) -> Array:
-    """``fn(*(a[rows] for a in arrays))`` with ``rows`` padded to :func:`bucket_size`.
-
-    The online stage splits a batch by confidence; padding each part (repeating its last
-    row) bounds the shapes a jitted stage ever sees to a few per octave of the batch size,
-    so a new mix of confident and unsure snapshots rarely compiles anything.
-    """
-    rows = np.asarray(rows)
-    if rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer):
-        raise ValueError(f"rows must be a 1-D array of row indices, got {rows.dtype} {rows.shape}")
-    n = rows.size
-    if n == 0:
-        raise ValueError("rows must name at least one row (skip an empty part instead)")
-    size = bucket_size(n)
-    padded = np.concatenate([rows, np.full(size - n, rows[-1])])
-    out = fn(*(a[padded] for a in arrays))
-    return jax.tree.map(lambda v: v[:n], out)
-
-
 class CandidateScreen(NamedTuple):
-    """Output of :func:`screen_candidates` (leading batch axis B)."""
+    """Output of the candidate screen :func:`cell_screen` (leading batch axis B)."""
 
     x: Array  # (B, 3) refined best point of the screen
     narrow: Array  # (B,) bool: only the first cells were screened (confident)
     fallback: Array  # (B,) bool: the whole region was screened (unsure)
     mass: Array  # (B,) probability of the num_cells candidates (the confidence signal)
-
-
-def screen_candidates(
-    r: ArrayLike,
-    cells: ArrayLike,
-    probs: ArrayLike,
-    screen: PhaseModel,
-    table: CellTable,
-    *,
-    fallback_table: PhasorTable | None = None,
-    first_cells: int | None = None,
-    first_mass: float = 0.999,
-    min_mass: float = 0.5,
-    num_starts: int = 4,
-    screen_steps: int = 2,
-) -> CandidateScreen:
-    """The candidate safeguard: screen each snapshot's candidate cells, in two tiers.
-
-    A snapshot whose first ``first_cells`` candidates (default ``min(4, K)``) hold at
-    least ``first_mass`` of the probability screens only those (most snapshots); one whose
-    K candidates hold at least ``min_mass`` screens all K; the others (the classifier
-    itself is unsure) fall back to the whole-region hierarchical screen
-    (:func:`~dmimo_jax.estimators.coarse_to_fine` on ``fallback_table``). Thresholds above
-    1 are never met (``min_mass > 1``: every snapshot falls back). Each part runs
-    :func:`~dmimo_jax.estimators.candidate_search` under ``screen`` (``num_starts``
-    Levenberg-Marquardt refinements of ``screen_steps``), padded by :func:`bucketed`.
-
-    Args:
-        r: (B, M) wrapped phases.
-        cells: (B, K) candidate cells, most likely first (:func:`cell_probabilities`).
-        probs: (B, K) their probabilities.
-        screen: the cheap PhaseModel ``table`` was built from.
-        table: :func:`~dmimo_jax.estimators.cell_table` of ``screen``.
-
-    Raises:
-        ValueError: a fallback is needed and no ``fallback_table`` was given, or bad input.
-    """
-    r = as_snapshot_batch("r", r, screen.num_aps)
-    cells, p = check_candidates(r, cells, probs, table)
-    settings = check_screen_settings(
-        screen,
-        table,
-        cells.shape[1],
-        first_cells=first_cells,
-        first_mass=first_mass,
-        min_mass=min_mass,
-        num_starts=num_starts,
-        screen_steps=screen_steps,
-    )
-    return _screen_candidates(r, cells, p, screen, table, fallback_table, settings)
 
 
 def check_candidates(
@@ -289,7 +206,7 @@ def check_screen_settings(
     num_starts: int,
     screen_steps: int,
 ) -> ScreenSettings:
-    """``ValueError`` unless the candidate screen's settings (:func:`screen_candidates`) fit
+    """``ValueError`` unless the candidate screen's settings (:func:`cell_screen`) fit
     ``screen``, its cell ``table`` and ``num_cells`` candidates; returns them checked, with
     ``first_cells``'s default (``min(4, num_cells)``) filled in."""
     check_num_aps(screen.num_aps)
@@ -305,32 +222,8 @@ def check_screen_settings(
     check_int("num_starts", num_starts, minimum=1)
     if num_starts > first_cells * table.points_per_cell:
         raise ValueError(f"num_starts={num_starts} exceeds the screened points")
-    check_num_steps(screen_steps)
+    check_int("screen_steps", screen_steps)
     return ScreenSettings(first_cells, first_mass, min_mass, num_starts, screen_steps)
-
-
-def _screen_candidates(
-    r: Array,
-    cells: Array,
-    p: Any,
-    screen: PhaseModel,
-    table: CellTable,
-    fallback_table: PhasorTable | None,
-    settings: ScreenSettings,
-) -> CandidateScreen:
-    """:func:`screen_candidates` on checked inputs: one program with every rare row fitted
-    (capacity = the batch), after the host check that a needed fallback has its table."""
-    p = jnp.asarray(p, jnp.result_type(float))
-    if fallback_table is None:
-        short = int(jnp.sum(~(p.sum(axis=-1) >= settings.min_mass)))
-        if short:
-            raise ValueError(
-                f"{short} snapshots fell below min_mass={settings.min_mass}; pass fallback_table"
-            )
-    found, _ = _cell_screen_jit(
-        r, cells.astype(jnp.int32), p, screen, table, fallback_table, settings, max(r.shape[0], 1)
-    )
-    return found
 
 
 def cell_screen(
@@ -343,7 +236,8 @@ def cell_screen(
     settings: ScreenSettings,
     capacity: int,
 ) -> tuple[CandidateScreen, Array]:
-    """The two-tier candidate screen (:func:`screen_candidates`) as traced code, unchecked.
+    """The two-tier candidate screen of a cell classifier's candidates ``cells`` (B, K),
+    most likely first, and their probabilities ``probs`` (B, K), traced and unchecked.
 
     Each row screens its first ``settings.first_cells`` cells when they hold
     ``first_mass`` (confident), all K when they hold ``min_mass``, in one search over the
@@ -385,114 +279,11 @@ BY_CELL_BATCH = 32
 """Batches of at least this many rows screen their candidates cell by cell (one matrix
 product of a cell's points with the rows that name it), smaller ones row by row."""
 
-_cell_screen_jit = jax.jit(cell_screen, static_argnums=(6, 7))
-
-
-def whole_region_screen(r: Array, screen: PhaseModel, table: PhasorTable) -> Array:
-    """The fallback of the candidate screen and of the cost gate (B, 3): the hierarchical
-    search :func:`~dmimo_jax.estimators.coarse_to_fine` of ``table`` (its defaults: 8 starts
-    of 25 LM steps) on checked snapshots ``r`` (B, M)."""
-    if not isinstance(table, PhasorTable):
-        raise ValueError(f"table must be a PhasorTable, got {type(table).__name__}")
-    check_table_aps(table, screen)
-    return whole_region_screen_unchecked(r, screen, table)
-
 
 def whole_region_screen_unchecked(r: Array, screen: PhaseModel, table: PhasorTable) -> Array:
-    """:func:`whole_region_screen`, traceable and unchecked."""
+    """The fallback of the candidate screen (B, 3): the hierarchical search
+    :func:`~dmimo_jax.estimators.coarse_to_fine` of ``table`` (8 starts of 25 LM steps)
+    on snapshots ``r`` (B, M), traceable and unchecked."""
     k = min(REGION_STARTS, table.grid.size)
     x = r.astype(table.grid.low.dtype)
     return coarse_to_fine_unchecked(x, screen, table, k, REGION_STEPS).x
-
-
-def locate_candidates(
-    r: ArrayLike,
-    classifier: nnx.Module,
-    model: PhaseModel,
-    *,
-    screen: PhaseModel,
-    table: CellTable,
-    fallback_table: PhasorTable | None = None,
-    num_cells: int = 16,
-    first_cells: int | None = None,
-    first_mass: float = 0.999,
-    min_mass: float = 0.5,
-    num_starts: int = 4,
-    screen_steps: int = 2,
-    fine_steps: int = 3,
-) -> CandidateOnlineResult:
-    """The online stage with a cell classifier: candidates -> cell screen -> refinement.
-
-    1. :func:`cell_probabilities`: the classifier's ``num_cells`` most likely cells;
-    2. :func:`screen_candidates`, the candidate safeguard in two tiers (the first
-       ``first_cells`` cells when they hold ``first_mass``, all ``num_cells`` when they hold
-       ``min_mass``, else the whole region from ``fallback_table``);
-    3. the fine stage: ``fine_steps`` Levenberg-Marquardt steps under ``model``. With the
-       tabulated GP model of eq. (27) (:class:`~dmimo_jax.gp.TabulatedGPModel` with its
-       variance table, what :func:`run_offline` returns as ``screen``) as ``model`` the
-       whole stage runs on tables: its estimate agrees with the exact GP model's on
-       noise-free snapshots (``tests/test_candidates.py`` states the tolerance) at a
-       fraction of the cost; with the exact :class:`~dmimo_jax.gp.GPPhaseModel` the same steps
-       finish exactly.
-
-    Raises:
-        ValueError: a fallback is needed and no ``fallback_table`` was given, or bad input.
-    """
-    r = as_snapshot_batch("r", r, model.num_aps)
-    if classifier.num_aps != model.num_aps:
-        raise ValueError(
-            f"classifier was trained for {classifier.num_aps} APs, the model has {model.num_aps}"
-        )
-    own, used = classifier.cells, table.cells
-    if own.shape != used.shape or not (
-        np.allclose(np.asarray(own.low), np.asarray(used.low), atol=1e-4)
-        and abs(own.cell_size - used.cell_size) < 1e-9
-    ):
-        raise ValueError(
-            "classifier was trained for another scene or partition: its cells "
-            f"{own.shape} of {own.cell_size} m from {np.asarray(own.low)}, the table's "
-            f"{used.shape} of {used.cell_size} m from {np.asarray(used.low)}"
-        )
-    check_int("num_cells", num_cells, minimum=1)
-    if num_cells > own.num_cells:
-        raise ValueError(f"num_cells={num_cells} exceeds the classifier's {own.num_cells} cells")
-    check_int("fine_steps", fine_steps, minimum=1)
-    settings = check_screen_settings(
-        screen,
-        table,
-        num_cells,
-        first_cells=first_cells,
-        first_mass=first_mass,
-        min_mass=min_mass,
-        num_starts=num_starts,
-        screen_steps=screen_steps,
-    )
-    if r.shape[0] == 0:  # an empty batch: nothing to screen
-        dtype = jnp.result_type(float)
-        empty = jnp.zeros((0, 3), dtype)
-        none = jnp.zeros((0,), bool)
-        return CandidateOnlineResult(
-            jnp.zeros((0, num_cells), jnp.int32),
-            jnp.zeros((0,), dtype),
-            none,
-            none,
-            empty,
-            empty,
-            jnp.zeros((0,), dtype),
-            jnp.zeros((0,), dtype),
-        )
-    cells, probs = _cell_probabilities(classifier, r, num_cells)
-    found = _screen_candidates(
-        r,
-        cells,
-        np.asarray(probs, np.float64),
-        screen,
-        table,
-        fallback_table,
-        settings,
-    )
-    r64 = r.astype(jnp.result_type(float))
-    fine = refine_batch_unchecked(found.x, r64, model, fine_steps)
-    return CandidateOnlineResult(
-        cells, found.mass, found.fallback, found.narrow, found.x, fine.x, fine.cost, fine.cpo
-    )

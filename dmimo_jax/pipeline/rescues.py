@@ -15,14 +15,14 @@ pending rows it takes, how many it handles in one program, and how it runs them,
 Levenberg-Marquardt passes (:class:`Fit`) over *lanes* (:class:`Lanes`: ``width`` starts of
 each row it works on) between a ``begin`` that lays out the lanes and a ``finish`` that
 reads each row's answer from them. A new rescue is one new class passed in the Locator's
-``rescues``; the gate (:func:`run_gate`) is not edited.
+``rescues``; the gate (:func:`~dmimo_jax.pipeline.gate.run_gate`) is not edited.
 
-**One loop, one refinement.** :func:`run_gate` is one ``lax.while_loop`` over the rescues,
-their rows (a job of rows at a time) and their passes: each iteration lays out or updates
-the lanes (a ``lax.switch`` over the passes' small steps) and runs *the* refinement, one
-Levenberg-Marquardt call site for every pass of every rescue (its step count a traced
-value). So the program holds the model once for all rescues, however many passes they make
-(the rescues' passes were each a copy of the model and its linearization: most of the
+**One loop, one refinement.** The gate (:func:`~dmimo_jax.pipeline.gate.run_gate`) is one
+``lax.while_loop`` over the rescues, their jobs of rows and their passes: each iteration
+lays out or updates the lanes (a ``lax.switch`` over the passes' small steps) and runs
+*the* refinement, one Levenberg-Marquardt call site for every pass of every rescue (its step
+count a traced value). So the program holds the model once for all rescues, however many
+passes they make (each pass was a copy of the model and its linearization: most of the
 program's size and compile time).
 
 The rescues of the package, in the Locator's order:
@@ -59,7 +59,6 @@ from dmimo_jax.estimators.faults import (
     take_exclusion,
 )
 from dmimo_jax.estimators.mle import Refined, RefineResult, refine_with_model
-from dmimo_jax.estimators.rows import chunk_for
 from dmimo_jax.estimators.window import window_starts
 
 if TYPE_CHECKING:
@@ -444,181 +443,6 @@ def initial_state(loc: Locator, answer: Answer, unsure: Array, count: Array) -> 
     real = jnp.arange(unsure.shape[0]) < count
     pending = (unsure | ~loc.passes(answer.fine.cost, answer.excluded)) & real
     return GateState(answer, pending, unsure, jnp.zeros(unsure.shape, jnp.int32), count)
-
-
-def run_gate(loc: Locator, r: Array, state: GateState, capacity: int) -> GateState:
-    """Every rescue of ``loc`` that is enabled, in turn, on its pending rows (module
-    docstring), as one ``lax.while_loop`` with one refinement call site. A rescue takes its
-    pending rows up to its capacity, a job of ``lanes // width`` rows at a time; a row it
-    has no room for is ``OVERFLOW`` and no longer pending (the Locator's call runs it
-    again). Nothing runs when no row is pending. Traced."""
-    rescues = tuple(x for x in loc.settings.rescues if x.enabled(loc))
-    batch = r.shape[0]
-    if not rescues or batch == 0:
-        return state
-    plan = _Plan.of(loc, rescues, batch, capacity)
-
-    def enter(i: Array, st: GateState) -> tuple[GateState, Array, Array]:
-        """Rescue i's rows (its capacity of the pending rows it takes); overflow marked."""
-
-        def branch(k: int):
-            def take(st: GateState) -> tuple[GateState, Array, Array]:
-                rows = st.pending & rescues[k].takes(loc, st)
-                (idx,) = jnp.nonzero(rows, size=plan.slots, fill_value=batch)
-                idx = jnp.where(jnp.arange(plan.slots) < plan.rooms[k], idx, batch)
-                over = rows & (jnp.cumsum(rows.astype(jnp.int32)) > plan.rooms[k])
-                st = st._replace(
-                    pending=st.pending & ~over,
-                    status=jnp.where(over, jnp.int32(Status.OVERFLOW), st.status),
-                )
-                return (
-                    st,
-                    idx.astype(jnp.int32),
-                    jnp.minimum(jnp.sum(rows, dtype=jnp.int32), plan.rooms[k]),
-                )
-
-            return take
-
-        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
-
-    def seek(st: GateState, i: Array) -> tuple[GateState, Array, Array, Array]:
-        """From rescue i on, the first that has rows (i = the number of rescues: none)."""
-
-        def next_one(c):
-            st, i, _, _ = c
-            st, idx, n = enter(i, st)
-            return st, i + 1, idx, n
-
-        empty = (st, i, jnp.full(plan.slots, batch, jnp.int32), jnp.int32(0))
-        st, i, idx, n = jax.lax.while_loop(
-            lambda c: (c[3] == 0) & (c[1] < len(rescues)), next_one, empty
-        )
-        return st, jnp.where(n > 0, i - 1, len(rescues)), idx, n
-
-    def job_rows(k: int, idx: Array, j: Array) -> Array:
-        return jax.lax.dynamic_slice(idx, (j * plan.rows[k],), (plan.rows[k],))
-
-    def begin(i: Array, j: Array, idx: Array, st: GateState) -> Lanes:
-        def branch(k: int):
-            def lay_out(st: GateState) -> Lanes:
-                rows = job_rows(k, idx, j)
-                safe = jnp.where(rows < batch, rows, jnp.minimum(rows[0], batch - 1))
-                answer = jax.tree.map(lambda a: a[safe], st.answer)
-                return pad_lanes(rescues[k].begin(loc, r[safe], answer), plan.lanes)
-
-            return lay_out
-
-        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
-
-    def finish(i: Array, j: Array, idx: Array, st: GateState, lanes: Lanes) -> GateState:
-        def branch(k: int):
-            def write(st: GateState) -> GateState:
-                rows = job_rows(k, idx, j)
-                new = rescues[k].finish(loc, lanes)
-                put = lambda c, o: c.at[rows].set(o.astype(c.dtype), mode="drop")
-                answer = jax.tree.map(put, st.answer, new)
-                done = jnp.zeros(batch, bool).at[rows].set(True, mode="drop")
-                ok = loc.passes(answer.fine.cost, answer.excluded)
-                status = jnp.where(done & ok, jnp.int32(rescues[k].status), st.status)
-                return st._replace(answer=answer, pending=jnp.where(done, ~ok, st.pending),
-                                   status=status)  # fmt: skip
-
-            return write
-
-        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
-
-    def step(c):
-        st, i, idx, n, j, p, lanes = c
-        lanes = jax.lax.cond(p == 0, lambda: begin(i, j, idx, st), lambda: lanes)
-        phase = plan.first[i] + p
-        lanes = plan.run(loc, phase, lanes)
-        last = p == plan.passes[i] - 1
-
-        def next_job():
-            st2 = finish(i, j, idx, st, lanes)
-            more = (j + 1) * plan.rows_of(i) < n
-            st3, i3, idx3, n3 = jax.lax.cond(
-                more, lambda: (st2, i, idx, n), lambda: seek(st2, i + 1)
-            )
-            return st3, i3, idx3, n3, jnp.where(more, j + 1, 0), jnp.int32(0)
-
-        st, i, idx, n, j, p = jax.lax.cond(last, next_job, lambda: (st, i, idx, n, j, p + 1))
-        return st, i, idx, n, j, p, lanes
-
-    def loop(st: GateState) -> GateState:
-        st, i, idx, n = seek(st, jnp.int32(0))
-        lanes = jax.eval_shape(lambda: begin(jnp.int32(0), jnp.int32(0), idx, st))
-        lanes = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), lanes)
-        init = (st, i, idx, n, jnp.int32(0), jnp.int32(0), lanes)
-        return jax.lax.while_loop(lambda c: c[1] < len(rescues), step, init)[0]
-
-    # under a cond: XLA hoists the loop-invariant part of the passes (their work on the
-    # tables) out of a while loop, which would then run even when no row is pending
-    return jax.lax.cond(jnp.any(state.pending), loop, lambda st: st, state)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """The static layout of :func:`run_gate`'s loop for one Locator and batch."""
-
-    rooms: tuple[int, ...]  # each rescue's capacity (rows)
-    rows: tuple[int, ...]  # each rescue's rows per job
-    lanes: int  # lanes of every job
-    slots: int  # length of the row index of a rescue
-    first: Array  # (R,) each rescue's first phase
-    passes: Array  # (R,) its phases (at least one)
-    fits: tuple[Fit | None, ...]  # the distinct passes (None: no refinement)
-    phase_fit: tuple[int, ...]  # each phase's place in ``fits``
-
-    @classmethod
-    def of(cls, loc: Locator, rescues: tuple[Rescue, ...], batch: int, capacity: int) -> _Plan:
-        rooms = tuple(max(1, min(x.capacity(loc, batch, capacity), batch)) for x in rescues)
-        widths = [x.width(loc) for x in rescues]
-        lanes = max(w * chunk_for(c) for w, c in zip(widths, rooms, strict=True))
-        rows = tuple(max(1, lanes // w) for w in widths)
-        slots = max(-(-c // n) * n for c, n in zip(rooms, rows, strict=True))
-        fits: list[Fit | None] = []
-        phase_fit, first, passes = [], [], []
-        for rescue in rescues:
-            own = rescue.fits(loc) or (None,)
-            first.append(len(phase_fit))
-            passes.append(len(own))
-            for fit in own:
-                if fit not in fits:
-                    fits.append(fit)
-                phase_fit.append(fits.index(fit))
-        return cls(rooms, rows, lanes, slots, jnp.asarray(first, jnp.int32),
-                   jnp.asarray(passes, jnp.int32), tuple(fits), tuple(phase_fit))  # fmt: skip
-
-    def rows_of(self, i: Array) -> Array:
-        return jnp.asarray(self.rows, jnp.int32)[i]
-
-    def run(self, loc: Locator, phase: Array, lanes: Lanes) -> Lanes:
-        """Phase ``phase``'s pass on ``lanes``: its prepare, *the* refinement (one call
-        site; the step count and the model picked by the phase), its fold."""
-        fit_of = jnp.asarray(self.phase_fit, jnp.int32)[phase]
-        branches = lambda f: [partial(f, fit) for fit in self.fits]
-        lanes = jax.lax.switch(fit_of, branches(_prepare), loc, lanes)
-        steps = jnp.asarray([f.steps if f else 1 for f in self.fits], jnp.int32)[fit_of]
-        models = {f.model for f in self.fits if f} if loc.settings.fine != "screen" else set()
-        if len(models) > 1:  # two models: two refinements (fine="model" only)
-            screen = jnp.asarray([bool(f and f.model == "screen") for f in self.fits])[fit_of]
-            fit = jax.lax.cond(
-                screen,
-                lambda: refine_lanes(loc, lanes, steps, "screen"),
-                lambda: refine_lanes(loc, lanes, steps, "fine"),
-            )
-        else:
-            fit = refine_lanes(loc, lanes, steps, "fine")
-        return jax.lax.switch(fit_of, branches(_fold), loc, lanes, fit)
-
-
-def _prepare(fit: Fit | None, loc: Locator, lanes: Lanes) -> Lanes:
-    return lanes if fit is None or fit.prepare is None else fit.prepare(loc, lanes)
-
-
-def _fold(fit: Fit | None, loc: Locator, lanes: Lanes, result: Refined) -> Lanes:
-    return lanes if fit is None else fit.fold(loc, lanes, result)
 
 
 def final_status(loc: Locator, state: GateState) -> Array:

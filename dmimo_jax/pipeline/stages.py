@@ -89,7 +89,7 @@ class CellStage:
         return self.cells.cells.centre(coarse[0][:, 0])
 
     def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Any:
-        """A user's ``(cells, probs)``, checked as :func:`screen_candidates` checks them."""
+        """A user's ``(cells, probs)``, checked (:func:`~dmimo_jax.pipeline.online.check_candidates`)."""
         cells, p = check_candidates(r, *coarse, self.cells)
         if cells.shape[1] != loc.settings.num_cells:
             raise ValueError(
