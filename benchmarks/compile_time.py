@@ -8,7 +8,10 @@ and without fault exclusion), the trace+lower time, XLA's compile time, the firs
 the steady call per snapshot; the reference is ``peb_map`` over 256 points, lowered and
 compiled in the same process (these machines are noisy: compare the ratio). Then a sweep of
 every batch size 1..``--sweep`` through ``loc(r)``: how many programs it compiled and the
-seconds they took. No persistent compilation cache is used (each compile is measured).
+seconds they took. No persistent compilation cache is used in this process (each compile
+is measured); the last row is a *second process*: the Locator exported at batch 1
+(:func:`~dmimo_jax.pipeline.export_locator`), loaded and called in two fresh processes
+sharing a persistent compilation cache; the second's load and first call are timed.
 
     python benchmarks/compile_time.py --json out/compile_time.json
     python benchmarks/compile_time.py --tiny --batches 1 16 --sweep 20
@@ -17,6 +20,9 @@ seconds they took. No persistent compilation cache is used (each compile is meas
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -88,6 +94,35 @@ def reference_row(scene):
                 lower_s=t1 - t0, compile_s=t3 - t2)  # fmt: skip
 
 
+SECOND_PROCESS = """
+import sys, time
+import jax
+jax.config.update("jax_enable_x64", True)
+import numpy as np
+from dmimo_jax import pipeline
+pipeline.use_compilation_cache(sys.argv[2])
+t0 = time.perf_counter()
+loaded = pipeline.load_locator(sys.argv[1])
+t1 = time.perf_counter()
+jax.block_until_ready(loaded(np.full((1, loaded.num_aps), 0.1)).x)
+print(t1 - t0, time.perf_counter() - t1)
+"""
+
+
+def second_process_row(loc) -> dict:
+    """The Locator exported at batch 1, loaded and called by two fresh processes that share a
+    persistent compilation cache: the second's load and first call (seconds)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline.export_locator(loc, f"{tmp}/loc", batch_sizes=(1,))
+        times = []
+        for _ in range(2):
+            out = subprocess.run([sys.executable, "-c", SECOND_PROCESS, f"{tmp}/loc", f"{tmp}/xla"],
+                                 capture_output=True, text=True, check=True)  # fmt: skip
+            times.append([float(v) for v in out.stdout.split()[-2:]])
+    return dict(program="second process: load_locator + first call", batch=1,
+                load_s=times[1][0], first_call_s=times[1][1], cold_first_call_s=times[0][1])  # fmt: skip
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="a small world (smoke run)")
@@ -120,6 +155,8 @@ def main(argv=None):
         programs = pipeline.Locator.compiled_programs() - before
         rows.append(dict(program=f"loc(r), every batch 1..{args.sweep}", batch=args.sweep,
                          programs=programs, sweep_s=sweep_s))  # fmt: skip
+    rows.append(second_process_row(loc))
+    print(rows[-1])
     print(f"device {device_name()}")
     print_table(rows, [("program", "program", ">28"), ("batch", "batch", "d"),
                        ("stablehlo_lines", "HLO lines", "d"), ("lower_s", "lower s", ".2f"),

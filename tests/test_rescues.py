@@ -194,8 +194,14 @@ def test_a_damaged_export_is_refused_naming_its_file(loc, tmp_path):
     loaded = pipeline.load_locator(tmp_path)
     assert loaded(np.zeros((0, 17))).x.shape == (0, 3)  # as the Locator's own call
     blob = tmp_path / "batch_1.stablehlo"
-    blob.write_bytes(blob.read_bytes()[:100])
+    good = blob.read_bytes()
+    blob.write_bytes(good[:100])
     with pytest.raises(ValueError, match=r"batch_1\.stablehlo is damaged"):
+        pipeline.load_locator(tmp_path)
+    (tmp_path / "batch_1.stablehlo").write_bytes(good)
+    arrays = tmp_path / "arrays.npz"
+    arrays.write_bytes(arrays.read_bytes()[:1000])
+    with pytest.raises(ValueError, match=r"arrays\.npz is damaged"):
         pipeline.load_locator(tmp_path)
     meta = tmp_path / "locator.json"
     meta.write_text(meta.read_text()[:50])

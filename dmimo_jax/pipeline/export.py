@@ -20,37 +20,55 @@ from dmimo_jax.estimators import PhasorTable
 from dmimo_jax.pipeline.batches import padded_parts
 from dmimo_jax.pipeline.locator import Locator, LocatorResult
 
+FORMAT = "dmimo_jax.Locator/3"
+"""The export format :func:`load_locator` reads: ``locator.json``, ``arrays.npz`` (the
+Locator's leaves) and one ``batch_<B>.stablehlo`` per batch size."""
+
 
 def export_locator(
     loc: Locator, path: str | pathlib.Path, batch_sizes: tuple[int, ...] = (1, 4, 16, 64, 256)
 ) -> None:
     """Write ``loc``'s online stage as serialized StableHLO (``jax.export``) for each of
     ``batch_sizes`` (and 1, which re-runs the rows that overflowed a larger batch's
-    capacity), the weights and tables inside: :func:`load_locator` runs it in a process
-    that has jax and none of the training code. Platforms: this one's."""
+    capacity), and its weights and tables (the Locator's leaves) beside them in
+    ``arrays.npz``: :func:`load_locator` runs it in a process that has jax and none of the
+    training code. The arrays are the programs' arguments, not constants inside them, so a
+    program stays small and a persistent compilation cache keys and reads it quickly.
+    Platforms: this one's."""
     if not isinstance(batch_sizes, tuple | list) or not all(
         isinstance(b, int | np.integer) and not isinstance(b, bool) and b >= 1 for b in batch_sizes
     ):
         raise ValueError(f"batch_sizes must be a tuple of positive ints, got {batch_sizes!r}")
     sizes = sorted({int(b) for b in batch_sizes} | {1})
     dtype = jnp.result_type(float)
+    leaves, tree = jax.tree_util.tree_flatten(loc)
+    first: dict[int, int] = {}  # id of a leaf -> its place among the stored arrays
+    place = [first.setdefault(id(a), len(first)) for a in leaves]
+    unique = [leaves[place.index(i)] for i in range(len(first))]
+    specs = [jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in leaves]
     blobs = {}
     for b in sizes:
-        fn = jax.jit(lambda r, n, b=b: tuple(loc.program(r, loc.capacity_for(b), n)))
+
+        def program(leaves: list, r: Array, n: Array, b: int = b) -> tuple:
+            own = jax.tree_util.tree_unflatten(tree, leaves)
+            return tuple(own.program(r, own.capacity_for(b), n))
+
         rows = jax.ShapeDtypeStruct((b, loc.num_aps), dtype)
-        exp = jax.export.export(fn)(rows, jax.ShapeDtypeStruct((), jnp.int32))
+        exp = jax.export.export(jax.jit(program))(specs, rows, jax.ShapeDtypeStruct((), jnp.int32))
         blobs[b] = bytes(exp.serialize())
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     meta = dict(
-        format="dmimo_jax.Locator/2",
+        format=FORMAT,
         num_aps=loc.num_aps,
         dtype=str(jnp.dtype(dtype)),
         batch_sizes=sizes,
+        arrays=place,  # the stored array of each leaf (a leaf the models share, once)
         fields=list(LocatorResult._fields),
         settings={k: v for k, v in loc.settings._asdict().items() if k != "rescues"},
         rescues=[type(x).__name__ for x in loc.settings.rescues],
     )
+    np.savez(path / "arrays.npz", *(np.asarray(a) for a in unique))
     for b, blob in blobs.items():
         (path / f"batch_{b}.stablehlo").write_bytes(blob)
     (path / "locator.json").write_text(json.dumps(meta, indent=1))
@@ -111,35 +129,40 @@ def sharded(loc: Locator, devices: Any = None) -> Any:
 
 
 class ExportedLocator:
-    """A Locator loaded from :meth:`Locator.export`: ``loaded(r)`` for (M,) or (B, M)
+    """A Locator loaded from :func:`export_locator`'s files: ``loaded(r)`` for (M,) or (B, M)
     snapshots (padded to the next exported batch size, split above the largest; rows that
     overflowed a program's capacity run again alone), checked like ``Locator.__call__``'s."""
 
-    def __init__(self, meta: dict, programs: dict[int, Any]):
-        self.meta, self.programs = meta, programs
+    def __init__(self, meta: dict, programs: dict[int, Any], arrays: list[Array]):
+        self.meta, self.programs, self.arrays = meta, programs, arrays
         self.num_aps = int(meta["num_aps"])
         self.batch_sizes = sorted(programs)
+
+    def _run(self, b: int, r: Array, n: int) -> LocatorResult:
+        return LocatorResult(*self.programs[b].call(self.arrays, r, jnp.int32(n)))
 
     def __call__(self, r: ArrayLike) -> LocatorResult:
         single = np.ndim(r) == 1
         rb = as_snapshot_batch("r", r, self.num_aps).astype(self.meta["dtype"])
         if rb.shape[0] == 0:  # as Locator.__call__: the empty result
             one = jax.ShapeDtypeStruct((1, self.num_aps), rb.dtype)
-            empty = jax.eval_shape(lambda r: self.programs[1].call(r, jnp.int32(1)), one)
+            empty = jax.eval_shape(lambda r: self._run(1, r, 1), one)
             return LocatorResult(*(jnp.zeros((0, *a.shape[1:]), a.dtype) for a in empty))
         parts = []
         for k, pad in padded_parts(rb, tuple(self.batch_sizes)):
-            out = self.programs[pad.shape[0]].call(pad, jnp.int32(k))
+            out = self._run(pad.shape[0], pad, k)
             parts.append(jax.tree.map(lambda a, k=k: a[:k], tuple(out)))
         out = LocatorResult(*(jnp.concatenate(f) for f in zip(*parts, strict=True)))
         for row in np.flatnonzero(np.asarray(out.overflow)):  # alone, a row always fits
-            again = LocatorResult(*self.programs[1].call(rb[row : row + 1], jnp.int32(1)))
+            again = self._run(1, rb[row : row + 1], 1)
             out = jax.tree.map(lambda a, b, i=row: a.at[i].set(b[0]), out, again)
         return jax.tree.map(lambda a: a[0], out) if single else out
 
 
 def load_locator(path: str | pathlib.Path) -> ExportedLocator:
-    """Load what :meth:`Locator.export` wrote (needs jax only, no trained objects)."""
+    """Load what :func:`export_locator` wrote (needs jax only, no trained objects). With
+    JAX's persistent compilation cache on (:func:`~dmimo_jax.pipeline.use_compilation_cache`)
+    a second process's first call reads the compiled program instead of compiling it."""
     path = pathlib.Path(path)
     meta_file = path / "locator.json"
     if not meta_file.is_file():
@@ -148,9 +171,9 @@ def load_locator(path: str | pathlib.Path) -> ExportedLocator:
         meta = json.loads(meta_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"path: {meta_file} is damaged (not JSON: {e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != "dmimo_jax.Locator/2":
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(
-            f"path: {meta_file} is not a dmimo_jax.Locator/2 export (format "
+            f"path: {meta_file} is not a {FORMAT} export (format "
             f"{meta.get('format')!r}: export it again with this version)"
         )
     programs = {}
@@ -164,4 +187,11 @@ def load_locator(path: str | pathlib.Path) -> ExportedLocator:
             raise ValueError(f"path: {file} is damaged ({type(e).__name__}: {e})") from None
     if 1 not in programs:
         raise ValueError(f"path: {meta_file} lists no batch size 1 (export it again)")
-    return ExportedLocator(meta, programs)
+    arrays_file = path / "arrays.npz"
+    try:
+        with np.load(arrays_file) as stored:
+            unique = {i: jnp.asarray(stored[f"arr_{i}"]) for i in set(meta["arrays"])}
+        arrays = [unique[i] for i in meta["arrays"]]
+    except Exception as e:  # missing, truncated or short: numpy's and zipfile's errors vary
+        raise ValueError(f"path: {arrays_file} is damaged ({type(e).__name__}: {e})") from None
+    return ExportedLocator(meta, programs, arrays)
