@@ -43,6 +43,19 @@ def test_no_module_imports_another_modules_private_name(path):
             assert not private, f"{path.name} imports {private} from {node.module}"
 
 
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_docstring_holds_a_control_character(path):
+    """A backslash escape in a plain docstring (``"\\bar"`` written ``"\bar"``) puts a control
+    character where the math was: the rendered formula breaks."""
+    import re
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False) or ""
+            found = re.findall(r"[\x00-\x08\x0b\x0c\x0e-\x1f]", doc)
+            assert not found, f"{path.name}: {getattr(node, 'name', 'module')} holds {found}"
+
+
 _MUTABLE = (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)
 
 

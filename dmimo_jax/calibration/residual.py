@@ -96,7 +96,7 @@ class ResidualFieldModel:
         base: the physical PhaseModel (e.g. LoS with calibrated offsets).
         kernel: the tinygp kernel.
         x_train: (L, 3) labeled positions.
-        alpha: (2M, L) :math:`K^{-1}(\\mathbf z - \bar z)` per output (tinygp's conditioning):
+        alpha: (2M, L) :math:`K^{-1}(\\mathbf z - \\bar z)` per output (tinygp's conditioning):
             real parts of APs 0..M-1, then imaginary parts.
         prior: (2M,) the constant prior means.
     """
