@@ -1,4 +1,4 @@
-"""dmimo_jax.physics.faces: scenes of finite faces (a box of faces is the box room; shadows
+"""dmimo_jax.physics.faces, occlusion and mesh_model: scenes of finite faces (a box of faces is the box room; shadows
 and finite faces against hand-computed geometry and an independent NumPy computation;
 gradients; bad input)."""
 

@@ -4,15 +4,12 @@
 * :mod:`~dmimo_jax.physics.fresnel`: the Fresnel reflection coefficient, eq. (3);
 * :mod:`~dmimo_jax.physics.two_ray`: the paper's LoS + ground model, eqs. (1)-(9);
 * :mod:`~dmimo_jax.physics.image_source`: rooms with a ceiling and walls (beyond the paper);
-* :mod:`~dmimo_jax.physics.faces`: scenes of finite faces with their own materials, shadows
-  included (beyond the paper).
+* :mod:`~dmimo_jax.physics.faces`, :mod:`~dmimo_jax.physics.occlusion` and
+  :mod:`~dmimo_jax.physics.mesh_model`: scenes of finite faces with their own materials
+  (the faces, which faces a path crosses, the mesh PhaseModel), shadows included (beyond the
+  paper).
 """
 
-from dmimo_jax.physics.faces import (
-    MeshPaths,
-    mesh_paths,
-    occluders,
-)
 from dmimo_jax.physics.fresnel import reflection_coefficient, surface_reflections, zeta_term
 from dmimo_jax.physics.image_source import (
     ImagePaths,
@@ -21,6 +18,7 @@ from dmimo_jax.physics.image_source import (
     resolve_material,
 )
 from dmimo_jax.physics.model import CalibratableModel, PhasorSumModel, check_in_domain
+from dmimo_jax.physics.occlusion import MeshPaths, mesh_paths, occluders
 from dmimo_jax.physics.two_ray import (
     Geometry,
     PathParameters,
@@ -42,8 +40,9 @@ from dmimo_jax.physics.two_ray import (
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.Face`): kept here so the
 # older paths keep working; they are not in this module's __all__.
-from dmimo_jax.physics.faces import Face, MeshModel, box_faces, cuboid_faces  # noqa: F401
+from dmimo_jax.physics.faces import Face, box_faces, cuboid_faces  # noqa: F401
 from dmimo_jax.physics.image_source import ImageSourceModel, Reflector, box_room, room_model  # noqa: F401
+from dmimo_jax.physics.mesh_model import MeshModel  # noqa: F401
 from dmimo_jax.physics.model import PhaseModel, as_phase_model  # noqa: F401
 from dmimo_jax.physics.two_ray import TwoRayModel  # noqa: F401
 
