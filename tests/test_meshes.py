@@ -194,7 +194,7 @@ def test_malformed_mitsuba_xml_is_refused_with_its_path(tmp_path, text):
 def test_a_concave_polygon_loads_as_its_own_area_with_its_normal():
     """An L-shaped floor of 3 m^2 (a fan from the first vertex covered 5 m^2, one triangle
     flipped): the triangles cover it once, every normal up."""
-    from dmimo_jax.datasets.meshes import faces_from_mesh
+    from dmimo_jax.datasets.polygons import faces_from_mesh
 
     v = np.array([[0, 0, 0], [2, 0, 0], [2, 1, 0], [1, 1, 0], [1, 2, 0], [0, 2, 0]], float)
     order = [2, 3, 4, 5, 0, 1]  # a fan from (2, 1) covers the notch and flips a triangle
@@ -416,7 +416,7 @@ def test_a_millimetre_box_beside_a_large_ground_keeps_its_shape(tmp_path):
 def test_scene_file_probes_are_refused_or_warned_by_name(tmp_path):
     """A NaN vertex, air and orient that are not what they say, and a zero-area triangle
     (skipped with a warning naming the file and the face)."""
-    from dmimo_jax.datasets.meshes import orient_polygons
+    from dmimo_jax.datasets.polygons import orient_polygons
 
     v, tris = _box_triangles((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), inward=False)
     path = tmp_path / "box.obj"

@@ -67,7 +67,7 @@ class Group:
         return u
 
     def report(self, v: Array) -> Array:
-        """Flat natural values (or their errors) in the shape :class:`~dmimo_jax.calibration.deployment.Calibration` reports."""
+        """Flat natural values (or their errors) in the shape :class:`~dmimo_jax.calibration.calibrate.Calibration` reports."""
         return v
 
     def prior_residuals(self, u: Array) -> Array:

@@ -11,14 +11,11 @@
 The data are never shipped with the package: every loader takes a folder.
 """
 
-from dmimo_jax.datasets.meshes import (
+from dmimo_jax.datasets.meshes import load_mitsuba, load_obj, read_obj, read_ply
+from dmimo_jax.datasets.polygons import (
     convex_polygons,
     faces_from_mesh,
-    load_mitsuba,
-    load_obj,
     orient_polygons,
-    read_obj,
-    read_ply,
     scene_faces,
     winding_numbers,
 )

@@ -2,7 +2,7 @@ r"""Scenes of finite faces, each with its own material: a mesh PhaseModel (beyon
 
 The paper's future work asks for "spatially heterogeneous reflecting surfaces" and "more
 general multipath propagation beyond the two-ray model". Here the environment is a set of
-planar convex :class:`Face` s (triangles, quads, any convex polygon), each with its own
+planar convex :class:`~dmimo_jax.physics.Face` s (triangles, quads, any convex polygon), each with its own
 complex permittivity, and :class:`MeshModel` sums the LoS and the specular bounces of the
 image method on them (geometric optics), exactly as :class:`~dmimo_jax.physics.ImageSourceModel`
 does for infinite planes, with two differences that make a scene of a room with pillars,
@@ -94,21 +94,22 @@ class MeshModel(PhasorSumModel):
 
     Args:
         scene: the deployment.
-        faces: a non-empty sequence of :class:`Face`.
+        faces: a non-empty sequence of :class:`~dmimo_jax.physics.Face`.
         order: 1 (one bounce per path) or 2 (also every valid double bounce).
-        blockers: indices of the faces that can block a path (default :func:`occluders`
+        blockers: indices of the faces that can block a path (default :func:`~dmimo_jax.physics.occlusion.occluders`
             of the concrete geometry: a room's enclosure never blocks, and skipping it saves
             most of the cost; a model rebuilt from traced APs passes its nominal's).
 
     Raises:
-        ValueError: no faces or not :class:`Face` s, two faces that are the same polygon,
+        ValueError: no faces or not :class:`~dmimo_jax.physics.Face` s, two faces that are the same polygon,
             ``order`` not 1 or 2, ``blockers`` not face indices, a scene whose paths need
-            more than :data:`MAX_PATH_BYTES` for one position (:func:`check_path_memory`),
-            or an AP inside a solid (see the module docstring's orientation rule).
+            more than :data:`~dmimo_jax.physics.occlusion.MAX_PATH_BYTES` for one position
+            (:func:`~dmimo_jax.physics.occlusion.check_path_memory`), or an AP inside a solid
+            (the orientation rule of :mod:`~dmimo_jax.physics.faces`).
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from dmimo_jax import paper_scene
+        >>> from dmimo_jax import MeshModel, box_faces, cuboid_faces, paper_scene
         >>> scene = paper_scene()
         >>> room = box_faces(scene.room_size, floor=complex(scene.eps_r), walls="concrete",
         ...                  frequency_hz=float(scene.frequency))
@@ -290,7 +291,7 @@ class MeshModel(PhasorSumModel):
                 )
 
     def paths(self, x: ArrayLike) -> MeshPaths:
-        """The LoS visibility and the reflected paths at ``x`` (:func:`mesh_paths`)."""
+        """The LoS visibility and the reflected paths at ``x`` (:func:`~dmimo_jax.physics.occlusion.mesh_paths`)."""
         self._check_x(x)
         isotropic = is_isotropic(self.scene.antenna)
         return mesh_paths(
