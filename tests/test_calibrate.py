@@ -1,4 +1,4 @@
-"""dmimo_jax.calibration.calibrate: every group recovered from noise-free data,
+"""dmimo_jax.calibration.calibrating: every group recovered from noise-free data,
 standard errors that cover the truth at their stated rate, a fit that says when the model is
 wrong or the data cannot identify a parameter, and bad input refused."""
 

@@ -1,6 +1,6 @@
 """Calibration of the physical model from L labeled snapshots (beyond the paper).
 
-* :mod:`~dmimo_jax.calibration.calibrate`: :func:`calibrate`, maximum likelihood of any
+* :mod:`~dmimo_jax.calibration.calibrating`: :func:`calibrate`, maximum likelihood of any
   group of the model's unknowns (AP phase centres, per-AP phase offsets, surfaces'
   permittivities, the antenna exponent, the polarization), with honest standard errors and
   the fit's reduced chi-square.
@@ -27,7 +27,7 @@
   in time order, pseudo-labels confirmed by their neighbours (:func:`self_train_field`).
 """
 
-from dmimo_jax.calibration.calibrate import CALIBRATION_STARTS, Unlabeled, calibrate_many
+from dmimo_jax.calibration.calibrating import CALIBRATION_STARTS, Unlabeled, calibrate_many
 from dmimo_jax.calibration.groups import (
     MIN_EXPONENT_START,
     AntennaGroup,
@@ -89,7 +89,7 @@ from dmimo_jax.calibration.surfaces import (
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.Calibration`): kept here so the
 # older paths keep working; they are not in this module's __all__.
-from dmimo_jax.calibration.calibrate import Calibration, calibrate  # noqa: F401
+from dmimo_jax.calibration.calibrating import Calibration, calibrate  # noqa: F401
 
 __all__ = [
     "BOUNDARY_OUTLIER_Z",

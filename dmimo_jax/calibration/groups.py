@@ -1,4 +1,4 @@
-r"""The groups of unknowns :func:`~dmimo_jax.calibration.calibrate` fits, as objects.
+r"""The groups of unknowns :func:`~dmimo_jax.calibration.calibrating` fits, as objects.
 
 Each group is a small pytree (:class:`Group`): its arrays (``data``: what its
 parametrization needs, a position basis, a gauge entry, a boresight) and its start ``u0``
@@ -67,7 +67,7 @@ class Group:
         return u
 
     def report(self, v: Array) -> Array:
-        """Flat natural values (or their errors) in the shape :class:`~dmimo_jax.calibration.calibrate.Calibration` reports."""
+        """Flat natural values (or their errors) in the shape :class:`~dmimo_jax.calibration.calibrating.Calibration` reports."""
         return v
 
     def prior_residuals(self, u: Array) -> Array:

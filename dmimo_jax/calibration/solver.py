@@ -6,7 +6,7 @@ standard errors (:func:`standard_errors`).
 For a fixed tuple of groups (:mod:`~dmimo_jax.calibration.groups`, pytrees whose layout is
 static) :func:`solve` and :func:`information` are jitted pure functions of arrays: one
 compiled program serves every calibration of the same shapes. The residuals are those of
-the CPO-profiled likelihood of :mod:`~dmimo_jax.calibration.calibrate` (eq. 8 with the CPO
+the CPO-profiled likelihood of :mod:`~dmimo_jax.calibration.calibrating` (eq. 8 with the CPO
 of eq. 15); each unlabeled snapshot's position is profiled out by the package's LM
 (:func:`profiled_positions`, variable projection). For complex snapshots whose groups each
 move one AP, :func:`per_ap_structure` and :func:`per_ap_normal` give the normal equations by

@@ -1,4 +1,4 @@
-"""What :func:`~dmimo_jax.calibration.calibrate` fits: one small object per group of
+"""What :func:`~dmimo_jax.calibration.calibrating` fits: one small object per group of
 unknowns, carrying its own options.
 
 ``fit=(Positions(prior=0.01), Offsets(), Surfaces(names=("floor",)))`` fits the APs' phase
@@ -125,7 +125,7 @@ class ReceiverConstants(FitGroup):
 FIT_GROUPS: tuple[type[FitGroup], ...] = (
     Positions, Offsets, Surfaces, Antenna, Polarization, ReceiverGains, ReceiverConstants,
 )  # fmt: skip
-"""The groups :func:`~dmimo_jax.calibration.calibrate` can fit, in the fit's order."""
+"""The groups :func:`~dmimo_jax.calibration.calibrating` can fit, in the fit's order."""
 
 GROUPS = tuple(g.name for g in FIT_GROUPS)
 """Their shorthands."""

@@ -1,4 +1,4 @@
-r"""How :func:`~dmimo_jax.calibration.calibrate` stages a fit: the closed-form starts, the
+r"""How :func:`~dmimo_jax.calibration.calibrating` stages a fit: the closed-form starts, the
 multi-start of the surfaces, the joint rounds, and the extra round of a piecewise model.
 
 * :func:`offsets_closed_form` and :func:`receivers_closed_form`: the starts that need no basin

@@ -1,6 +1,6 @@
 r"""Calibrate the reflecting surfaces from a few labeled snapshots (beyond the paper).
 
-:func:`fit_material` and :func:`fit_surfaces` are :func:`~dmimo_jax.calibration.calibrate`
+:func:`fit_material` and :func:`fit_surfaces` are :func:`~dmimo_jax.calibration.calibrating`
 with ``fit=("surfaces", "polarization")``, repackaged; :func:`material_posterior` is the
 Bayesian view of the ground alone.
 
@@ -19,7 +19,7 @@ CPOs profiled out in closed form (eq. (15) per snapshot, as the MLE does) is
 maximized by the package's Levenberg-Marquardt (autodiff Jacobian) over
 :math:`\varepsilon_r = \varepsilon' - j\varepsilon''` of every surface being calibrated,
 parametrized as :math:`\varepsilon' = 1 + |a|`, :math:`\varepsilon'' = |b|` so that it
-stays physical (:mod:`~dmimo_jax.calibration.calibrate` says why), from several starts
+stays physical (:mod:`~dmimo_jax.calibration.calibrating` says why), from several starts
 (the ITU-R P.2040 materials, all surfaces alike), the best likelihood winning. The
 polarization is static in the model, so ``polarization=None`` fits both and keeps the
 likelier. Standard errors of :math:`\varepsilon'` and :math:`\varepsilon''` come from the
@@ -46,7 +46,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax.calibration.calibrate import calibrate, log_likelihood
+from dmimo_jax.calibration.calibrating import calibrate, log_likelihood
 from dmimo_jax.calibration.groups import with_permittivities
 from dmimo_jax.calibration.specs import Surfaces
 from dmimo_jax.physics import CalibratableModel, TwoRayModel
