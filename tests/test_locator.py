@@ -130,6 +130,10 @@ def test_settings_are_checked_and_replace_keeps_the_stage(trained):
     leaves, tree = jax.tree_util.tree_flatten(loc)
     again = jax.tree_util.tree_unflatten(tree, leaves)
     assert again.settings == loc.settings
+    # the default kind fits run_offline's defaults: the one trained, "cells" among several
+    assert pipeline.Locator.from_offline(off, num_cells=4).settings.kind == "cells"
+    only_popt = off._replace(estimators={"popt": off.estimators["popt"]})
+    assert pipeline.Locator.from_offline(only_popt).settings.kind == "popt"
 
 
 @pytest.mark.slow  # compiles the whole program several times (40-100 s here)

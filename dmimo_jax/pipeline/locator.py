@@ -130,7 +130,9 @@ class Locator:
 
     Args (of :meth:`from_offline`):
         offline: the :class:`~dmimo_jax.pipeline.Offline` of :func:`~dmimo_jax.pipeline.run_offline`.
-        kind: ``"cells"``, ``"popt"``, ``"mlp"`` or ``"hi"`` (one of ``offline.estimators``).
+        kind: ``"cells"``, ``"popt"``, ``"mlp"`` or ``"hi"`` (one of ``offline.estimators``;
+            default: the kind ``offline`` trained; of several, ``"cells"`` if it is one, else
+            the first: ``Locator.from_offline(run_offline(...))`` works with both defaults).
         num_cells: the classifier's candidate cells screened at most (cells,
             :func:`~dmimo_jax.pipeline.cell_screen`, as the next three).
         first_cells: the cells of the screen's first tier.
@@ -202,7 +204,7 @@ class Locator:
     def from_offline(
         cls,
         offline: Any,
-        kind: str = "cells",
+        kind: str | None = None,
         *,
         num_cells: int = 16,
         first_cells: int | None = None,
@@ -224,6 +226,8 @@ class Locator:
         estimators = getattr(offline, "estimators", None)
         if estimators is None:
             raise ValueError(f"offline must be run_offline's result, got {type(offline).__name__}")
+        if kind is None:  # the one trained, "cells" among several, else the first trained
+            kind = "cells" if "cells" in estimators or not estimators else next(iter(estimators))
         if kind not in estimators:
             raise ValueError(
                 f"kind={kind!r} was not trained in this offline stage (it has "
