@@ -352,7 +352,7 @@ def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
     """lattice_argmin (the screen on the newest snapshots, then the whole window for the
     lowest bounds, the whole lattice if uncertified) == the brute-force argmin, for a
     screen that certifies and for one too small to (the fallback)."""
-    from dmimo_jax.tracking.filter import lattice_argmin, lattice_costs
+    from dmimo_jax.tracking.reacquire import lattice_argmin, lattice_costs
 
     tracker, path = walked["tracker"], walked["path"]
     # one UE at step 12 with a buffer full of snapshots: the lattice 2 cm off its path

@@ -4,7 +4,8 @@ snapshots along a path, a tracking filter on the carrier phases and its posterio
 - :mod:`~dmimo_jax.tracking.motion`: :class:`ConstantVelocity`, :class:`RandomWalk`,
   :func:`simulate_trajectory`, :func:`simulate_track_phases`.
 - :mod:`~dmimo_jax.tracking.filter`: :class:`Tracker` (iterated EKF with profiled CPOs, a
-  windowed lock test, lattice re-acquisition), :func:`run_tracker`.
+  windowed lock test), :mod:`~dmimo_jax.tracking.reacquire` (the lattice re-acquisition) and
+  :mod:`~dmimo_jax.tracking.run` (:func:`run_tracker`: many UEs over time).
 - :mod:`~dmimo_jax.tracking.paths`: :func:`most_likely_path`, the Viterbi choice of one
   candidate position per snapshot along a trajectory (e.g. among the lobes of
   :func:`dmimo_jax.estimators.coherent_peaks`).
@@ -13,13 +14,7 @@ snapshots along a path, a tracking filter on the carrier phases and its posterio
 """
 
 from dmimo_jax.tracking.bound import pcrb, pcrb_position_rmse
-from dmimo_jax.tracking.filter import (
-    TrackerSettings,
-    TrackOutput,
-    TrackState,
-    medoid_start,
-    run_tracker,
-)
+from dmimo_jax.tracking.filter import TrackerSettings, TrackOutput, TrackState
 from dmimo_jax.tracking.motion import (
     ConstantVelocity,
     RandomWalk,
@@ -28,6 +23,7 @@ from dmimo_jax.tracking.motion import (
     simulate_trajectory,
 )
 from dmimo_jax.tracking.paths import PathResult, most_likely_path
+from dmimo_jax.tracking.run import medoid_start, run_tracker
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.Tracker`): kept here so the

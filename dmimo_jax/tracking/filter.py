@@ -18,7 +18,7 @@ curvature (a prediction error :math:`\delta` leaves :math:`\sim\pi\delta^2/(\lam
 in the residuals), while :math:`\mathbf H` changes by a relative :math:`\delta/d`; a
 chord converges linearly where Gauss-Newton converges quadratically, which shows after
 long steps (acquisition, re-acquisition, very high SNR: docs/tracking.md), so long steps
-re-linearize. :func:`run_tracker` makes that choice per UE but skips the second trace for
+re-linearize. :func:`~dmimo_jax.tracking.run.run_tracker` makes that choice per UE but skips the second trace for
 a whole batch when no UE needs it (a locked batch). ``relinearize=False``: chord steps
 whatever the step.
 
@@ -53,12 +53,11 @@ cannot.
 
 :class:`Tracker` holds the model and settings (a pytree); :class:`TrackState` the state
 of one UE (a NamedTuple, the optax pattern). ``Tracker.update`` advances one UE by one
-snapshot; :func:`run_tracker` scans many UEs over time.
+snapshot; :func:`~dmimo_jax.tracking.run.run_tracker` scans many UEs over time.
 """
 
 from __future__ import annotations
 
-import warnings
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -76,18 +75,17 @@ from dmimo_jax._checks import (
     check_positions,
     check_scalar,
     is_concrete,
-    warn_if_float32,
 )
 from dmimo_jax.bounds import linearize
 from dmimo_jax.estimators.grid import PhasorTable, check_table_of
 from dmimo_jax.estimators.phasors import cube_offsets
-from dmimo_jax.estimators.search import egs_table_search
 from dmimo_jax.likelihood import compressed_residuals
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 from dmimo_jax.tracking.kalman import position_update
-from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion
+from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion, start_in_region
+from dmimo_jax.tracking.reacquire import needs_reacquisition, reacquire
 
 
 class TrackState(NamedTuple):
@@ -112,7 +110,7 @@ class TrackState(NamedTuple):
 
 
 class TrackOutput(NamedTuple):
-    """Per step of :func:`run_tracker`: (T, B, ...)."""
+    """Per step of :func:`~dmimo_jax.tracking.run.run_tracker`: (T, B, ...)."""
 
     position: Array  # (T, B, 3) m, after the step's update (folded into the region)
     position_cov: Array  # (T, B, 3, 3) m^2, its covariance
@@ -149,10 +147,10 @@ class TrackerSettings(NamedTuple):
             :math:`\\lambda`, twice the comb's period: the spread of a 1 s outage's
             prediction at walking speed).
         reacquire_spacing: its spacing, m (default :math:`\\lambda/8`).
-        reacquire_batch: UEs re-acquired per step at most in :func:`run_tracker` (memory:
+        reacquire_batch: UEs re-acquired per step at most in :func:`~dmimo_jax.tracking.run.run_tracker` (memory:
             each scores ``window`` snapshots at every lattice point).
         screen_snapshots: newest snapshots the re-acquisition's certified screen scores
-            every lattice point on (:func:`lattice_argmin`; 1 to ``window``).
+            every lattice point on (:func:`~dmimo_jax.tracking.reacquire.lattice_argmin`; 1 to ``window``).
         screen_size: lattice points (times velocities) it scores on the whole window.
         global_after: failed local re-acquisitions before a global one (with a ``table``).
     """
@@ -385,13 +383,13 @@ class Tracker:
         """Advance one UE by one interval: predict, then correct with snapshot ``r`` (M,)
         (``None``: no snapshot this interval), test the lock, re-acquire if needed.
 
-        Pure; jit it (``jax.jit(Tracker.update)``) or use :func:`run_tracker` for many UEs
+        Pure; jit it (``jax.jit(Tracker.update)``) or use :func:`~dmimo_jax.tracking.run.run_tracker` for many UEs
         over time.
         """
         if r is None:
             r, valid = jnp.zeros((self.num_aps,), self.dt.dtype), jnp.asarray(False)
         else:
-            _check_snapshots(r, self.num_aps, "(M,)", 1)
+            check_snapshots(r, self.num_aps, "(M,)", 1)
             r, valid = jnp.asarray(r, self.dt.dtype), jnp.asarray(True)
         state = step(self, state, r, valid)
         return jax.lax.cond(
@@ -399,7 +397,7 @@ class Tracker:
         )
 
 
-def _check_snapshots(r: Any, num_aps: int, shape: str, ndim: int) -> None:
+def check_snapshots(r: Any, num_aps: int, shape: str, ndim: int) -> None:
     if np.iscomplexobj(r):  # a dtype: known under tracing too
         raise ValueError(
             "r must be real wrapped phases (rad), got complex values (complex snapshots h "
@@ -555,7 +553,7 @@ def step(
     tracker: Tracker, state: TrackState, r: Array, valid: Array, axis_name: str | None = None
 ) -> TrackState:
     """Predict, correct (if ``valid``), push the snapshot and test the lock; no
-    re-acquisition (:func:`needs_reacquisition` says whether one is due). ``axis_name``:
+    re-acquisition (:func:`~dmimo_jax.tracking.reacquire.needs_reacquisition` says whether one is due). ``axis_name``:
     the name of a ``jax.vmap`` over UEs (:func:`correct`)."""
     state = predict(tracker, state)
     mean, cov, nis, jump = correct(tracker, state.mean, state.cov, r, axis_name)
@@ -593,317 +591,3 @@ def step(
         locked=locked,
         failures=jnp.where(locked, 0, state.failures),
     )
-
-
-def needs_reacquisition(tracker: Tracker, state: TrackState) -> Array:
-    """() bool: the lock test failed, or a window of snapshots arrived since the prior
-    stopped resolving the comb."""
-    return state.lost | (state.pending & (state.since_pending >= tracker.window))
-
-
-def window_costs(
-    tracker: Tracker,
-    state: TrackState,
-    positions: Array,
-    velocity: Array,
-    newest: int | None = None,
-) -> Array:
-    r"""Joint ML cost (eq. 17) of the buffered snapshots for candidate current positions
-    (G, 3) of the free path: each older snapshot is scored at the candidate moved back
-    along ``velocity`` (3,) by its age, folded into the region; the weights :math:`1/\sigma_m^2`
-    are the model's at the track. (G,).
-
-    ``newest``: score only the newest ``newest`` snapshots of the buffer (static; default
-    all). Every snapshot's term is >= 0, so such a cost is a lower bound of the whole
-    window's (the screen of :func:`reacquire`)."""
-    rows = slice(None) if newest is None else slice(tracker.window - newest, None)
-    age, r, valid = state.recent_age[rows], state.recent_r[rows], state.recent_valid[rows]
-    var = tracker.model.variance(tracker.motion.fold(state.mean[:3])[0])
-    past = positions[:, None, :] - age[None, :, None] * velocity[None, None, :]
-    past, _ = tracker.motion.fold(past)  # the free path folded into the region
-    theta = jax.vmap(jax.vmap(tracker.model.mean))(past)  # (G, K, M)
-    res = compressed_residuals(r[None], theta, jnp.broadcast_to(var, theta.shape))
-    cost = jnp.sum(res**2 / var[None, None, :], axis=-1)  # (G, K)
-    return jnp.sum(jnp.where(valid[None, :], cost, 0.0), axis=-1)
-
-
-def lattice_costs(
-    tracker: Tracker,
-    state: TrackState,
-    candidates: Array,
-    velocities: Array,
-    prior: Array,
-    newest: int | None = None,
-) -> Array:
-    """(V, G) :func:`window_costs` of every candidate (G, 3) for every velocity (V, 3), plus
-    ``prior`` (G,); ``newest`` as in :func:`window_costs` (the screen's lower bounds)."""
-    cost = lambda v: window_costs(tracker, state, candidates, v, newest)  # noqa: E731
-    return jax.vmap(cost)(velocities) + prior[None, :]
-
-
-def lattice_argmin(
-    tracker: Tracker, state: TrackState, candidates: Array, velocities: Array, prior: Array
-) -> tuple[Array, Array]:
-    r"""The (velocity, candidate) pair of least window cost plus ``prior`` (G,) over
-    ``candidates`` (G, 3) and ``velocities`` (V, 3): ``(which velocity, which candidate)``.
-
-    A certified screen, exact like the EGS of eq. (18): every pair is first scored on the
-    newest ``tracker.screen_snapshots`` snapshots (a lower bound of its whole cost); the
-    ``tracker.screen_size`` lowest bounds are scored on the whole window. If the best of
-    those costs no more than the least bound left out, no pair left out can beat it and it
-    is the argmin; otherwise (a ``lax.cond``: under ``jax.vmap`` both branches run) every
-    pair is scored on the whole window.
-    """
-    num = candidates.shape[0]
-    args = (tracker, state, candidates, velocities, prior)
-    bound = lattice_costs(*args, tracker.screen_snapshots).reshape(-1)
-    size = min(tracker.screen_size, bound.shape[0])
-    neg_bound, kept = jax.lax.top_k(-bound, size)
-    which, point = kept // num, kept % num
-    full = jax.vmap(lambda p, v: window_costs(tracker, state, p[None], v)[0])(
-        candidates[point], velocities[which]
-    )
-    full = full + prior[point]
-    screened = kept[jnp.argmin(full)]
-    # the least bound left out: the size-th lowest (none when nothing was left out)
-    left_out = -neg_bound[-1] if size < bound.shape[0] else jnp.inf
-
-    def whole_lattice() -> Array:
-        return jnp.argmin(lattice_costs(*args).reshape(-1)).astype(screened.dtype)
-
-    flat = jax.lax.cond(jnp.min(full) <= left_out, lambda: screened, whole_lattice)
-    return flat // num, flat % num
-
-
-def _velocity(mean: Array) -> Array:
-    return mean[3:6] if mean.shape[0] == 6 else jnp.zeros(3, mean.dtype)
-
-
-def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
-    """Re-acquire the track if one is due (:func:`needs_reacquisition`): the best point of
-    the lattice around the prior (module docstring) by the window's ML cost plus the
-    prior's. If the filter already sits within one lattice spacing of it, the filter's
-    state is kept; otherwise the track restarts there with a position variance of
-    ``spacing**2 / 12`` per axis (the lattice's quantization), the velocity that scored best
-    and no position-velocity correlation. The lattice is searched by :func:`lattice_argmin`."""
-    due = needs_reacquisition(tracker, state)
-    # a pending acquisition weighs the prediction since the prior stopped resolving the
-    # comb; a lost track's own prior sits on the wrong maximum and is dropped
-    lost = state.lost
-    center = jnp.where(lost, state.mean[:3], state.prior_mean[:3])
-    if tracker.table is not None:
-        # re-acquisitions that keep failing: the lattice sits on a wrong maximum far from
-        # the UE; re-centre it on the medoid of the window's global table searches
-        far = state.failures >= tracker.global_after
-        center = jax.lax.cond(far, partial(global_center, tracker), lambda s: center, state)
-        lost = lost | far
-    # two velocities to move the older snapshots with: the filter's (it has seen the
-    # window, and the maxima of the comb move with the UE) and the prior's (the filter may
-    # have been dragged by a wrong maximum); the window decides
-    velocities = jnp.stack([_velocity(state.mean), _velocity(state.prior_mean)])
-    precision = jnp.where(lost, 0.0, jnp.linalg.inv(state.prior_cov[:3, :3]))
-    prior = jnp.einsum("gi,ij,gj->g", tracker.offsets, precision, tracker.offsets)
-    candidates = center[None, :] + tracker.offsets
-    which, point = lattice_argmin(tracker, state, candidates, velocities, prior)
-    best, velocity = candidates[point], velocities[which]
-    keep = jnp.max(jnp.abs(state.mean[:3] - best)) <= tracker.reacquire_spacing
-    pos_var = tracker.reacquire_spacing**2 / 12
-    cov = state.cov.at[:3, :].set(0.0).at[:, :3].set(0.0)
-    cov = cov.at[jnp.arange(3), jnp.arange(3)].set(pos_var)
-    mean = state.mean.at[:3].set(best).at[3:6].set(velocity[: state.mean.shape[0] - 3])
-    restarted = state._replace(
-        mean=jnp.where(keep, state.mean, mean),
-        cov=jnp.where(keep, state.cov, cov),
-        prior_mean=jnp.where(keep, state.mean, mean),
-        prior_cov=jnp.where(keep, state.cov, cov),
-        nis_valid=jnp.zeros_like(state.nis_valid),
-        pending=jnp.asarray(False),
-        since_pending=jnp.zeros_like(state.since_pending),
-        lost=jnp.asarray(False),
-        reacquired=~keep,
-        num_reacquisitions=state.num_reacquisitions + (~keep).astype(jnp.int32),
-        locked=jnp.asarray(False),
-        failures=state.failures + 1,
-    )
-    return jax.tree.map(lambda new, old: jnp.where(due, new, old), restarted, state)
-
-
-def global_center(tracker: Tracker, state: TrackState) -> Array:
-    """(3,) the medoid of the window's single-snapshot table searches over the whole table
-    (:func:`~dmimo_jax.estimators.search.egs_table_search`, no prior): a few snapshots in the main
-    lobe out of the window put it there, wherever the track was."""
-    est = egs_table_search(state.recent_r, tracker.model, tracker.table, 16).x  # (K, 3)
-    return _medoid(est, state.recent_valid)
-
-
-START_MARGIN = 0.5  # m: a start this far outside the region is moved onto it; further: refused
-
-
-def start_in_region(motion: MotionModel, pos: np.ndarray, name: str) -> np.ndarray:
-    """Start positions ``pos`` (B, 3) inside the motion model's region: one at most
-    ``START_MARGIN`` outside it (a single-snapshot estimate at low power, the normal case)
-    is moved onto its boundary with a warning naming the UEs; NaN, or one further out
-    (which cannot be meant), is a ``ValueError`` naming ``name``."""
-    low, high = np.asarray(motion.low, float), np.asarray(motion.high, float)
-    if not np.all(np.isfinite(pos)):
-        raise ValueError(f"{name}: a start position is not finite: {pos.tolist()[:3]}")
-    clipped = np.clip(pos, low, high)
-    off = np.linalg.norm(pos - clipped, axis=1)
-    far = np.flatnonzero(off > START_MARGIN)
-    if far.size:
-        raise ValueError(
-            f"{name}: UE(s) {far.tolist()[:10]} start more than {START_MARGIN} m outside the "
-            f"motion model's region [{low.tolist()}, {high.tolist()}] (e.g. "
-            f"{pos[far[0]].tolist()})"
-        )
-    near = np.flatnonzero(off > 0)
-    if near.size:
-        warnings.warn(
-            f"{name}: UE(s) {near.tolist()[:10]} start up to {off.max():.3g} m outside the "
-            "motion model's region: moved onto its boundary",
-            stacklevel=3,
-        )
-    return clipped
-
-
-def run_tracker(
-    tracker: Tracker,
-    state: TrackState,
-    r: ArrayLike,
-    valid: ArrayLike | None = None,
-    *,
-    ue_chunk: int = 1024,
-) -> tuple[TrackState, TrackOutput]:
-    """Track B UEs over T intervals: ``jax.lax.scan`` of :meth:`Tracker.update` over time,
-    vmapped over UEs.
-
-    The re-acquisition lattice is evaluated only at the steps where some UE needs it
-    (a ``lax.cond`` on the whole batch), for at most ``tracker.reacquire_batch`` UEs per
-    step (the others stay due and follow at the next steps), so a locked batch costs one
-    EKF update per UE and interval and memory stays bounded.
-
-    UEs are tracked in chunks of ``ue_chunk``, each scanned over the whole time axis (a
-    ``lax.map`` over chunks): one step touches every UE's state dozens of times, and a
-    chunk's state stays in the CPU caches where 10,000 UEs' (over 20 MB) would not (the
-    re-acquisition capacity then applies per chunk: where it is not reached, results do not
-    depend on the chunking).
-
-    Args:
-        tracker: the :class:`Tracker`.
-        state: :class:`TrackState` with a leading UE axis B (``jax.vmap(tracker.init)``).
-        r: (T, B, M) wrapped phases, finite.
-        valid: (T, B) bool, a snapshot was received (default all); rows marked ``False``
-            are ignored (the filter only predicts: an outage).
-        ue_chunk: UEs per chunk (see above).
-
-    Returns:
-        The final state and a :class:`TrackOutput` per step.
-    """
-    warn_if_float32("run_tracker")
-    _check_snapshots(r, tracker.num_aps, "(T, B, M)", 3)
-    r = jnp.asarray(r, tracker.dt.dtype)
-    t, b = r.shape[:2]
-    if state.mean.ndim != 2 or state.mean.shape[0] != b:
-        raise ValueError(
-            f"state must hold B = {b} UEs to match r (a leading axis, from "
-            f"jax.vmap(tracker.init)), got mean of shape {state.mean.shape}"
-        )
-    if is_concrete(state.mean):  # jax.vmap(tracker.init) skipped init's check of x0
-        pos = np.asarray(state.mean, float)[:, :3]
-        moved = start_in_region(tracker.motion, pos, "state")
-        if not np.array_equal(moved, pos):
-            mean = jnp.asarray(state.mean).at[:, :3].set(jnp.asarray(moved, state.mean.dtype))
-            state = state._replace(mean=mean, prior_mean=mean)
-    if valid is None:
-        valid = jnp.ones((t, b), bool)
-    else:
-        valid = jnp.asarray(valid)
-        if valid.shape != (t, b) or valid.dtype != bool:
-            raise ValueError(
-                f"valid must be a bool array of shape ({t}, {b}), got {valid.dtype} {valid.shape}"
-            )
-    check_int("ue_chunk", ue_chunk, minimum=1)
-    return _run_chunked(tracker, state, r, valid, min(ue_chunk, b))
-
-
-@partial(jax.jit, static_argnames=("chunk",))
-def _run_chunked(tracker: Tracker, state: TrackState, r: Array, valid: Array, chunk: int):
-    b = r.shape[1]
-    if chunk >= b:
-        return _run(tracker, state, r, valid)
-    num = -(-b // chunk)
-    pad = num * chunk - b  # padded with copies of the last UE, dropped at the end
-
-    def split(a: Array, axis: int) -> Array:
-        a = jnp.concatenate(
-            [a, jnp.repeat(jax.lax.slice_in_dim(a, b - 1, b, axis=axis), pad, axis)], axis
-        )
-        a = jnp.moveaxis(a, axis, 0).reshape((num, chunk) + a.shape[:axis] + a.shape[axis + 1 :])
-        return jnp.moveaxis(a, 1, axis + 1)
-
-    def merge(a: Array, axis: int) -> Array:  # (num, ..., chunk at axis, ...) -> (..., B, ...)
-        a = jnp.moveaxis(a, axis + 1, 1)
-        a = a.reshape((num * chunk,) + a.shape[2:])[:b]
-        return jnp.moveaxis(a, 0, axis)
-
-    chunks = (jax.tree.map(lambda a: split(a, 0), state), split(r, 1), split(valid, 1))
-    final, out = jax.lax.map(lambda c: _run(tracker, *c), chunks)
-    return jax.tree.map(lambda a: merge(a, 0), final), jax.tree.map(lambda a: merge(a, 1), out)
-
-
-def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
-    batch_step = jax.vmap(partial(step, axis_name="ues"), in_axes=(None, 0, 0, 0), axis_name="ues")
-
-    def reacquire_one(args: tuple[TrackState, Array]) -> TrackState:
-        # one UE at a time (each scores a lattice of thousands of points, enough work to
-        # keep the machine busy), so that a UE that is not due, or whose certified screen
-        # settles it, skips the rest (a vmapped branch would run for every UE); a padding
-        # row (a copy of the last UE, dropped below) skips it too
-        s, real = args
-        due = real & needs_reacquisition(tracker, s)
-        return jax.lax.cond(due, partial(reacquire, tracker), lambda s: s, s)
-
-    num_ues = state.mean.shape[0]
-    capacity = min(tracker.reacquire_batch, num_ues)
-
-    def reacquire_some(s: TrackState, due: Array) -> TrackState:
-        # up to `capacity` due UEs per step; the others stay due and wait a step
-        rows = jnp.nonzero(due, size=capacity, fill_value=num_ues)[0]
-        sub = jax.tree.map(lambda a: jnp.take(a, rows, axis=0, mode="clip"), s)
-        new = jax.lax.map(reacquire_one, (sub, rows < num_ues))
-        return jax.tree.map(lambda a, n: a.at[rows].set(n, mode="drop"), s, new)
-
-    def body(s, inputs):
-        r_t, valid_t = inputs
-        s = batch_step(tracker, s, r_t, valid_t)
-        due = jax.vmap(needs_reacquisition, in_axes=(None, 0))(tracker, s)
-        s = jax.lax.cond(jnp.any(due), reacquire_some, lambda s, due: s, s, due)
-        position, cov = tracker.position(s)
-        out = TrackOutput(position, cov, s.recent_nis[:, -1], s.lost, s.reacquired, s.locked)
-        return s, out
-
-    return jax.lax.scan(body, state, (r, valid))
-
-
-def medoid_start(estimates: ArrayLike) -> Array:
-    """A start for :meth:`Tracker.init` from single-snapshot estimates of the first few
-    snapshots (K, 3) (or (B, K, 3)): the medoid, the estimate with the least summed
-    distance to the others. A single snapshot lands on a wrong maximum of the comb, often
-    metres away, with some probability p; the medoid of K is wrong only when about half
-    of them are, so a few snapshots make a start the re-acquisition lattice (half-width
-    lambda) can resolve. The UE moves between them (1.5 cm per 10 ms at walking speed):
-    the start then carries that much error, well inside the lattice."""
-    x = jnp.asarray(estimates)
-    if x.ndim not in (2, 3) or x.shape[-1] != 3 or x.shape[-2] < 1:
-        raise ValueError(f"estimates must have shape (K, 3) or (B, K, 3), got {x.shape}")
-    check_finite("estimates", x)
-    return _medoid(x, jnp.ones(x.shape[:-1], bool))
-
-
-def _medoid(x: Array, valid: Array) -> Array:
-    """The estimate (..., K, 3) with the least summed distance to the other valid ones,
-    among the ``valid`` (..., K) ones: (..., 3). Traceable."""
-    d = jnp.linalg.norm(x[..., :, None, :] - x[..., None, :, :], axis=-1)
-    d = jnp.where(valid[..., None, :], d, 0.0).sum(axis=-1)
-    pick = jnp.argmin(jnp.where(valid, d, jnp.inf), axis=-1)
-    return jnp.take_along_axis(x, pick[..., None, None], axis=-2)[..., 0, :]

@@ -28,6 +28,7 @@ snapshot (the paper's model) or a CPO that drifts as a random walk.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -308,3 +309,33 @@ def simulate_track_phases(
         )
         cpos = random_cpos(k0, 1, positions.dtype)[0] + jnp.cumsum(steps.at[0].set(0.0))
     return simulate_phases_batch(k_noise, model, positions, cpos)
+
+
+START_MARGIN = 0.5  # m: a start this far outside the region is moved onto it; further: refused
+
+
+def start_in_region(motion: MotionModel, pos: np.ndarray, name: str) -> np.ndarray:
+    """Start positions ``pos`` (B, 3) inside the motion model's region: one at most
+    ``START_MARGIN`` outside it (a single-snapshot estimate at low power, the normal case)
+    is moved onto its boundary with a warning naming the UEs; NaN, or one further out
+    (which cannot be meant), is a ``ValueError`` naming ``name``."""
+    low, high = np.asarray(motion.low, float), np.asarray(motion.high, float)
+    if not np.all(np.isfinite(pos)):
+        raise ValueError(f"{name}: a start position is not finite: {pos.tolist()[:3]}")
+    clipped = np.clip(pos, low, high)
+    off = np.linalg.norm(pos - clipped, axis=1)
+    far = np.flatnonzero(off > START_MARGIN)
+    if far.size:
+        raise ValueError(
+            f"{name}: UE(s) {far.tolist()[:10]} start more than {START_MARGIN} m outside the "
+            f"motion model's region [{low.tolist()}, {high.tolist()}] (e.g. "
+            f"{pos[far[0]].tolist()})"
+        )
+    near = np.flatnonzero(off > 0)
+    if near.size:
+        warnings.warn(
+            f"{name}: UE(s) {near.tolist()[:10]} start up to {off.max():.3g} m outside the "
+            "motion model's region: moved onto its boundary",
+            stacklevel=3,
+        )
+    return clipped
