@@ -123,19 +123,6 @@ class Refined(NamedTuple):
     variance: Array  # (M,) its variances there (every AP's, the excluded ones' too)
 
 
-def refine_body(
-    x0: Array,
-    r: Array,
-    model: PhaseModel,
-    num_steps: int | Array,
-    damping: float,
-    excluded: Array | None = None,
-) -> RefineResult:
-    """The refinement of :func:`refine` for one snapshot, traced and unchecked
-    (:func:`refine_with_model` without the model's values)."""
-    return refine_with_model(x0, r, model, num_steps, damping, excluded).fine
-
-
 def refine_with_model(
     x0: Array,
     r: Array,
@@ -174,7 +161,11 @@ def refine_with_model(
     return Refined(fine, mean, var)
 
 
-_refine = jax.jit(refine_body, static_argnums=(3,))
+@partial(jax.jit, static_argnums=(3,))
+def _refine(
+    x0: Array, r: Array, model: PhaseModel, num_steps: int, damping: float, excluded=None
+) -> RefineResult:
+    return refine_with_model(x0, r, model, num_steps, damping, excluded).fine
 
 
 def excluded_variance(model: PhaseModel, excluded: Array) -> Callable[[Array], Array]:
