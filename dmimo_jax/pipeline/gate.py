@@ -113,13 +113,13 @@ def run_gate(loc: Locator, r: Array, state: GateState, capacity: int) -> GateSta
     def step(c):
         st, i, idx, n, j, p, lanes = c
         lanes = jax.lax.cond(p == 0, lambda: begin(i, j, idx, st), lambda: lanes)
-        phase = plan.first[i] + p
+        phase = _at(plan.first, i) + p
         lanes = plan.run(loc, phase, lanes)
-        last = p == plan.passes[i] - 1
+        last = p == _at(plan.passes, i) - 1
 
         def next_job():
             st2 = finish(i, j, idx, st, lanes)
-            more = (j + 1) * plan.rows_of(i) < n
+            more = (j + 1) * _at(plan.rows, i) < n
             st3, i3, idx3, n3 = jax.lax.cond(
                 more, lambda: (st2, i, idx, n), lambda: seek(st2, i + 1)
             )
@@ -148,8 +148,8 @@ class _Plan:
     rows: tuple[int, ...]  # each rescue's rows per job
     lanes: int  # lanes of every job
     slots: int  # length of the row index of a rescue
-    first: Array  # (R,) each rescue's first phase
-    passes: Array  # (R,) its phases (at least one)
+    first: tuple[int, ...]  # each rescue's first phase
+    passes: tuple[int, ...]  # its phases (at least one)
     fits: tuple[Fit | None, ...]  # the distinct passes (None: no refinement)
     phase_fit: tuple[int, ...]  # each phase's place in ``fits``
 
@@ -170,19 +170,16 @@ class _Plan:
                 if fit not in fits:
                     fits.append(fit)
                 phase_fit.append(fits.index(fit))
-        return cls(rooms, rows, lanes, slots, jnp.asarray(first, jnp.int32),
-                   jnp.asarray(passes, jnp.int32), tuple(fits), tuple(phase_fit))  # fmt: skip
-
-    def rows_of(self, i: Array) -> Array:
-        return jnp.asarray(self.rows, jnp.int32)[i]
+        return cls(rooms, rows, lanes, slots, tuple(first), tuple(passes), tuple(fits),
+                   tuple(phase_fit))  # fmt: skip
 
     def run(self, loc: Locator, phase: Array, lanes: Lanes) -> Lanes:
         """Phase ``phase``'s pass on ``lanes``: its prepare, *the* refinement (one call
         site; the step count and the model picked by the phase), its fold."""
-        fit_of = jnp.asarray(self.phase_fit, jnp.int32)[phase]
+        fit_of = _at(self.phase_fit, phase)
         branches = lambda f: [partial(f, fit) for fit in self.fits]
         lanes = jax.lax.switch(fit_of, branches(_prepare), loc, lanes)
-        steps = jnp.asarray([f.steps if f else 1 for f in self.fits], jnp.int32)[fit_of]
+        steps = _at(tuple(f.steps if f else 1 for f in self.fits), fit_of)
         models = {f.model for f in self.fits if f} if loc.settings.fine != "screen" else set()
         if len(models) > 1:  # two models: two refinements (fine="model" only)
             screen = jnp.asarray([bool(f and f.model == "screen") for f in self.fits])[fit_of]
@@ -194,6 +191,11 @@ class _Plan:
         else:
             fit = refine_lanes(loc, lanes, steps, "fine")
         return jax.lax.switch(fit_of, branches(_fold), loc, lanes, fit)
+
+
+def _at(values: tuple[int, ...], i: Array) -> Array:
+    """``values[i]`` for a traced index ``i`` (a static table of the plan)."""
+    return jnp.asarray(values, jnp.int32)[i]
 
 
 def _prepare(fit: Fit | None, loc: Locator, lanes: Lanes) -> Lanes:
