@@ -159,3 +159,102 @@ def test_tiles_sharded_over_four_devices_give_the_one_device_answers():
     that builds one tile's table at a time the same."""
     out = run_on_host_devices(_SHARDED)
     assert "NamedSharding" in out and "IDENTICAL" in out
+
+
+def _hall_labels(side: float, num: int, seed: int = 0):
+    scene = hall_scene(side)
+    lab = dj.measure.labeled_snapshots(jax.random.key(seed), dj.TwoRayModel(scene), num)
+    return scene, lab
+
+
+def test_a_tiles_labels_are_those_nearest_it():
+    """tile_labels: the labels inside a tile come before any outside it, the rest by their
+    distance from its box; bad counts are refused by name."""
+    scene, lab = _hall_labels(10, 40)
+    tiling = tiles.tile_aps(scene, 5.0, factor=1.5)
+    x = np.asarray(lab.x)
+    labels = tiles.tile_labels(tiling, x, 24)
+    assert labels.shape == (4, 24)
+    for t in range(4):
+        lo, hi = tiling.low[t, :2], tiling.high[t, :2]
+        inside = np.flatnonzero(np.all((x[:, :2] >= lo) & (x[:, :2] <= hi), axis=1))
+        assert 0 < inside.size < 24 and set(inside) <= set(labels[t])
+        gap = np.linalg.norm(np.maximum(np.maximum(lo - x[:, :2], x[:, :2] - hi), 0), axis=1)
+        left = np.setdiff1d(np.arange(40), labels[t])
+        assert gap[labels[t]].max() <= gap[left].min()
+    for bad in (1, 41):
+        with pytest.raises(ValueError, match="num_labels"):
+            tiles.tile_labels(tiling, x, bad)
+
+
+def test_one_block_of_fit_blocks_is_the_dense_fit():
+    """gp.fit_blocks with one block is gp.fit with one start: the same hyperparameters to
+    1e-6 (relative; both stop at rtol 1e-8 of eq. 23, measured 2e-8 apart); with two
+    blocks the composite likelihood is the sum of the two blocks' eq. (23)."""
+    scene, lab = _hall_labels(10, 12)
+    dense = dj.gp.fit(lab.x, lab.r, lab.variance, scene)
+    stack = lambda *a: jax.tree.map(lambda *v: jnp.stack(v), *a)  # noqa: E731
+    one = dj.gp.fit_blocks(*stack((lab.x, lab.r, lab.variance, scene)))
+    for a, b in zip(one.params.natural().values(), dense.params.natural().values(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    np.testing.assert_allclose(float(one.log_likelihood), float(dense.log_likelihood), rtol=1e-9)
+    halves = [(lab.x[i::2], lab.r[i::2], lab.variance[i::2], scene) for i in (0, 1)]
+    two = dj.gp.fit_blocks(*stack(*halves))
+    parts = []
+    for x, r, v, s in halves:
+        cpo = dj.gp.profile_cpos(two.params, dj.gp.initial_cpos(x, r, s), x, r, v, s)
+        parts.append(float(dj.gp.log_marginal_likelihood(two.params, cpo, x, r, v, s)))
+    np.testing.assert_allclose(float(two.log_likelihood), sum(parts), rtol=1e-9)
+    with pytest.raises(ValueError, match="scenes"):
+        dj.gp.fit_blocks(*stack(*halves)[:3], scene)
+
+
+def test_tile_models_of_every_ap_and_label_are_the_dense_gp():
+    """Locality off in calibration: one tile of every AP conditioned on every label is the
+    dense GP (its tabulated mean to 1e-6 rad at test positions, where the phase noise is
+    5e-4 rad); with four tiles of K < M APs and 24 of the 40 labels, each tile's mean
+    differs from the truth by about what the dense GP's does (within 2x of the dense
+    model's error or the phase noise, the larger, at these eight positions), far below the
+    LoS model's 0.2 rad."""
+    scene, lab = _hall_labels(10, 40)
+    test = dj.measure.labeled_snapshots(jax.random.key(9), dj.TwoRayModel(scene), 8)
+    one = tiles.tile_aps(scene, 100.0, rule="all")
+    got = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, one, num_labels=40, fit_on=1)
+    dense = dj.gp.fit(lab.x, lab.r, lab.variance, scene)
+    exact = dj.gp.GPPhaseModel.from_fit(dense, lab.x, lab.r, lab.variance, scene)
+    want = dj.gp.TabulatedGPModel.from_model(exact, variance=False)
+    mine, order = got.tile(0), one.aps[0]  # the tile's APs, nearest its centre first
+    for x in test.x:
+        np.testing.assert_allclose(mine.mean(x), np.asarray(want.mean(x))[order], atol=1e-6)
+    four = tiles.tile_aps(scene, 5.0, factor=1.5)
+    fits = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, four, num_labels=24)
+    assert fits.labels.shape == (4, 24) and list(fits.fitted_on) == [0, 1, 2, 3]
+    truth = dj.TwoRayModel(scene)
+
+    def rms(model, x, aps):  # the model's error, its common part (a CPO) removed
+        d = np.asarray(model.mean(x)) - np.asarray(truth.mean(x))[aps]
+        d = np.angle(np.exp(1j * (d - np.angle(np.mean(np.exp(1j * d))))))
+        return np.sqrt(np.mean(d**2))
+
+    for x in test.x:
+        t = int(np.flatnonzero(np.all(np.asarray(x)[:2] <= four.high[:, :2], axis=1))[0])
+        assert rms(fits.tile(t), x, four.aps[t]) < 3 * max(rms(want, x, np.arange(17)), 5e-4)
+
+
+def test_tables_of_fitted_tile_models_locate_on_the_right_lobe():
+    """tile_tables of fit_tiles' models: tiled_egs on them (fine='tile') puts every answer
+    of a 10 m hall within 2 mm (the lobes are 0.37 m apart); fine='all' is refused with such
+    tables, and models of another tiling are refused."""
+    scene, lab = _hall_labels(10, 40)
+    tiling = tiles.tile_aps(scene, 5.0, factor=1.5)
+    fits = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, tiling, num_labels=24)
+    lam = float(scene.wavelength)
+    tables = tiles.tile_tables(scene, tiling, lam / 2, models=fits.models)
+    test = dj.measure.labeled_snapshots(jax.random.key(3), dj.TwoRayModel(scene), 8)
+    out = tiles.tiled_egs(test.r, scene, tiling, tables=tables, fine="tile")
+    assert np.all(np.linalg.norm(np.asarray(out.x - test.x), axis=1) < 2e-3)
+    with pytest.raises(ValueError, match="fine='tile'"):
+        tiles.tiled_egs(test.r, scene, tiling, tables=tables)
+    other = tiles.tile_aps(scene, 5.0, rule="nearest", num_aps=8)
+    with pytest.raises(ValueError, match="models"):
+        tiles.tile_tables(scene, other, lam / 2, models=fits.models)

@@ -2,14 +2,23 @@ r"""The shared quasi-periodic Gaussian-process phase model of Sec. III (tinygp).
 
 * :mod:`~dmimo_jax.gp.kernel`: features, the eq. (22) kernel, the likelihood (eq. 23);
 * :mod:`~dmimo_jax.gp.fit`: :func:`fit` maximizes eq. (23) over the hyperparameters
-  with the L CPOs profiled out in closed form;
+  with the L CPOs profiled out in closed form, and :func:`fit_blocks` one
+  :math:`\psi` for many local blocks of training pairs (tiles);
 * :mod:`~dmimo_jax.gp.model`: :class:`GPPhaseModel` (eqs. 25-27), a **PhaseModel** built
   from tinygp's conditioned process, and its tabulated mean :class:`TabulatedGPModel`;
 * :mod:`~dmimo_jax.gp.nuts`: numpyro NUTS over the hyperparameters and
   :class:`GPMixtureModel` (beyond the paper).
 """
 
-from dmimo_jax.gp.fit import GPFit, fit, initial_cpos, initial_params, profile_cpos
+from dmimo_jax.gp.fit import (
+    BlocksFit,
+    GPFit,
+    fit,
+    fit_blocks,
+    initial_cpos,
+    initial_params,
+    profile_cpos,
+)
 from dmimo_jax.gp.kernel import (
     GPParams,
     build_kernel,
@@ -27,6 +36,7 @@ from dmimo_jax.gp.model import GPMeanModel, GPPhaseModel, TabulatedGPModel, inte
 from dmimo_jax.gp.nuts import GPMixtureModel, GPPosterior, fit_nuts
 
 __all__ = [
+    "BlocksFit",
     "GPFit",
     "GPMeanModel",
     "GPMixtureModel",
@@ -39,6 +49,7 @@ __all__ = [
     "check_training_data",
     "features",
     "fit",
+    "fit_blocks",
     "fit_nuts",
     "flat_features",
     "kernel_factors",

@@ -1,30 +1,5 @@
-r"""Locality (beyond the paper): tiles of the UE region, each with the APs that carry its
-information, so that a building costs its area, not its area squared.
-
-Distributed MIMO spreads many APs over large spaces, but a UE's position is carried by the
-APs near it: the PEB of the K APs nearest a 10 x 10 m tile of a 40 m hall is within a few
-percent of the PEB of all 272. Everything computed over all M APs times the whole region
-(a phasor table, the exhaustive search, the cost of a candidate) grows as the area squared;
-over a tile's K APs it grows as the area.
-
-* :func:`tile_boxes`: the UE region split into equal tiles.
-* :func:`tile_aps` -> :class:`Tiling`: each tile's APs by a stated rule: ``"bound"`` (the
-  fewest nearest APs whose PEB stays within ``factor`` of the all-AP PEB everywhere in the
-  tile, computed in O(M) per position, :func:`~dmimo_jax.bounds.fim_from_jacobian`),
-  ``"nearest"`` (a given K) or ``"all"`` (K = M: locality off). One K for every tile, so
-  tiles share one shape (one compiled program); the K chosen and each tile's worst bound
-  ratio are reported.
-* :func:`tile_scene`: a tile's deployment (its APs, its box as the UE region).
-* :func:`tile_tables`: every tile's model and phasor table, stacked on a tile axis (one
-  vmapped program, split over devices).
-* :func:`tiled_egs`: the exact MLE over tiles: each tile's coherence screen and multi-start
-  refinement under the ML cost (eq. 17) on its K APs (its table from :func:`tile_tables`,
-  or built and dropped in turn, so memory is one tile's); the tile of lowest ML cost wins
-  (the same K everywhere: the same chi-square), the winner's certified exhaustive search
-  (eq. 18) is refined too, and the answer is refined on the APs ``fine`` asks for. With
-  one tile and K = M it is :func:`~dmimo_jax.estimators.egs` followed by
-  :func:`~dmimo_jax.estimators.refine_batch` wherever that finds the optimum.
-"""
+"""The exact MLE over tiles (the estimator side of :mod:`dmimo_jax.tiles`): every tile's
+phasor table stacked on a tile axis, and the search of all tiles."""
 
 from __future__ import annotations
 
@@ -38,164 +13,12 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch, check_int, check_scalar, warn_if_float32
-from dmimo_jax.bounds import linearize, peb_from_fim
 from dmimo_jax.estimators import PhasorTable, RefineResult, egs, phasor_table, search_grid
 from dmimo_jax.estimators.mle import refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.physics import TwoRayModel
 from dmimo_jax.scene import Scene
-
-__all__ = [
-    "Tiling",
-    "TileTables",
-    "TiledResult",
-    "tile_boxes",
-    "tile_aps",
-    "tile_scene",
-    "tile_tables",
-    "tiled_egs",
-]
-
-RULES = ("bound", "nearest", "all")
-
-
-class Tiling(NamedTuple):
-    """Tiles of a scene's UE region and each tile's APs (:func:`tile_aps`)."""
-
-    low: np.ndarray  # (T, 3) each tile's lower corner, m
-    high: np.ndarray  # (T, 3) its upper corner, m
-    aps: np.ndarray  # (T, K) int: each tile's APs, nearest its centre first
-    ratio: np.ndarray  # (T,) the tile's worst PEB of its K APs over the all-AP PEB
-    rule: str  # how the APs were chosen ("bound", "nearest" or "all")
-
-    @property
-    def num_tiles(self) -> int:
-        return int(self.low.shape[0])
-
-    @property
-    def num_aps(self) -> int:
-        """K, the APs of each tile."""
-        return int(self.aps.shape[1])
-
-
-def _scene_of(model: Any) -> Scene:
-    if isinstance(model, Scene):
-        return model
-    if isinstance(model, TwoRayModel):
-        return model.scene
-    raise ValueError(
-        f"model must be a Scene or a TwoRayModel (a tile is the scene of its APs), got "
-        f"{type(model).__name__}"
-    )
-
-
-def tile_boxes(scene: Scene, size: float) -> tuple[np.ndarray, np.ndarray]:
-    """The UE region split in x and y into ``ceil(extent / size)`` equal tiles per axis (each
-    at most ``size`` wide; the whole height): ``(low, high)``, each (T, 3), row by row.
-
-    Raises:
-        ValueError: ``size`` not a positive length.
-    """
-    check_scalar("size", size, positive=True)
-    low, high = np.asarray(scene.ue_low, float), np.asarray(scene.ue_high, float)
-    n = np.maximum(np.ceil((high[:2] - low[:2]) / size - 1e-9), 1).astype(int)
-    step = (high[:2] - low[:2]) / n
-    iy, ix = np.meshgrid(np.arange(n[1]), np.arange(n[0]), indexing="ij")
-    ix, iy = ix.reshape(-1), iy.reshape(-1)
-    lo = np.stack([low[0] + ix * step[0], low[1] + iy * step[1], np.full(ix.size, low[2])], 1)
-    hi = np.stack(
-        [low[0] + (ix + 1) * step[0], low[1] + (iy + 1) * step[1], np.full(ix.size, high[2])], 1
-    )
-    return lo, hi
-
-
-@jax.jit
-def _nested_pebs(xs: Array, order: Array, model: TwoRayModel) -> Array:
-    """(P, M) the PEB at each position of ``xs`` (P, 3) of the first K of the APs ``order``
-    (M,) for K = 1 .. M (inf below 4): eq. (14) by cumulative sums of each AP's terms of
-    :func:`~dmimo_jax.bounds.fim_from_jacobian`, O(M) per position."""
-
-    def one(x: Array) -> Array:
-        _, h, variance = linearize(x, model)
-        w = (1.0 / variance)[order]
-        h = h[order]
-        a = jnp.cumsum(w[:, None, None] * h[:, :, None] * h[:, None, :], axis=0)  # (M, 3, 3)
-        g = jnp.cumsum(w[:, None] * h, axis=0)
-        s = jnp.cumsum(w)
-        fim = a - g[:, :, None] * g[:, None, :] / s[:, None, None]
-        # below 4 APs a position and a CPO are not identifiable (the FIM is singular)
-        enough = jnp.arange(1, order.shape[0] + 1) >= 4
-        return jnp.where(enough, jax.vmap(peb_from_fim)(fim), jnp.inf)
-
-    return jax.vmap(one)(xs)
-
-
-def tile_aps(
-    model: Scene | TwoRayModel,
-    size: float,
-    *,
-    rule: str = "bound",
-    factor: float = 1.1,
-    num_aps: int | None = None,
-    points: int = 3,
-) -> Tiling:
-    """Tiles of ``size`` (:func:`tile_boxes`) and each tile's APs by ``rule``:
-
-    * ``"bound"``: the APs ordered by distance from the tile's centre, the fewest K whose
-      PEB (eq. 14, :func:`~dmimo_jax.bounds.fim_from_jacobian` summed AP by AP: O(M) per
-      position) is within ``factor`` of the all-AP PEB at every one of ``points``-cubed
-      positions spanning the tile (its corners included); K the largest any tile needs.
-    * ``"nearest"``: the ``num_aps`` nearest APs.
-    * ``"all"``: every AP (locality off).
-
-    Returns:
-        :class:`Tiling` with each tile's worst ratio of its K-AP PEB to the all-AP PEB.
-
-    Raises:
-        ValueError: an unknown ``rule``, ``factor`` below 1, a ``num_aps`` out of [4, M]
-            (or given for another rule), ``points`` below 2.
-    """
-    scene = _scene_of(model)
-    model = TwoRayModel(scene)
-    m = scene.num_aps
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    check_scalar("factor", factor)
-    if not factor >= 1:
-        raise ValueError(f"factor must be at least 1 (the all-AP PEB is the best), got {factor}")
-    if (num_aps is None) != (rule != "nearest"):
-        raise ValueError(f"num_aps is the K of rule='nearest' (and only of it), got {num_aps!r}")
-    if num_aps is not None:
-        check_int("num_aps", num_aps, minimum=4, maximum=m)
-    check_int("points", points, minimum=2)
-    low, high = tile_boxes(scene, size)
-    ap = np.asarray(scene.ap_positions, float)
-    t = np.linspace(0.0, 1.0, points)
-    grid = np.stack(np.meshgrid(t, t, t, indexing="ij"), -1).reshape(-1, 3)
-    orders, pebs = [], []
-    for lo, hi in zip(low, high, strict=True):
-        centre = (lo + hi) / 2
-        order = np.argsort(np.linalg.norm(ap[:, :2] - centre[:2], axis=1), kind="stable")
-        xs = jnp.asarray(lo + grid * (hi - lo), scene.ap_positions.dtype)
-        orders.append(order)
-        pebs.append(np.asarray(_nested_pebs(xs, jnp.asarray(order), model)))  # (P, M)
-    if rule == "all":
-        k = m
-    elif rule == "nearest":
-        k = int(num_aps)
-    else:
-        need = [int(np.argmax(np.all(p <= factor * p[:, -1:], axis=0))) + 1 for p in pebs]
-        k = max(need)
-    aps = np.stack([o[:k] for o in orders])
-    ratio = np.array([float(np.max(p[:, k - 1] / p[:, -1])) for p in pebs])
-    return Tiling(low, high, aps, ratio, rule)
-
-
-def tile_scene(scene: Scene, tiling: Tiling, t: int) -> Scene:
-    """Tile ``t``'s deployment: the scene of its APs (:meth:`~dmimo_jax.scene.Scene.subset`)
-    with its box as the UE region."""
-    check_int("t", t, maximum=tiling.num_tiles - 1)
-    return scene.subset(tiling.aps[t]).replace(ue_low=tiling.low[t], ue_high=tiling.high[t])
+from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene
 
 
 def _set_rows(best: Any, rows: np.ndarray, take: Array, new: Any) -> Any:
@@ -235,24 +58,35 @@ class TileTables(NamedTuple):
     whose tiles are searched by one vmapped program, sharded over devices by that axis
     (:func:`tile_tables`). Memory ∝ area * K."""
 
-    models: TwoRayModel  # each leaf (T, ...): the tiles' scenes
+    models: Any  # each leaf (T, ...): the tiles' PhaseModels (two-ray, or fit_tiles' GP)
     tables: PhasorTable  # data (T, N, 2K), grid.low (T, 3); one grid shape for all tiles
     aps: Array  # (T, K) int: each tile's APs
 
-    def tile(self, t: int) -> tuple[TwoRayModel, PhasorTable]:
+    def tile(self, t: int) -> tuple[Any, PhasorTable]:
         """Tile ``t``'s model and table."""
         return jax.tree.map(lambda a: a[t], (self.models, self.tables))
 
 
-def _tile_table(scene: Scene, tiling: Tiling, t: int, spacing: float) -> tuple[Any, Any]:
-    """Tile ``t``'s model and its phasor table on one device (a tile is one device's work)."""
-    sub = TwoRayModel(tile_scene(scene, tiling, t))
+def _tile_table(
+    scene: Scene, tiling: Tiling, t: int, spacing: float, models: Any = None
+) -> tuple[Any, Any]:
+    """Tile ``t``'s model (its two-ray model, or tile ``t`` of ``models``) and its phasor
+    table on one device (a tile is one device's work)."""
+    if models is None:
+        sub = TwoRayModel(tile_scene(scene, tiling, t))
+    else:
+        sub = jax.tree.map(lambda a: a[t], models)
     grid = search_grid(sub, spacing, "ue")
     return sub, phasor_table(sub, grid, devices=jax.local_devices()[:1])
 
 
 def tile_tables(
-    scene: Scene | TwoRayModel, tiling: Tiling, spacing: float, *, devices: Any = None
+    scene: Scene | TwoRayModel,
+    tiling: Tiling,
+    spacing: float,
+    *,
+    models: Any = None,
+    devices: Any = None,
 ) -> TileTables:
     """Every tile's model and phasor table on a ``spacing`` grid of its box with its K APs,
     stacked (:class:`TileTables`: built once for many calls of :func:`tiled_egs`; without
@@ -260,15 +94,27 @@ def tile_tables(
     tiles are split over them (``jax.sharding`` along the tile axis; the tile count padded
     to a multiple of theirs by repeating the last tile, whose copies never win a tie).
 
+    ``models``: the tiles' own PhaseModels stacked on a tile axis, each over its tile's K
+    APs with the tile's box as its UE region (:func:`~dmimo_jax.tiles.fit_tiles`' GP
+    models, ``.models``); default: each tile's two-ray model (the scene's physics).
+
     Raises:
-        ValueError: tiles whose grids differ in shape (tiles of one size have one shape).
+        ValueError: tiles whose grids differ in shape (tiles of one size have one shape),
+            ``models`` not of T tiles of K APs.
     """
-    scene = _scene_of(scene)
+    scene = scene_of(scene)
     check_scalar("spacing", spacing, positive=True)
     devices = [jax.local_devices()[0]] if devices is None else list(devices)
     if not devices:
         raise ValueError("devices must name at least one device")
-    parts = [_tile_table(scene, tiling, t, spacing) for t in range(tiling.num_tiles)]
+    if models is not None:
+        shape = np.shape(getattr(getattr(models, "scene", None), "ap_positions", None))
+        if shape != (tiling.num_tiles, tiling.num_aps, 3):
+            raise ValueError(
+                f"models must be {tiling.num_tiles} PhaseModels of {tiling.num_aps} APs stacked "
+                f"on a tile axis (fit_tiles(...).models), got AP positions of shape {shape}"
+            )
+    parts = [_tile_table(scene, tiling, t, spacing, models) for t in range(tiling.num_tiles)]
     shapes = {p[1].grid.shape for p in parts}
     if len(shapes) != 1:
         raise ValueError(f"the tiles' grids differ in shape ({sorted(shapes)}): use equal tiles")
@@ -332,7 +178,9 @@ def tiled_egs(
     the certificate fails) is refined too and kept unless a start's cost is lower by more
     than 1 (another optimum; closer, they are one optimum found twice). With fewer
     than M APs per tile, the answer gets ``num_steps`` more steps on the APs of ``fine``:
-    ``"all"`` (every AP: O(M) per step, where far APs still add information) or ``"tile"``.
+    ``"all"`` (every AP, the scene's two-ray model: O(M) per step, where far APs still add
+    information) or ``"tile"`` (the tile's own model: the choice for tables of the tiles'
+    fitted models, :func:`~dmimo_jax.tiles.fit_tiles`, which know no AP beyond their K).
 
     With one tile and every AP (``tile_aps(..., rule="all")`` on a tile as large as the
     region) it is :func:`~dmimo_jax.estimators.egs` then
@@ -343,7 +191,7 @@ def tiled_egs(
         ValueError: bad snapshots, neither ``spacing`` nor ``tables``, ``fine`` not
             ``"all"`` or ``"tile"``, bad settings.
     """
-    scene = _scene_of(model)
+    scene = scene_of(model)
     full = TwoRayModel(scene)
     warn_if_float32("tiled_egs")
     rb = as_snapshot_batch("r", r, scene.num_aps, scene.ap_positions.dtype)
@@ -355,6 +203,11 @@ def tiled_egs(
         check_scalar("spacing", spacing, positive=True)
     elif not isinstance(tables, TileTables) or tables.aps.shape[1] != tiling.num_aps:
         raise ValueError("tables must be tile_tables' TileTables of this tiling")
+    elif fine == "all" and not isinstance(tables.models, TwoRayModel):
+        raise ValueError(
+            "fine='all' refines with the two-ray model of every AP; tables of the tiles' own "
+            "models (fit_tiles) take fine='tile'"
+        )
     check_int("num_steps", num_steps, minimum=1)
     check_int("num_candidates", num_candidates, minimum=1)
     check_int("num_starts", num_starts, minimum=1)

@@ -1,0 +1,160 @@
+r"""The GP phase model per tile (the calibration side of :mod:`dmimo_jax.tiles`): the shared
+GP of Sec. III fitted on local training pairs, so its cost grows with the area, not as the
+cube of (labels x APs).
+
+The dense fit (:func:`dmimo_jax.gp.fit`) factors one (LM x LM) covariance per likelihood
+evaluation: 800 labels of a 40 m hall of 272 APs give 217,600 x 217,600 (379 GB). A tile
+needs only its labels and its APs: :func:`tile_labels` picks the n labels nearest each tile,
+:func:`fit_tiles` fits the four hyperparameters :math:`\psi` of eq. (22), shared by every AP
+and so by every tile, on a few tiles' blocks of (n x K) pairs (the composite likelihood of
+:func:`~dmimo_jax.gp.fit_blocks`), then conditions each tile's GP on its own pairs (one
+(nK x nK) Cholesky per tile, eq. 25) and tabulates its mean
+(:class:`~dmimo_jax.gp.TabulatedGPModel`): a stack of T tile models of one shape, which
+:func:`~dmimo_jax.tiles.tile_tables` turns into phasor tables.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax import gp
+from dmimo_jax._checks import check_int, warn_if_float32
+from dmimo_jax.phase import wrap
+from dmimo_jax.scene import Scene
+from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene
+
+
+def tile_labels(tiling: Tiling, x: ArrayLike, num_labels: int) -> np.ndarray:
+    """The ``num_labels`` labeled positions nearest each tile (T, n) int: ranked by their
+    horizontal distance from the tile's box (0 inside it), ties by the distance from its
+    centre.
+
+    Raises:
+        ValueError: ``x`` not (L, 3), ``num_labels`` out of [2, L].
+    """
+    x = np.asarray(x, float)
+    if x.ndim != 2 or x.shape[1] != 3:
+        raise ValueError(f"x must have shape (L, 3), got {x.shape}")
+    check_int("num_labels", num_labels, minimum=2, maximum=x.shape[0])
+    out = []
+    for lo, hi in zip(tiling.low, tiling.high, strict=True):
+        outside = np.maximum(np.maximum(lo[:2] - x[:, :2], x[:, :2] - hi[:2]), 0.0)
+        centre = np.linalg.norm(x[:, :2] - (lo[:2] + hi[:2]) / 2, axis=1)
+        order = np.lexsort((centre, np.linalg.norm(outside, axis=1)))
+        out.append(np.sort(order[:num_labels]))
+    return np.stack(out)
+
+
+class TileModels(NamedTuple):
+    """Output of :func:`fit_tiles`: every tile's GP phase model, stacked on a tile axis."""
+
+    models: gp.TabulatedGPModel  # each leaf (T, ...): the tiles' tabulated GP models
+    params: gp.GPParams  # the hyperparameters every tile shares
+    labels: np.ndarray  # (T, n) int: the labels each tile was conditioned on
+    cpo: Array  # (T, n) each tile's profiled CPOs of its labels
+    fitted_on: np.ndarray  # (S,) int: the tiles whose pairs fitted ``params``
+
+    def tile(self, t: int) -> gp.TabulatedGPModel:
+        """Tile ``t``'s model."""
+        return jax.tree.map(lambda a: a[t], self.models)
+
+
+def _block(x, r, noise_var, scene, tiling, labels, t) -> tuple[Any, Any, Any, Scene]:
+    """Tile ``t``'s training block: its labels' positions (n, 3), their phases and variances
+    (n, K) at its APs, and its scene."""
+    pick = np.ix_(labels[t], tiling.aps[t])
+    return x[labels[t]], r[pick], noise_var[pick], tile_scene(scene, tiling, t)
+
+
+@jax.jit
+def _profiled_cpos(params: gp.GPParams, x: Array, r: Array, noise_var: Array, scene: Scene):
+    """A tile's CPOs at ``params``: :func:`~dmimo_jax.gp.profile_cpos` from the circular-mean
+    start, wrapped (what :func:`~dmimo_jax.gp.fit` returns for its own)."""
+    start = gp.initial_cpos(x, r, scene)
+    return wrap(gp.profile_cpos(params, start, x, r, noise_var, scene))
+
+
+def fit_tiles(
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    scene: Scene,
+    tiling: Tiling,
+    *,
+    num_labels: int,
+    fit_on: int = 4,
+    num_steps: int = 50,
+    rtol: float = 1e-8,
+    variance: bool = False,
+    progress: bool = False,
+) -> TileModels:
+    r"""Every tile's GP phase model from L labeled snapshots of all M APs (module docstring).
+
+    1. :func:`tile_labels`: each tile's ``num_labels`` nearest labels.
+    2. :math:`\psi` by :func:`~dmimo_jax.gp.fit_blocks` on ``fit_on`` tiles spread over the
+       region (tiles 0 .. T-1 evenly; every tile when ``fit_on`` >= T): the blocks of their
+       labels times their K APs.
+    3. Each tile: its CPOs profiled at :math:`\psi` (:func:`~dmimo_jax.gp.profile_cpos`),
+       the GP conditioned on its n x K pairs (:class:`~dmimo_jax.gp.GPPhaseModel`, its scene
+       the tile's, :func:`~dmimo_jax.tiles.tile_scene`) and its mean tabulated
+       (:class:`~dmimo_jax.gp.TabulatedGPModel`, with the variance table when ``variance``:
+       otherwise the model's variance is the LoS phase noise, what the screens weigh by),
+       over the path differences of the whole building so that every tile's tables have
+       one shape.
+
+    Memory and time per tile are the tile's: T Choleskys of (nK x nK), where the dense fit
+    needs one of (LM x LM) per likelihood evaluation.
+
+    Args:
+        x, r, noise_var: the L labeled snapshots, (L, 3), (L, M), (L, M)
+            (:func:`~dmimo_jax.gp.fit`'s).
+        scene: the building (geometry and wavelength; its permittivity is not used).
+        tiling: :func:`~dmimo_jax.tiles.tile_aps` of ``scene``.
+        num_labels: n, the labels per tile (at least 2; a tile's own labels and those just
+            around it).
+        fit_on: tiles whose pairs fit the hyperparameters.
+        num_steps, rtol: the L-BFGS of :func:`~dmimo_jax.gp.fit_blocks`.
+        variance: tabulate the GP's predictive variance too (eq. 27).
+        progress: a tqdm bar over the tiles.
+
+    Raises:
+        ValueError: bad training data (:func:`~dmimo_jax.gp.check_training_data`), a tiling
+            of another scene, a bad ``num_labels`` or ``fit_on``.
+    """
+    scene = scene_of(scene)
+    if not isinstance(tiling, Tiling) or tiling.aps.max() >= scene.num_aps:
+        raise ValueError("tiling must be tile_aps' Tiling of this scene")
+    gp.check_training_data(x, r, noise_var, scene.num_aps)
+    check_int("fit_on", fit_on, minimum=1)
+    warn_if_float32("tiles.fit_tiles")
+    x, r, noise_var = (np.asarray(v, float) for v in (x, r, noise_var))
+    labels = tile_labels(tiling, x, num_labels)
+    t_all = tiling.num_tiles
+    fitted_on = np.unique(np.round(np.linspace(0, t_all - 1, min(fit_on, t_all))).astype(int))
+    blocks = [_block(x, r, noise_var, scene, tiling, labels, t) for t in fitted_on]
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *blocks)
+    params = gp.fit_blocks(*stacked, num_steps=num_steps, rtol=rtol).params
+    top = float(np.max(np.asarray(scene.ap_positions)[:, 2]))
+    dd_max = 2 * top + 4 * float(scene.wavelength) / 64  # from_model's default, one for all
+    steps = range(t_all)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, desc="tile models", unit="tile")
+    models, cpos = [], []
+    for t in steps:
+        xt, rt, vt, st = _block(x, r, noise_var, scene, tiling, labels, t)
+        cpo = _profiled_cpos(params, xt, rt, vt, st)
+        exact = gp.GPPhaseModel.from_data(params, cpo, xt, rt, vt, st)
+        models.append(
+            gp.TabulatedGPModel.from_model(exact, max_path_difference=dd_max, variance=variance)
+        )
+        cpos.append(cpo)
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *models)
+    return TileModels(stacked, params, labels, jnp.stack(cpos), fitted_on)
