@@ -226,10 +226,20 @@ def test_gp_parameters_are_checked(gp_model):
 
 
 def test_gp_fit_refuses_a_covariance_too_large_up_front():
+    """The dense fit's working memory (20x its covariance, measured) is checked before it is
+    allocated, against half this host's memory by default or a limit given, and the error
+    names the limit and the tiled fit that avoids it."""
     x = jnp.tile(jnp.array([[5.0, 5.0, 2.0]]), (3000, 1))
     r = jnp.zeros((3000, 17))
-    with pytest.raises(ValueError, match="GiB"):
+    with pytest.raises(ValueError, match="GiB.*half this host's memory.*fit_tiles"):
         gp.fit(x, r, jnp.ones((3000, 17)), SCENE)
+    # 60 x 17 pairs: a 8.3 MB covariance, 166 MB of work: refused under a 100 MB limit
+    x, r, nv = x[:60], r[:60], jnp.ones((60, 17))
+    with pytest.raises(ValueError, match="max_memory_bytes = 0.1 GiB"):
+        gp.fit(x, r, nv, SCENE, max_memory_bytes=0.1 * 2**30)
+    stacked = jax.tree.map(lambda *a: jnp.stack(a), *[(x, r, nv, SCENE)] * 2)
+    with pytest.raises(ValueError, match="max_memory_bytes"):
+        gp.fit_blocks(*stacked, max_memory_bytes=0.1 * 2**30)
 
 
 # ----------------------------------------------------------------------------- 7. LM settings

@@ -14,7 +14,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import warn_if_float32
 from dmimo_jax.gp.kernel import (
-    MAX_COVARIANCE_BYTES,
+    FIT_MEMORY_FACTOR,
     GPParams,
     check_covariance_size,
     check_params,
@@ -95,7 +95,7 @@ def fit(
     rtol: float = 1e-8,
     key: Array | None = None,
     init: GPParams | None = None,
-    max_covariance_bytes: float = MAX_COVARIANCE_BYTES,
+    max_memory_bytes: float | None = None,
 ) -> GPFit:
     r"""Maximize eq. (23) jointly over :math:`\psi` (log space) and the L CPOs :math:`\phi`.
 
@@ -124,13 +124,21 @@ def fit(
         key: PRNG key of the restarts; required when ``num_restarts > 1`` (the first
             start is deterministic, so one restart needs no key).
         init: override the first start's hyperparameters.
-        max_covariance_bytes: refuse a training covariance (LM x LM float64) above this.
+        max_memory_bytes: refuse a fit whose working memory (``FIT_MEMORY_FACTOR`` times
+            its LM x LM float64 covariance) is above this; default half this host's memory.
 
     Raises:
-        ValueError: L < 2, shapes that do not match (L, M), non-finite or non-positive inputs.
+        ValueError: L < 2, shapes that do not match (L, M), non-finite or non-positive inputs,
+            a fit above ``max_memory_bytes``.
     """
     check_training_data(x, r, noise_var, scene.num_aps)
-    check_covariance_size(np.shape(x)[0], scene.num_aps, max_covariance_bytes)
+    check_covariance_size(
+        np.shape(x)[0],
+        scene.num_aps,
+        max_memory_bytes,
+        factor=FIT_MEMORY_FACTOR,
+        name="max_memory_bytes",
+    )
     if init is not None:
         check_params("init", init)
     warn_if_float32("gp.fit")
@@ -221,7 +229,7 @@ def fit_blocks(
     *,
     num_steps: int = 50,
     rtol: float = 1e-8,
-    max_covariance_bytes: float = MAX_COVARIANCE_BYTES,
+    max_memory_bytes: float | None = None,
 ) -> BlocksFit:
     r"""The hyperparameters :math:`\psi` of B independent blocks of training pairs at once:
     L-BFGS on the composite likelihood :math:`\sum_b \mathcal L_{\mathbf r}^{(b)}(\psi)`
@@ -241,7 +249,9 @@ def fit_blocks(
         scenes: the B blocks' scenes stacked on a leading axis (each the scene of its K
             APs: :meth:`~dmimo_jax.scene.Scene.subset`).
         num_steps, rtol: as :func:`fit`.
-        max_covariance_bytes: refuse a block covariance (nK x nK float64) above this.
+        max_memory_bytes: refuse a fit whose working memory (one block at a time:
+            ``FIT_MEMORY_FACTOR`` times its nK x nK covariance) is above this; default half
+            this host's memory.
 
     Raises:
         ValueError: shapes that do not agree, fewer than 2 labels per block, non-finite or
@@ -259,7 +269,7 @@ def fit_blocks(
         )
     for i in range(b):  # each block is the training data of one GP
         check_training_data(x[i], r[i], noise_var[i], k)
-    check_covariance_size(n, k, max_covariance_bytes)
+    check_covariance_size(n, k, max_memory_bytes, factor=FIT_MEMORY_FACTOR, name="max_memory_bytes")
     warn_if_float32("gp.fit_blocks")
     if not (isinstance(num_steps, int) and num_steps >= 1):
         raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")

@@ -167,20 +167,46 @@ def check_params(name: str, params: GPParams) -> None:
             )
 
 
-#: the largest training covariance (L M x L M, float64) fit and from_data accept by default
+#: the largest training covariance (L M x L M, float64) from_data conditions on by default
 MAX_COVARIANCE_BYTES = 2 * 2**30
 
+#: the fit's peak memory over its covariance's bytes: autodiff through the Cholesky and the
+#: profiled CPOs' solves (measured 17-21x on a CPU at 2,040 and 4,080 pairs; CHANGELOG)
+FIT_MEMORY_FACTOR = 20
 
-def check_covariance_size(num_locations: int, num_aps: int, max_bytes: float) -> None:
-    """Refuse up front a training covariance larger than ``max_bytes`` (it would fail
-    deep in XLA asking for the memory)."""
+
+def host_memory_bytes() -> float:
+    """This host's physical memory in bytes (``os.sysconf``; inf where it cannot be read)."""
+    import os
+
+    try:
+        return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return float("inf")
+
+
+def check_covariance_size(
+    num_locations: int,
+    num_aps: int,
+    max_bytes: float | None,
+    *,
+    factor: float = 1.0,
+    name: str = "max_covariance_bytes",
+) -> None:
+    """Refuse up front work of ``factor`` times an (L M x L M) float64 covariance above
+    ``max_bytes`` (None: half this host's memory, :func:`host_memory_bytes`): it would fail
+    deep in XLA asking for the memory, or swap the machine."""
     n = num_locations * num_aps
-    need = 8.0 * n * n
-    if need > max_bytes:
+    need = factor * 8.0 * n * n
+    limit = host_memory_bytes() / 2 if max_bytes is None else max_bytes
+    if need > limit:
+        what = "covariance" if factor == 1 else f"work ({factor:g}x its covariance)"
         raise ValueError(
-            f"L = {num_locations} snapshots x M = {num_aps} APs give a {n} x {n} covariance "
-            f"({need / 2**30:.1f} GiB) > max_covariance_bytes = {max_bytes / 2**30:.1f} GiB; "
-            "use fewer labeled snapshots"
+            f"L = {num_locations} snapshots x M = {num_aps} APs give a {n} x {n} {what} of "
+            f"{need / 2**30:.1f} GiB > {name} = {limit / 2**30:.1f} GiB"
+            + (" (half this host's memory)" if max_bytes is None else "")
+            + "; use fewer labeled snapshots, or fit tiles of the region on their own labels "
+            "and APs (dmimo_jax.tiles.fit_tiles)"
         )
 
 
