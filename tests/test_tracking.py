@@ -1,5 +1,6 @@
 """Moving UEs: motion models, the tracking filter, the posterior bound (dmimo_jax.tracking)."""
 
+import dataclasses
 from functools import partial
 
 import jax
@@ -244,7 +245,15 @@ def test_update_matches_run_tracker(walked):
     # a pytree: flatten/unflatten keeps the static settings
     leaves, treedef = jax.tree_util.tree_flatten(tracker)
     again = jax.tree_util.tree_unflatten(treedef, leaves)
-    assert again.window == tracker.window and again.num_iterations == tracker.num_iterations
+    assert again.settings == tracker.settings and again.settings.window == 10
+    # its fields are its constructor's arguments: a copy with another setting is checked,
+    # the wavelength-relative defaults stored in metres
+    lam = float(MODEL.scene.wavelength)
+    assert tracker.settings.reacquire_spacing == lam / 8 and tracker.offsets.shape == (17**3, 3)
+    wider = dataclasses.replace(tracker, settings=tracker.settings._replace(window=12))
+    assert wider.settings.window == 12 and wider.nis_threshold > tracker.nis_threshold
+    with pytest.raises(ValueError, match="window"):
+        dataclasses.replace(tracker, settings=tracker.settings._replace(window=1))
 
 
 def test_a_track_on_a_wrong_maximum_is_lost_and_reacquired(walked):

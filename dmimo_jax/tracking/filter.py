@@ -82,7 +82,6 @@ from dmimo_jax.estimators.phasors import cube_offsets
 from dmimo_jax.likelihood import compressed_residuals
 from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import pytree_dataclass, static_field
-from dmimo_jax.scene import Scene
 from dmimo_jax.tracking.kalman import position_update
 from dmimo_jax.tracking.motion import MotionModel, check_dt, check_motion, start_in_region
 from dmimo_jax.tracking.reacquire import needs_reacquisition, reacquire
@@ -170,10 +169,17 @@ class TrackerSettings(NamedTuple):
     global_after: int = 2
 
 
-@pytree_dataclass(init=False)
+@pytree_dataclass
 class Tracker:
     """An (iterated) extended Kalman filter on wrapped carrier phases with profiled CPOs,
     a windowed lock test and lattice re-acquisition (module docstring).
+
+    Its fields are its constructor's arguments (a pytree: ``model``, ``motion``, ``dt`` and
+    ``table`` are leaves, ``settings`` static, as for the
+    :class:`~dmimo_jax.pipeline.Locator`); the construction checks them, makes a Scene its
+    two-ray model and resolves the settings' wavelength-relative defaults, and the
+    thresholds derived from them (the lock test's and the gates' chi-square quantiles, the
+    re-acquisition lattice) are properties. Copies are ``dataclasses.replace``.
 
     Args:
         model: the PhaseModel the filter believes (or a Scene: its two-ray model).
@@ -181,7 +187,8 @@ class Tracker:
             :class:`~dmimo_jax.tracking.RandomWalk`.
         dt: snapshot interval, s.
         settings: how it iterates, tests its lock and re-acquires (:class:`TrackerSettings`;
-            default its defaults).
+            default its defaults; stored with ``chord_below``, ``max_position_std``,
+            ``reacquire_radius`` and ``reacquire_spacing`` resolved to metres).
         table: a :class:`~dmimo_jax.estimators.PhasorTable` of the model over the region:
             global re-acquisition after ``settings.global_after`` failed local ones.
 
@@ -199,124 +206,94 @@ class Tracker:
     model: PhaseModel
     motion: MotionModel
     dt: Array
-    nis_threshold: Array
-    nis_gate: Array
-    jump_gate: Array
-    max_position_std: Array
-    offsets: Array
-    reacquire_spacing: Array
-    num_iterations: int = static_field()
-    chord_below: Array
-    relinearize: bool = static_field()
-    window: int = static_field()
-    reacquire_batch: int = static_field()
-    screen_snapshots: int = static_field()
-    screen_size: int = static_field()
-    table: Any = None
-    global_after: int = static_field(default=2)
+    settings: TrackerSettings | None = static_field(default=None)
+    table: PhasorTable | None = None
 
-    def __init__(
-        self,
-        model: PhaseModel | Scene,
-        motion: MotionModel,
-        *,
-        dt: float,
-        settings: TrackerSettings | None = None,
-        table: PhasorTable | None = None,
-    ):
-        s = TrackerSettings() if settings is None else settings
+    def __post_init__(self) -> None:
+        s = TrackerSettings() if self.settings is None else self.settings
         if not isinstance(s, TrackerSettings):
             raise ValueError(
                 f"settings must be a TrackerSettings (or None: the defaults), got "
-                f"{type(settings).__name__}"
+                f"{type(s).__name__}"
             )
-        num_iterations, relinearize, chord_below, window = (
-            s.num_iterations,
-            s.relinearize,
-            s.chord_below,
-            s.window,
-        )
-        false_alarm, gate_false_alarm = s.false_alarm, s.gate_false_alarm
-        max_position_std, reacquire_radius = s.max_position_std, s.reacquire_radius
-        reacquire_spacing, reacquire_batch = s.reacquire_spacing, s.reacquire_batch
-        screen_snapshots, screen_size, global_after = (
-            s.screen_snapshots,
-            s.screen_size,
-            s.global_after,
-        )
-        model = as_phase_model(model)
+        model = as_phase_model(self.model)
         check_num_aps(model.num_aps)
-        check_motion(motion)
-        check_dt(dt)
-        check_int("num_iterations", num_iterations, minimum=1)
-        if not isinstance(relinearize, bool | np.bool_):
-            raise ValueError(f"relinearize must be a bool, got {relinearize!r}")
-        check_int("window", window, minimum=2)
-        check_int("reacquire_batch", reacquire_batch, minimum=1)
-        check_int("screen_snapshots", screen_snapshots, minimum=1)
-        if screen_snapshots > window:
+        check_motion(self.motion)
+        check_dt(self.dt)
+        check_int("num_iterations", s.num_iterations, minimum=1)
+        if not isinstance(s.relinearize, bool | np.bool_):
+            raise ValueError(f"relinearize must be a bool, got {s.relinearize!r}")
+        check_int("window", s.window, minimum=2)
+        check_int("reacquire_batch", s.reacquire_batch, minimum=1)
+        check_int("screen_snapshots", s.screen_snapshots, minimum=1)
+        if s.screen_snapshots > s.window:
             raise ValueError(
-                f"screen_snapshots must be at most window = {window}, got {screen_snapshots}"
+                f"screen_snapshots must be at most window = {s.window}, got {s.screen_snapshots}"
             )
-        check_int("screen_size", screen_size, minimum=1)
-        check_int("global_after", global_after, minimum=1)
-        if table is not None:
-            if not isinstance(table, PhasorTable):
+        check_int("screen_size", s.screen_size, minimum=1)
+        check_int("global_after", s.global_after, minimum=1)
+        if self.table is not None:
+            if not isinstance(self.table, PhasorTable):
                 raise ValueError(
                     f"table must be a PhasorTable (estimators.phasor_table of the model over "
-                    f"the region) or None, got {type(table).__name__}"
+                    f"the region) or None, got {type(self.table).__name__}"
                 )
-            check_table_of(table, model)
-        for name, value in [("false_alarm", false_alarm), ("gate_false_alarm", gate_false_alarm)]:
+            check_table_of(self.table, model)
+        for name in ("false_alarm", "gate_false_alarm"):
+            value = getattr(s, name)
             check_scalar(name, value, positive=True)
             if not float(value) < 1:
                 raise ValueError(f"{name} must be in (0, 1), got {value!r}")
         lam = float(model.scene.wavelength)
-        chord_below = lam / 100 if chord_below is None else chord_below
-        check_scalar("chord_below", chord_below)
-        if not float(chord_below) >= 0:
-            raise ValueError(f"chord_below must be >= 0, got {chord_below!r}")
-        max_std = lam / 12 if max_position_std is None else max_position_std
-        radius = lam if reacquire_radius is None else reacquire_radius
-        spacing = lam / 8 if reacquire_spacing is None else reacquire_spacing
-        for name, value in [
-            ("max_position_std", max_std),
-            ("reacquire_radius", radius),
-            ("reacquire_spacing", spacing),
-        ]:
-            check_scalar(name, value, positive=True)
-        n = int(np.ceil(float(radius) / float(spacing)))
-        if (2 * n + 1) ** 3 > 100_000:
-            raise ValueError(
-                f"reacquire_radius / reacquire_spacing = {float(radius) / float(spacing):.3g} "
-                "gives a lattice of more than 100,000 points; widen the spacing"
-            )
-        dof = window * (model.num_aps - 1)
-        threshold = scipy.stats.chi2.isf(float(false_alarm), dof)
-        gate = scipy.stats.chi2.isf(float(gate_false_alarm), model.num_aps - 1)
-        dtype = model.scene.ap_positions.dtype
-        fields = dict(
-            model=model,
-            motion=motion,
-            dt=jnp.asarray(dt, dtype),
-            nis_threshold=jnp.asarray(threshold, dtype),
-            nis_gate=jnp.asarray(gate, dtype),
-            jump_gate=jnp.asarray(scipy.stats.chi2.isf(float(gate_false_alarm), 3), dtype),
-            max_position_std=jnp.asarray(max_std, dtype),
-            offsets=jnp.asarray(cube_offsets(np.arange(-n, n + 1) * float(spacing)), dtype),
-            reacquire_spacing=jnp.asarray(spacing, dtype),
-            num_iterations=num_iterations,
-            chord_below=jnp.asarray(chord_below, dtype),
-            relinearize=bool(relinearize),
-            window=window,
-            reacquire_batch=reacquire_batch,
-            screen_snapshots=screen_snapshots,
-            screen_size=screen_size,
-            table=table,
-            global_after=global_after,
+        resolved = dict(
+            chord_below=lam / 100 if s.chord_below is None else s.chord_below,
+            max_position_std=lam / 12 if s.max_position_std is None else s.max_position_std,
+            reacquire_radius=lam if s.reacquire_radius is None else s.reacquire_radius,
+            reacquire_spacing=lam / 8 if s.reacquire_spacing is None else s.reacquire_spacing,
         )
-        for name, value in fields.items():
-            object.__setattr__(self, name, value)
+        check_scalar("chord_below", resolved["chord_below"])
+        if not float(resolved["chord_below"]) >= 0:
+            raise ValueError(f"chord_below must be >= 0, got {s.chord_below!r}")
+        for name in ("max_position_std", "reacquire_radius", "reacquire_spacing"):
+            check_scalar(name, resolved[name], positive=True)
+        ratio = float(resolved["reacquire_radius"]) / float(resolved["reacquire_spacing"])
+        if (2 * int(np.ceil(ratio)) + 1) ** 3 > 100_000:
+            raise ValueError(
+                f"reacquire_radius / reacquire_spacing = {ratio:.3g} gives a lattice of more "
+                "than 100,000 points; widen the spacing"
+            )
+        resolved = {k: float(v) for k, v in resolved.items()}
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "dt", jnp.asarray(self.dt, model.scene.ap_positions.dtype))
+        object.__setattr__(self, "settings", s._replace(**resolved))
+
+    @property
+    def nis_threshold(self) -> float:
+        """The lock test's threshold: the chi-square quantile of ``window`` (M - 1) degrees of
+        freedom at ``false_alarm``."""
+        s = self.settings
+        return float(scipy.stats.chi2.isf(s.false_alarm, s.window * (self.num_aps - 1)))
+
+    @property
+    def nis_gate(self) -> float:
+        """A snapshot's validation gate: the chi-square quantile of M - 1 degrees of freedom
+        at ``gate_false_alarm``."""
+        return float(scipy.stats.chi2.isf(self.settings.gate_false_alarm, self.num_aps - 1))
+
+    @property
+    def jump_gate(self) -> float:
+        """The update's squared Mahalanobis length gate: the chi-square quantile of 3
+        degrees of freedom at ``gate_false_alarm``."""
+        return float(scipy.stats.chi2.isf(self.settings.gate_false_alarm, 3))
+
+    @property
+    def offsets(self) -> Array:
+        """The re-acquisition lattice's offsets (P, 3), m: ``reacquire_spacing`` apart out to
+        ``reacquire_radius`` on each axis."""
+        s = self.settings
+        n = int(np.ceil(s.reacquire_radius / s.reacquire_spacing))
+        axis = np.arange(-n, n + 1) * s.reacquire_spacing
+        return jnp.asarray(cube_offsets(axis), self.dt.dtype)
 
     @property
     def num_aps(self) -> int:
@@ -352,7 +329,7 @@ class Tracker:
         mean = self.motion.initial_state(jnp.asarray(x0, dtype), v0).astype(dtype)
         variances = jnp.full(mean.shape, jnp.asarray(velocity_std, dtype) ** 2, dtype)
         variances = variances.at[:3].set(jnp.asarray(position_std, dtype) ** 2)
-        k, m = self.window, self.num_aps
+        k, m = self.settings.window, self.num_aps
         return TrackState(
             mean=mean,
             cov=jnp.diag(variances),
@@ -426,7 +403,7 @@ def predict(tracker: Tracker, state: TrackState) -> TrackState:
         prior_mean=jnp.where(state.pending, prior_mean, mean),
         prior_cov=jnp.where(state.pending, prior_cov, cov),
         recent_age=state.recent_age + tracker.dt,
-        pending=state.pending | (std > tracker.max_position_std),
+        pending=state.pending | (std > tracker.settings.max_position_std),
     )
 
 
@@ -466,12 +443,12 @@ def correct(
     """
     x_pred = mean[:3]
     x_prev, x_i, new_mean = x_pred, x_pred, mean
-    for k in range(tracker.num_iterations):
+    for k in range(tracker.settings.num_iterations):
         # the state is the free path; the phases see its fold into the region
         x_in, parity = tracker.motion.fold(x_i)
         if k == 0:
             lin = linearize_update(tracker, x_in, parity, cov)
-        elif not tracker.relinearize:  # a chord step
+        elif not tracker.settings.relinearize:  # a chord step
             lin = lin._replace(mean=tracker.model.mean(x_in))
         else:
             lin = _next_linearization(tracker, lin, x_in, parity, cov, x_i - x_prev, axis_name)
@@ -513,7 +490,7 @@ def _next_linearization(
 ) -> Linearization:
     """Re-linearize at ``x`` if the last step ``moved`` (3,) was ``chord_below`` or longer,
     else a chord step (``lin`` with the phases at ``x``)."""
-    long = moved @ moved >= tracker.chord_below**2
+    long = moved @ moved >= tracker.settings.chord_below**2
     # a named batch re-linearizes if any UE needs it (selecting per UE), else chords for all
     any_long = any_in_batch(long, axis_name)
 
@@ -540,7 +517,7 @@ def phases_at_update(
     :func:`_next_linearization`, the exact phases are computed for a named batch only if
     some UE needs them."""
     linear = lin.mean + lin.jacobian @ moved
-    long = moved @ moved >= (tracker.chord_below / 1000) ** 2
+    long = moved @ moved >= (tracker.settings.chord_below / 1000) ** 2
     any_long = any_in_batch(long, axis_name)
 
     def exact() -> Array:
@@ -573,7 +550,7 @@ def step(
 
     nis_valid = push(state.nis_valid, use)
     recent_nis = push(state.recent_nis, nis)
-    full = jnp.sum(nis_valid) == tracker.window
+    full = jnp.sum(nis_valid) == tracker.settings.window
     lost = use & full & (jnp.sum(jnp.where(nis_valid, recent_nis, 0.0)) > tracker.nis_threshold)
     locked = ~state.pending & ~lost & jnp.where(use, full, state.locked & ~valid)
     return state._replace(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def needs_reacquisition(tracker: Tracker, state: TrackState) -> Array:
     """() bool: the lock test failed, or a window of snapshots arrived since the prior
     stopped resolving the comb."""
-    return state.lost | (state.pending & (state.since_pending >= tracker.window))
+    return state.lost | (state.pending & (state.since_pending >= tracker.settings.window))
 
 
 def window_costs(
@@ -45,7 +45,7 @@ def window_costs(
     ``newest``: score only the newest ``newest`` snapshots of the buffer (static; default
     all). Every snapshot's term is >= 0, so such a cost is a lower bound of the whole
     window's (the screen of :func:`reacquire`)."""
-    rows = slice(None) if newest is None else slice(tracker.window - newest, None)
+    rows = slice(None) if newest is None else slice(tracker.settings.window - newest, None)
     age, r, valid = state.recent_age[rows], state.recent_r[rows], state.recent_valid[rows]
     var = tracker.model.variance(tracker.motion.fold(state.mean[:3])[0])
     past = positions[:, None, :] - age[None, :, None] * velocity[None, None, :]
@@ -77,16 +77,16 @@ def lattice_argmin(
     ``candidates`` (G, 3) and ``velocities`` (V, 3): ``(which velocity, which candidate)``.
 
     A certified screen, exact like the EGS of eq. (18): every pair is first scored on the
-    newest ``tracker.screen_snapshots`` snapshots (a lower bound of its whole cost); the
-    ``tracker.screen_size`` lowest bounds are scored on the whole window. If the best of
+    newest ``tracker.settings.screen_snapshots`` snapshots (a lower bound of its whole cost); the
+    ``tracker.settings.screen_size`` lowest bounds are scored on the whole window. If the best of
     those costs no more than the least bound left out, no pair left out can beat it and it
     is the argmin; otherwise (a ``lax.cond``: under ``jax.vmap`` both branches run) every
     pair is scored on the whole window.
     """
     num = candidates.shape[0]
     args = (tracker, state, candidates, velocities, prior)
-    bound = lattice_costs(*args, tracker.screen_snapshots).reshape(-1)
-    size = min(tracker.screen_size, bound.shape[0])
+    bound = lattice_costs(*args, tracker.settings.screen_snapshots).reshape(-1)
+    size = min(tracker.settings.screen_size, bound.shape[0])
     neg_bound, kept = jax.lax.top_k(-bound, size)
     which, point = kept // num, kept % num
     full = jax.vmap(lambda p, v: window_costs(tracker, state, p[None], v)[0])(
@@ -123,7 +123,7 @@ def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
     if tracker.table is not None:
         # re-acquisitions that keep failing: the lattice sits on a wrong maximum far from
         # the UE; re-centre it on the medoid of the window's global table searches
-        far = state.failures >= tracker.global_after
+        far = state.failures >= tracker.settings.global_after
         center = jax.lax.cond(far, partial(global_center, tracker), lambda s: center, state)
         lost = lost | far
     # two velocities to move the older snapshots with: the filter's (it has seen the
@@ -135,8 +135,8 @@ def reacquire(tracker: Tracker, state: TrackState) -> TrackState:
     candidates = center[None, :] + tracker.offsets
     which, point = lattice_argmin(tracker, state, candidates, velocities, prior)
     best, velocity = candidates[point], velocities[which]
-    keep = jnp.max(jnp.abs(state.mean[:3] - best)) <= tracker.reacquire_spacing
-    pos_var = tracker.reacquire_spacing**2 / 12
+    keep = jnp.max(jnp.abs(state.mean[:3] - best)) <= tracker.settings.reacquire_spacing
+    pos_var = tracker.settings.reacquire_spacing**2 / 12
     cov = state.cov.at[:3, :].set(0.0).at[:, :3].set(0.0)
     cov = cov.at[jnp.arange(3), jnp.arange(3)].set(pos_var)
     mean = state.mean.at[:3].set(best).at[3:6].set(velocity[: state.mean.shape[0] - 3])

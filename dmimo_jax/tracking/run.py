@@ -37,7 +37,7 @@ def run_tracker(
     vmapped over UEs.
 
     The re-acquisition lattice is evaluated only at the steps where some UE needs it
-    (a ``lax.cond`` on the whole batch), for at most ``tracker.reacquire_batch`` UEs per
+    (a ``lax.cond`` on the whole batch), for at most ``tracker.settings.reacquire_batch`` UEs per
     step (the others stay due and follow at the next steps), so a locked batch costs one
     EKF update per UE and interval and memory stays bounded.
 
@@ -123,7 +123,7 @@ def _run(tracker: Tracker, state: TrackState, r: Array, valid: Array):
         return jax.lax.cond(due, partial(reacquire, tracker), lambda s: s, s)
 
     num_ues = state.mean.shape[0]
-    capacity = min(tracker.reacquire_batch, num_ues)
+    capacity = min(tracker.settings.reacquire_batch, num_ues)
 
     def reacquire_some(s: TrackState, due: Array) -> TrackState:
         # up to `capacity` due UEs per step; the others stay due and wait a step
