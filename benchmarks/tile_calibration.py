@@ -12,8 +12,10 @@ scene's two-ray physics (the correct ITU permittivity, unknown to the GP), the t
   tile's APs, the common part, a CPO, removed; RMS over the APs, median and p90 over the
   positions), next to the LoS model's (no GP);
 * the exact MLE over tiles on the fitted tiles' tables (:func:`dmimo_jax.tiles.tiled_egs`,
-  ``fine="tile"``): RMSE over the all-AP PEB and over the tile's K-AP PEB, the share
-  within 5 PEB (the right lobe);
+  ``fine="tile"``): RMSE over the all-AP PEB and over the tile's K-AP PEB, p99 over the
+  PEB, the share within lambda/8 (the right lobe: the next one is about lambda/2 away; a
+  GP's model error of the order of the phase noise puts answers beyond 5 PEB without a
+  wrong lobe);
 * where L x M is at most ``--dense-max-pairs`` (the dense fit of 180 labels x 68 APs of the
   20 m hall passed 20 GB of memory on a 24 GB machine): the dense fit's seconds, its model error, and
   the all-AP EGS on its tables (:func:`dmimo_jax.egs` + :func:`dmimo_jax.refine_batch`);
@@ -67,6 +69,7 @@ def world_row(side, seed, args):
     scene = hall_scene(side, seed=seed)
     truth = dj.TwoRayModel(scene)
     spacing = float(scene.wavelength) / 4
+    lobe = float(scene.wavelength) / 8
     num_labels = int(
         round(args.labels_per_m2 * float(np.prod(np.asarray(scene.ue_high - scene.ue_low)[:2])))
     )
@@ -115,7 +118,8 @@ def world_row(side, seed, args):
     row.update(
         tiled_rmse_over_peb=rmse / float(np.mean(peb_all)),
         tiled_rmse_over_k_peb=rmse / float(np.mean(peb_k)),
-        tiled_right_lobe=float(np.mean(e < 5 * peb_all)),
+        tiled_p99_over_peb=float(np.quantile(e / peb_all, 0.99)),
+        tiled_right_lobe=float(np.mean(e < lobe)),
     )
     if num_labels * scene.num_aps <= args.dense_max_pairs:
         t0 = time.perf_counter()
@@ -137,7 +141,8 @@ def world_row(side, seed, args):
         x = dj.refine_batch(found.x, test.r, dense, num_steps=25).x
         de = np.linalg.norm(np.asarray(x) - np.asarray(test.x), axis=1)
         row["dense_rmse_over_peb"] = float(np.sqrt(np.mean(de**2)) / np.mean(peb_all))
-        row["dense_right_lobe"] = float(np.mean(de < 5 * peb_all))
+        row["dense_p99_over_peb"] = float(np.quantile(de / peb_all, 0.99))
+        row["dense_right_lobe"] = float(np.mean(de < lobe))
     print(row, flush=True)
     return row
 
@@ -148,7 +153,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, nargs="*", default=[0])
     ap.add_argument("--tile", type=float, default=5.0, help="tile side, m")
     ap.add_argument("--margin", type=float, default=1.0, help="labels this far around a tile, m")
-    ap.add_argument("--factor", type=float, default=1.25, help="the tiles' bound factor")
+    ap.add_argument("--factor", type=float, default=2.0, help="the tiles' bound factor")
     ap.add_argument("--labels-per-m2", type=float, default=0.5, help="the paper's: 0.5")
     ap.add_argument("--num", type=int, default=64, help="test snapshots per world")
     ap.add_argument("--min-labels-per-tile", type=int, default=16)
@@ -174,6 +179,7 @@ def main(argv=None):
             ("tiled_rmse_over_peb", "tiled RMSE/PEB", ".2f"),
             ("tiled_rmse_over_k_peb", "RMSE/K-PEB", ".2f"),
             ("dense_rmse_over_peb", "dense RMSE/PEB", ".2f"),
+            ("tiled_p99_over_peb", "p99/PEB", ".1f"),
             ("tiled_right_lobe", "right lobe", ".3f"),
             ("tiled_fit_rss_mb", "RSS MiB", ".0f"),
         ],

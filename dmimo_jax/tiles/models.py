@@ -92,6 +92,7 @@ def fit_tiles(
     num_steps: int = 50,
     rtol: float = 1e-8,
     variance: bool = False,
+    tabulate: dict | None = None,
     progress: bool = False,
 ) -> TileModels:
     r"""Every tile's GP phase model from L labeled snapshots of all M APs (module docstring).
@@ -121,6 +122,8 @@ def fit_tiles(
         fit_on: tiles whose pairs fit the hyperparameters.
         num_steps, rtol: the L-BFGS of :func:`~dmimo_jax.gp.fit_blocks`.
         variance: tabulate the GP's predictive variance too (eq. 27).
+        tabulate: more keyword arguments of
+            :meth:`~dmimo_jax.gp.TabulatedGPModel.from_model` (the tables' spacings).
         progress: a tqdm bar over the tiles.
 
     Raises:
@@ -153,7 +156,9 @@ def fit_tiles(
         cpo = _profiled_cpos(params, xt, rt, vt, st)
         exact = gp.GPPhaseModel.from_data(params, cpo, xt, rt, vt, st)
         models.append(
-            gp.TabulatedGPModel.from_model(exact, max_path_difference=dd_max, variance=variance)
+            gp.TabulatedGPModel.from_model(
+                exact, max_path_difference=dd_max, variance=variance, **(tabulate or {})
+            )
         )
         cpos.append(cpo)
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *models)

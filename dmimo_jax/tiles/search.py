@@ -173,10 +173,12 @@ def tiled_egs(
     cost wins. An answer whose cost fails the gate (``gate * (K - 4)``: about chi-square
     with K - 4 degrees of freedom at the right position) is searched again in its best two
     tiles from ``wide_starts`` starts (with few APs the true lobe's coherence is less
-    prominent). The winner's exhaustive search (:func:`~dmimo_jax.estimators.egs`: the certified
-    arg-min of eq. 18 over its grid, with the wider screen and the table-free scan where
-    the certificate fails) is refined too and kept unless a start's cost is lower by more
-    than 1 (another optimum; closer, they are one optimum found twice). With fewer
+    prominent), and one that still fails in every other tile (a UE at a tile's edge whose
+    own tile's search missed its lobe ranks that tile anywhere). The winner's exhaustive
+    search (:func:`~dmimo_jax.estimators.egs`: the certified arg-min of eq. 18 over its
+    grid, with the wider screen and the table-free scan where the certificate fails) is
+    refined too and kept unless a start's cost is lower by more than 1 (another optimum;
+    closer, they are one optimum found twice). With fewer
     than M APs per tile, the answer gets ``num_steps`` more steps on the APs of ``fine``:
     ``"all"`` (every AP, the scene's two-ray model: O(M) per step, where far APs still add
     information) or ``"tile"`` (the tile's own model: the choice for tables of the tiles'
@@ -241,18 +243,28 @@ def tiled_egs(
             xs.append(fit.x)
         tile, x, cost, second = _rank_tiles(jnp.stack(costs), jnp.stack(xs))
     best = RefineResult(x, jnp.zeros_like(cost), cost, jnp.zeros_like(tile))
-    # answers that fail the gate: the best two tiles searched again from wide_starts starts
-    failing = np.flatnonzero(~np.asarray(cost <= gate * max(tiling.num_aps - 4, 1)))
+    # answers that fail the gate: the best two tiles searched again from wide_starts starts,
+    # then, for those still failing, every other tile
+    limit = gate * max(tiling.num_aps - 4, 1)
+    failing = np.flatnonzero(~np.asarray(cost <= limit))
     won, runner = np.asarray(tile)[failing], np.asarray(second)[failing]
-    for t in np.unique(np.concatenate([won, runner])):
-        rows = failing[(won == t) | (runner == t)]
-        sub, table = tile_model(int(t))
-        rt = rb[rows][:, tiling.aps[t]]
-        fit = coarse_to_fine_unchecked(rt, sub, table, min(wide_starts, table.grid.size), num_steps)
-        better = fit.cost < best.cost[rows]
-        tile = tile.at[rows].set(jnp.where(better, int(t), tile[rows]))
-        new = RefineResult(fit.x, jnp.zeros_like(fit.cost), fit.cost, jnp.zeros(rows.size, int))
-        best = _set_rows(best, rows, better, new)
+    tried = np.zeros((rb.shape[0], tiling.num_tiles), bool)
+    tried[failing, won] = tried[failing, runner] = True
+    for stage in range(2):
+        if stage == 1:
+            failing = np.flatnonzero(~np.asarray(best.cost <= limit))
+        for t in range(tiling.num_tiles):
+            rows = failing[tried[failing, t] == (stage == 0)]
+            if rows.size == 0:
+                continue
+            sub, table = tile_model(t)
+            rt = rb[rows][:, tiling.aps[t]]
+            starts = min(wide_starts, table.grid.size)
+            fit = coarse_to_fine_unchecked(rt, sub, table, starts, num_steps)
+            better = fit.cost < best.cost[rows]
+            tile = tile.at[rows].set(jnp.where(better, t, tile[rows]))
+            zeros = jnp.zeros(rows.size, int)
+            best = _set_rows(best, rows, better, RefineResult(fit.x, zeros, fit.cost, zeros))
     certified = jnp.zeros(rb.shape[0], bool)
     for t in np.unique(np.asarray(tile)):  # the winner's exhaustive search, certified
         rows = np.flatnonzero(np.asarray(tile) == t)
