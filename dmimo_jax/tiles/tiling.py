@@ -15,6 +15,7 @@ from dmimo_jax.physics import TwoRayModel
 from dmimo_jax.scene import Scene
 
 RULES = ("bound", "nearest", "all")
+"""The rules by which :func:`tile_aps` chooses a tile's APs."""
 
 
 class Tiling(NamedTuple):
