@@ -187,6 +187,7 @@ def test_a_tiles_labels_are_those_nearest_it():
             tiles.tile_labels(tiling, x, bad)
 
 
+@pytest.mark.slow  # two L-BFGS programs (14 s)
 def test_one_block_of_fit_blocks_is_the_dense_fit():
     """gp.fit_blocks with one block is gp.fit with one start: the same hyperparameters to
     1e-6 (relative; both stop at rtol 1e-8 of eq. 23, measured 2e-8 apart); with two
@@ -241,6 +242,7 @@ def test_tile_models_of_every_ap_and_label_are_the_dense_gp():
         assert rms(fits.tile(t), x, four.aps[t]) < 3 * max(rms(want, x, np.arange(17)), 5e-4)
 
 
+@pytest.mark.slow  # four tiles' fits and tables (15 s)
 def test_tables_of_fitted_tile_models_locate_on_the_right_lobe():
     """tile_tables of fit_tiles' models: tiled_egs on them (fine='tile') puts every answer
     of a 10 m hall within 2 mm (the lobes are 0.37 m apart); fine='all' is refused with such
