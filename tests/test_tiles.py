@@ -262,12 +262,13 @@ def test_tables_of_fitted_tile_models_locate_on_the_right_lobe():
         tiles.tile_tables(scene, other, lam / 2, models=fits.models)
 
 
-@pytest.mark.slow  # four tiles' GP fits and tables, 23 snapshots
+@pytest.mark.slow  # four tiles' GP fits and tables
 def test_an_answer_that_fails_the_gate_is_searched_in_every_tile():
     """With fitted tile models of K = 10 APs (the 10 m hall of seed 1), snapshot 22 (a UE at
     a tile's edge, 3 m high) was answered 6.4 m away at ML cost 1.9e6: its own tile, ranked
     neither first nor second, held the true lobe at cost 463 (under the gate, 600). The
-    search of every other tile puts every answer on the right lobe."""
+    search of every other tile puts it on the right lobe (the snapshot alone: each row's
+    search is its own)."""
     scene = hall_scene(10, seed=1)
     truth = dj.TwoRayModel(scene)
     tiling = tiles.tile_aps(scene, 5.0, factor=2.0)
@@ -276,6 +277,6 @@ def test_an_answer_that_fails_the_gate_is_searched_in_every_tile():
     fits = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, tiling, num_labels=25)
     lam = float(scene.wavelength)
     tables = tiles.tile_tables(scene, tiling, lam / 4, models=fits.models)
-    out = tiles.tiled_egs(test.r[:23], scene, tiling, tables=tables, fine="tile")
-    err = np.linalg.norm(np.asarray(out.x - test.x[:23]), axis=1)
-    assert err.max() < lam / 8, err.max()
+    out = tiles.tiled_egs(test.r[22], scene, tiling, tables=tables, fine="tile")
+    assert np.linalg.norm(np.asarray(out.x - test.x[22])) < lam / 8
+    assert float(out.tile_cost) < 100 * (tiling.num_aps - 4)  # under the gate

@@ -248,7 +248,8 @@ def fit_blocks(
         noise_var: (B, n, K) their phase-noise variances.
         scenes: the B blocks' scenes stacked on a leading axis (each the scene of its K
             APs: :meth:`~dmimo_jax.scene.Scene.subset`).
-        num_steps, rtol: as :func:`fit`.
+        num_steps: at most this many L-BFGS iterations (as :func:`fit`).
+        rtol: stop when an iteration changes the sum by less than this (relative).
         max_memory_bytes: refuse a fit whose working memory (one block at a time:
             ``FIT_MEMORY_FACTOR`` times its nK x nK covariance) is above this; default half
             this host's memory.

@@ -113,14 +113,16 @@ def fit_tiles(
     needs one of (LM x LM) per likelihood evaluation.
 
     Args:
-        x, r, noise_var: the L labeled snapshots, (L, 3), (L, M), (L, M)
-            (:func:`~dmimo_jax.gp.fit`'s).
+        x: the L labeled positions (L, 3), m.
+        r: their wrapped phases (L, M).
+        noise_var: their phase-noise variances (L, M) (as :func:`~dmimo_jax.gp.fit`'s).
         scene: the building (geometry and wavelength; its permittivity is not used).
         tiling: :func:`~dmimo_jax.tiles.tile_aps` of ``scene``.
         num_labels: n, the labels per tile (at least 2; a tile's own labels and those just
             around it).
         fit_on: tiles whose pairs fit the hyperparameters.
-        num_steps, rtol: the L-BFGS of :func:`~dmimo_jax.gp.fit_blocks`.
+        num_steps: the most L-BFGS iterations of :func:`~dmimo_jax.gp.fit_blocks`.
+        rtol: its relative stopping tolerance.
         variance: tabulate the GP's predictive variance too (eq. 27; on the 10 m hall of
             seed 1 it took the tiled search's RMSE from 13.3 to 4.8 times the PEB).
         tabulate: more keyword arguments of

@@ -181,7 +181,7 @@ class Tracker:
     thresholds derived from them (the lock test's and the gates' chi-square quantiles, the
     re-acquisition lattice) are properties. Copies are ``dataclasses.replace``.
 
-    Args:
+    Attributes:
         model: the PhaseModel the filter believes (or a Scene: its two-ray model).
         motion: :class:`~dmimo_jax.tracking.ConstantVelocity` or
             :class:`~dmimo_jax.tracking.RandomWalk`.
