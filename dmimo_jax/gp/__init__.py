@@ -18,6 +18,7 @@ from dmimo_jax.gp.fit import (
     initial_cpos,
     initial_params,
     profile_cpos,
+    profiled_cpos,
 )
 from dmimo_jax.gp.kernel import (
     GPParams,
@@ -59,6 +60,7 @@ __all__ = [
     "los_noise_var",
     "los_phase",
     "profile_cpos",
+    "profiled_cpos",
     "residuals",
     "training_process",
 ]

@@ -75,6 +75,17 @@ def profile_cpos(
     return cpo0 + jnp.linalg.solve(w.T @ w, w.T @ z)
 
 
+@jax.jit
+def profiled_cpos(
+    params: GPParams, x: ArrayLike, r: ArrayLike, noise_var: ArrayLike, scene: Scene
+) -> Array:
+    """The CPOs :func:`fit` returns at ``params``: :func:`profile_cpos` from the
+    circular-mean start (:func:`initial_cpos`), wrapped (L,); one compiled program per
+    shape."""
+    start = initial_cpos(x, r, scene)
+    return wrap(profile_cpos(params, start, x, r, noise_var, scene))
+
+
 class GPFit(NamedTuple):
     """Output of :func:`fit`."""
 

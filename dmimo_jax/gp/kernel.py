@@ -19,6 +19,7 @@ Observations are flattened UE-major, ``q = i M + m`` as in the paper.
 
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple
 
 import jax
@@ -177,8 +178,6 @@ FIT_MEMORY_FACTOR = 20
 
 def host_memory_bytes() -> float:
     """This host's physical memory in bytes (``os.sysconf``; inf where it cannot be read)."""
-    import os
-
     try:
         return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):

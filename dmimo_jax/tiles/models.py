@@ -25,7 +25,6 @@ from jax.typing import ArrayLike
 
 from dmimo_jax import gp
 from dmimo_jax._checks import check_int, warn_if_float32
-from dmimo_jax.phase import wrap
 from dmimo_jax.scene import Scene
 from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene
 
@@ -72,14 +71,6 @@ def _block(x, r, noise_var, scene, tiling, labels, t) -> tuple[Any, Any, Any, Sc
     return x[labels[t]], r[pick], noise_var[pick], tile_scene(scene, tiling, t)
 
 
-@jax.jit
-def _profiled_cpos(params: gp.GPParams, x: Array, r: Array, noise_var: Array, scene: Scene):
-    """A tile's CPOs at ``params``: :func:`~dmimo_jax.gp.profile_cpos` from the circular-mean
-    start, wrapped (what :func:`~dmimo_jax.gp.fit` returns for its own)."""
-    start = gp.initial_cpos(x, r, scene)
-    return wrap(gp.profile_cpos(params, start, x, r, noise_var, scene))
-
-
 def fit_tiles(
     x: ArrayLike,
     r: ArrayLike,
@@ -123,8 +114,9 @@ def fit_tiles(
         fit_on: tiles whose pairs fit the hyperparameters.
         num_steps: the most L-BFGS iterations of :func:`~dmimo_jax.gp.fit_blocks`.
         rtol: its relative stopping tolerance.
-        variance: tabulate the GP's predictive variance too (eq. 27; on the 10 m hall of
-            seed 1 it took the tiled search's RMSE from 13.3 to 4.8 times the PEB).
+        variance: tabulate the GP's predictive variance too (eq. 27; over the 10, 20 and
+            40 m halls of two seeds the tiled search's RMSE was 2.7-4.8 times the PEB with
+            it and 6.0-13.3 without, docs/locality.md).
         tabulate: more keyword arguments of
             :meth:`~dmimo_jax.gp.TabulatedGPModel.from_model` (the tables' spacings); by
             default the variance's grid is lambda/16 x 32 nodes (a weight: 16 times fewer
@@ -161,7 +153,7 @@ def fit_tiles(
     models, cpos = [], []
     for t in steps:
         xt, rt, vt, st = _block(x, r, noise_var, scene, tiling, labels, t)
-        cpo = _profiled_cpos(params, xt, rt, vt, st)
+        cpo = gp.profiled_cpos(params, xt, rt, vt, st)
         exact = gp.GPPhaseModel.from_data(params, cpo, xt, rt, vt, st)
         models.append(
             gp.TabulatedGPModel.from_model(
