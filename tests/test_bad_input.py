@@ -689,7 +689,7 @@ def test_round_five_probe_arguments_are_refused_by_name():
     letter, a prior given as text, a fit that is not groups, a NaN answer passing the
     public recheck's gate."""
     from dmimo_jax.calibration import Positions, Surfaces
-    from dmimo_jax.calibration.specs import as_fit_groups
+    from dmimo_jax.calibration.groups import as_fit_groups
     from dmimo_jax.estimators.faults import trimmed_coherence
     from dmimo_jax.measure import inject_faults, labeled_snapshots
 

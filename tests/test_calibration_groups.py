@@ -1,6 +1,10 @@
-"""dmimo_jax.calibration.groups: each group sets its own unknowns on a model, reports its
-natural values, linearizes to them and names the AP each unknown moves; the fitting core
-(dmimo_jax.calibration.solver) sees groups only through that interface."""
+"""dmimo_jax.calibration.groups: each group builds itself on a deployment, sets its own
+unknowns on a model, reports its natural values, linearizes to them and names the AP each
+unknown moves; the fitting core (dmimo_jax.calibration.solver) and the staging see groups
+only through that interface, so a kind of unknown defined in this file is fitted as the
+package's own are."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -18,11 +22,16 @@ MODEL = dj.TwoRayModel(SCENE)
 M = SCENE.num_aps
 
 
+def _on(model):
+    """A deployment of ``model`` without data: what a group of the model alone builds on."""
+    return groups.Deployment(model, None, None, None)
+
+
 def test_positions_move_only_the_free_coordinates_and_report_per_ap():
     free = np.zeros((M, 3), bool)
     free[3, 2] = free[5, :] = True
-    g = groups.positions_group(MODEL, free)
-    assert isinstance(g, groups.PositionsGroup) and g.name == "ap_positions" and g.size == 4
+    g = groups.Positions(free_axes=free).build(_on(MODEL))
+    assert isinstance(g, groups.Positions) and g.name == "ap_positions" and g.size == 4
     u = jnp.array([0.01, -0.02, 0.03, 0.04])
     moved = np.asarray(g.apply(MODEL, u).scene.ap_positions)
     delta = moved - np.asarray(SCENE.ap_positions)
@@ -38,14 +47,12 @@ def test_positions_move_only_the_free_coordinates_and_report_per_ap():
 def test_a_position_basis_that_couples_two_aps_has_no_per_ap_layout():
     basis = np.zeros((3 * M, 1))
     basis[0, 0] = basis[3, 0] = 2**-0.5  # AP 0's x and AP 1's x together
-    g = groups.PositionsGroup(
-        {"start": SCENE.ap_positions, "basis": jnp.asarray(basis)}, jnp.zeros(1)
-    )
+    g = groups.Positions(origin=SCENE.ap_positions, basis=jnp.asarray(basis), u0=jnp.zeros(1))
     assert g.per_ap_layout(M) is None
 
 
 def test_offsets_keep_the_gauge_and_apply_to_the_scene():
-    g = groups.OffsetsGroup({"first": jnp.array([0.3])}, jnp.zeros(M - 1))
+    g = groups.Offsets().at(jnp.concatenate([jnp.array([0.3]), jnp.zeros(M - 1)]))
     u = jnp.linspace(-1.0, 1.0, M - 1)
     offsets = np.asarray(g.apply(MODEL, u).scene.ap_phase_offsets)
     assert offsets[0] == 0.3 and np.array_equal(offsets[1:], np.asarray(u))
@@ -53,8 +60,8 @@ def test_offsets_keep_the_gauge_and_apply_to_the_scene():
 
 
 def test_surfaces_are_physical_for_every_u_and_linearize_to_the_same_model():
-    (idx,), _ = MODEL.calibration_surfaces(None)
-    g = groups.surfaces_group(MODEL, [idx], np.array([5.24 - 0.87j]))
+    (g,) = groups.Surfaces(starts=(5.24 - 0.87j,)).build_starts(_on(MODEL))
+    assert g.names == ("ground",) and g.indices == (0,)
     for u in (g.u0, -g.u0, jnp.array([-3.0, 2.0])):
         eps = complex(g.report(g.natural(u))[0])
         assert eps.real >= 1.0 and eps.imag <= 0.0
@@ -69,7 +76,8 @@ def test_surfaces_are_physical_for_every_u_and_linearize_to_the_same_model():
 
 
 def test_antenna_exponent_starts_off_zero_and_reports_its_shape():
-    g = groups.antenna_group(dj.TwoRayModel(SCENE.replace(antenna=dj.CosinePattern(0.0))))
+    zero = dj.TwoRayModel(SCENE.replace(antenna=dj.CosinePattern(0.0)))
+    g = groups.Antenna().build(_on(zero))
     assert float(g.u0[0]) == groups.MIN_EXPONENT_START
     assert g.report(g.natural(jnp.array([-1.5]))).shape == ()  # q = |u|, one shared exponent
     pattern = g.apply(MODEL, jnp.array([-1.5])).scene.antenna
@@ -79,7 +87,8 @@ def test_antenna_exponent_starts_off_zero_and_reports_its_shape():
 def test_receiver_groups_apply_gains_after_the_gauge_and_constants():
     recv = rx.Receivers(jnp.ones(M, complex), jnp.zeros(M, complex))
     model = rx.ReceiverModel(MODEL, recv)
-    gains, consts = groups.receiver_groups(model, ("receiver_gains", "receiver_constants"))
+    gains = groups.ReceiverGains().build(_on(model))
+    consts = groups.ReceiverConstants().build(_on(model))
     u = jnp.concatenate([jnp.full(M - 1, 2.0), jnp.full(M - 1, -1.0)])
     g = np.asarray(gains.apply(model, u).receivers.gains)
     assert g[0] == 1.0 and np.all(g[1:] == 2.0 - 1.0j)
@@ -93,15 +102,16 @@ def test_receiver_groups_apply_gains_after_the_gauge_and_constants():
 
 
 def test_groups_are_pytrees_whose_layout_is_static():
-    g = groups.positions_group(MODEL, None, prior_std=0.01)
+    g = groups.Positions(prior=0.01).build(_on(MODEL))
     leaves, tree = jax.tree_util.tree_flatten(g)
     again = jax.tree_util.tree_unflatten(tree, leaves)
-    assert type(again) is groups.PositionsGroup and again.name == "ap_positions"
+    assert type(again) is groups.Positions and again.name == "ap_positions"
+    assert again.prior == 0.01 and g.prior_size == g.size
     # the prior: whitened residuals u / std
     np.testing.assert_allclose(g.prior_residuals(jnp.full(g.size, 0.02)), 2.0, rtol=1e-12)
     # one compiled function serves two groups of the same shapes
     f = jax.jit(lambda grp, u: grp.natural(u))
-    shifted = groups.PositionsGroup({**g.data, "start": g.data["start"] + 1.0}, g.u0)
+    shifted = dataclasses.replace(g, origin=g.origin + 1.0)
     assert float(jnp.max(f(shifted, g.u0) - f(g, g.u0))) == pytest.approx(1.0)
     assert f._cache_size() == 1
 
@@ -125,9 +135,9 @@ def _deployments(num, seed=0):
         mean = jax.vmap(truth.mean)(x) + rng.uniform(-np.pi, np.pi, (30, 1))
         r = dj.wrap(mean + rng.normal(size=nv.shape) * np.sqrt(np.asarray(nv)))
         start = offsets_closed_form(MODEL, x, r)
-        grp = (groups.positions_group(MODEL, None), groups.OffsetsGroup.from_start(start))
+        grp = (groups.Positions().build(_on(MODEL)), groups.Offsets().at(start))
         u0 = jnp.concatenate([g.u0 for g in grp])[None]
-        out.append((grp, r, nv, u0))
+        out.append((groups.Deployment(MODEL, x, r, nv), grp, u0))
     return x, out
 
 
@@ -137,8 +147,8 @@ def test_the_fitting_core_vmapped_over_deployments_equals_a_loop():
     at its own round (the steps differ), and the fits find the worlds' phase centres."""
     x, worlds = _deployments(4)
 
-    def fit(grp, r, nv, u0):
-        return solver.fit_rounds(MODEL, grp, x, r, nv, u0, 2, 300)  # rounds of 2 LM steps
+    def fit(d, grp, u0):
+        return solver.fit_rounds(d, grp, u0, 2, 300)  # rounds of 2 LM steps
 
     loop = [fit(*w) for w in worlds]
     assert len({int(one.steps) for one in loop}) > 1  # the worlds converge after different rounds
@@ -222,3 +232,47 @@ def test_a_model_kind_calibration_never_heard_of_is_calibrated_as_it_is():
         calibrate(LineOfSight(SCENE), x, r, nv, fit=("surfaces",))
     with pytest.raises(ValueError, match="CalibratableModel"):
         calibrate(object(), x, r, nv, fit=("ap_phase_offsets",))
+
+
+@pytree_dataclass
+class SurveyShift(groups.FitGroup):
+    """A kind of unknown of this test's own (calibration has never heard of it): the survey's
+    origin off by one translation common to every AP, three unknowns in metres."""
+
+    origin: jax.Array | None = None
+    name = "survey_shift"
+
+    def build(self, deployment):
+        origin = jnp.asarray(deployment.model.scene.ap_positions)
+        return dataclasses.replace(self, origin=origin, u0=jnp.zeros(3, origin.dtype))
+
+    def apply(self, model, u):
+        return model.with_scene(model.scene.replace(ap_positions=self.origin + u[None, :]))
+
+
+def test_a_kind_of_unknown_defined_here_is_fitted_with_no_edit_of_calibration():
+    """One new subclass is a new kind of unknown: calibrate builds it, stages it, fits it
+    beside the package's own offsets, reports it under its name with a standard error that
+    covers the truth, and counts its three unknowns in the degrees of freedom."""
+    from dmimo_jax.calibration import calibrate
+
+    shift = np.array([0.012, -0.008, 0.005])
+    rng = np.random.default_rng(5)
+    offsets = rng.uniform(-np.pi, np.pi, M)
+    truth = dj.TwoRayModel(
+        SCENE.replace(ap_positions=np.asarray(SCENE.ap_positions) + shift, ap_phase_offsets=offsets)
+    )
+    x = dj.sample_positions(jax.random.key(7), 40, SCENE)
+    r = dj.simulate_phases_batch(jax.random.key(8), truth, x, jnp.asarray(rng.uniform(-3, 3, 40)))
+    nv = jax.vmap(truth.variance)(x)
+    cal = calibrate(MODEL, x, r, nv, fit=(SurveyShift(), "ap_phase_offsets"))
+    assert cal.fit == ("ap_phase_offsets", "survey_shift")  # the package's groups first
+    assert cal.status == "converged" and cal.dof == 40 * M - 40 - (M - 1) - 3
+    got, se = np.asarray(cal.values["survey_shift"]), np.asarray(cal.stderr["survey_shift"])
+    assert got.shape == se.shape == (3,) and np.all(np.isfinite(se)) and np.all(se > 0)
+    np.testing.assert_array_less(np.abs(got - shift), 5 * se)  # within five standard errors
+    assert np.max(np.abs(got - shift)) < 1e-4  # 0.1 mm: the PEB here is tens of micrometres
+    fitted = np.asarray(cal.model.scene.ap_positions) - np.asarray(SCENE.ap_positions)
+    np.testing.assert_allclose(fitted, np.broadcast_to(got, (M, 3)), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="must not repeat"):
+        calibrate(MODEL, x, r, nv, fit=(SurveyShift(), SurveyShift()))

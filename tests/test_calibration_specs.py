@@ -1,5 +1,5 @@
-"""dmimo_jax.calibration.specs: what calibrate fits, as objects with their options; the
-strings are their shorthands (the same fit to the bit)."""
+"""dmimo_jax.calibration.groups as requests: what calibrate fits, as objects with their
+options; the strings are their shorthands (the same fit to the bit)."""
 
 import jax
 import jax.numpy as jnp
@@ -35,8 +35,8 @@ def _data():
 
 def test_strings_are_the_groups_with_their_defaults():
     assert GROUPS == tuple(g.name for g in FIT_GROUPS)
-    got = as_fit_groups(("ap_positions", Offsets(), "polarization"))
-    assert [type(g) for g in got] == [Positions, Offsets, Polarization]
+    got = as_fit_groups(("polarization", Offsets(), "ap_positions"))
+    assert [type(g) for g in got] == [Positions, Offsets, Polarization]  # the fit's order
     assert got[0].free_axes is None and got[0].prior is None and got[0].start is None
     assert [type(g) for g in as_fit_groups(Surfaces(names=("ground",)))] == [Surfaces]
     for bad, match in [

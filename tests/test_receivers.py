@@ -170,17 +170,20 @@ def test_per_ap_normal_equations_equal_autodiffs():
     real, truth, recv, x, s = _world()
     h = rx.simulate_snapshots(jax.random.key(6), truth, x[:20], recv, s[:20])
     model = rx.ReceiverModel(MODEL, recv)
+    on = grp.Deployment(model, x[:20], h, None)
     groups = (
-        *grp.receiver_groups(model, ("receiver_gains", "receiver_constants")),
-        grp.positions_group(model, None, 0.05, np.asarray(real.ap_positions)),
+        grp.Positions(prior=0.05, start=np.asarray(real.ap_positions)).build(on),
+        grp.ReceiverGains().build(on),
+        grp.ReceiverConstants().build(on),
     )
     u0 = jnp.concatenate([g.u0 for g in groups])
     u = u0 + 1e-3 * jax.random.normal(jax.random.key(9), u0.shape)
     nv = float(SCENE.noise_power) * jnp.broadcast_to(jnp.linspace(0.5, 2.0, 17), h.shape)
     structure = solver.per_ap_structure(model, groups)
     assert structure[0].shape == (7, u.shape[0])
-    jac = jax.jacfwd(lambda v: solver.residuals(v, model, groups, x[:20], h, nv))(u)
-    e = solver.residuals(u, model, groups, x[:20], h, nv)
+    d = grp.Deployment(model, x[:20], h, nv)
+    jac = jax.jacfwd(lambda v: solver.residuals(v, d, groups))(u)
+    e = solver.residuals(u, d, groups)
     # the labeled residuals in plain NumPy: the snapshot factor weighted by the variances
     m = solver.apply_groups(model, groups, u)
     v = np.asarray(jax.vmap(m.channel)(x[:20]))
@@ -190,7 +193,7 @@ def test_per_ap_normal_equations_equal_autodiffs():
     z = (y - s_ml[:, None] * v) / np.sqrt(var / 2)
     expect_e = np.stack([z.real, z.imag], axis=-1).reshape(-1)
     np.testing.assert_allclose(np.asarray(e[: expect_e.size]), expect_e, rtol=1e-9, atol=1e-12)
-    ata, atg = solver.per_ap_normal(u, model, groups, x[:20], h, nv, structure)
+    ata, atg = solver.per_ap_normal(u, d, groups, structure)
     expect_a, expect_g = jac.T @ jac, jac.T @ e
     np.testing.assert_allclose(
         ata, expect_a, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(expect_a)))
@@ -198,9 +201,9 @@ def test_per_ap_normal_equations_equal_autodiffs():
     np.testing.assert_allclose(
         atg, expect_g, rtol=0, atol=1e-12 * float(jnp.max(jnp.abs(expect_g)))
     )
-    offsets = grp.OffsetsGroup.from_start(offsets_closed_form(MODEL, x[:20], jnp.angle(h)))
+    offsets = grp.Offsets().at(offsets_closed_form(MODEL, x[:20], jnp.angle(h)))
     assert solver.per_ap_structure(model, (*groups, offsets)) is None
-    assert solver.per_ap_structure(MODEL, groups[-1:]) is None
+    assert solver.per_ap_structure(MODEL, groups[:1]) is None
 
 
 @pytest.mark.slow

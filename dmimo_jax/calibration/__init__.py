@@ -6,15 +6,19 @@
   the fit's reduced chi-square.
   :func:`calibrate_many`: N deployments of the same shapes at once (each LM stage one
   vmapped program), each calibration as its own :func:`calibrate` call would give it.
-* :mod:`~dmimo_jax.calibration.staging`: how a fit is staged (the closed-form starts
-  :func:`offsets_closed_form` and :func:`receivers_closed_form`, the multi-start of the
-  surfaces, the joint rounds, the extra round of a scene of faces).
-* :mod:`~dmimo_jax.calibration.specs`: what :func:`calibrate` fits, one object per group
-  with its own options (``fit=(Positions(prior=0.01), Offsets(), Surfaces(names=...))``;
-  the strings ``"ap_positions"``, ... are their shorthands).
-* :mod:`~dmimo_jax.calibration.groups`: the parameter blocks a fit builds from them
-  (:class:`Group` and one class per group: how each sets itself on a model, its natural
-  values, its prior, how it is reported).
+* :mod:`~dmimo_jax.calibration.groups`: what :func:`calibrate` fits, one class per group of
+  unknowns (:class:`FitGroup`: :class:`Positions`, :class:`Offsets`, :class:`Surfaces`,
+  :class:`Antenna`, :class:`Polarization`, :class:`ReceiverGains`,
+  :class:`ReceiverConstants`), each the request with its options
+  (``fit=(Positions(prior=0.01), Offsets(), Surfaces(names=...))``; the strings
+  ``"ap_positions"``, ... are their shorthands) and, built on a deployment, the parameter
+  block the solver runs on. A new kind of unknown is one new subclass.
+* :mod:`~dmimo_jax.calibration.staging`: how a fit is staged (the closed-form starts, the
+  multi-start, the joint rounds, the extra round of a scene of faces), each group saying
+  where it enters; :mod:`~dmimo_jax.calibration.closed_form`: the starts that need no basin
+  (:func:`offsets_closed_form`, :func:`receivers_closed_form`);
+  :mod:`~dmimo_jax.calibration.solver`: the fitting core (Levenberg-Marquardt rounds on a
+  :class:`Deployment`, the information, the standard errors).
 * :mod:`~dmimo_jax.calibration.surfaces`: the surfaces alone (:func:`fit_material` for the
   ground of the two-ray model, :func:`fit_surfaces` for a room) and the numpyro NUTS
   posterior of the ground's permittivity (:func:`material_posterior`).
@@ -27,16 +31,25 @@
   in time order, pseudo-labels confirmed by their neighbours (:func:`self_train_field`).
 """
 
-from dmimo_jax.calibration.calibrating import CALIBRATION_STARTS, Unlabeled, calibrate_many
+from dmimo_jax.calibration.calibrating import calibrate_many
+from dmimo_jax.calibration.closed_form import (
+    check_calibratable,
+    offsets_closed_form,
+    receivers_closed_form,
+)
 from dmimo_jax.calibration.groups import (
-    MIN_EXPONENT_START,
-    AntennaGroup,
-    Group,
-    OffsetsGroup,
-    PositionsGroup,
-    ReceiverConstantsGroup,
-    ReceiverGainsGroup,
-    SurfacesGroup,
+    FIT_GROUPS,
+    GROUPS,
+    Antenna,
+    Deployment,
+    FitGroup,
+    Offsets,
+    Polarization,
+    Positions,
+    ReceiverConstants,
+    ReceiverGains,
+    Surfaces,
+    as_fit_groups,
 )
 from dmimo_jax.calibration.measured import (
     PHASE_CENTRE_PRIOR,
@@ -44,6 +57,12 @@ from dmimo_jax.calibration.measured import (
     ReceiverCalibration,
     calibrate_receivers,
     spot_counts,
+)
+from dmimo_jax.calibration.parametrization import (
+    CALIBRATION_STARTS,
+    MIN_EXPONENT_START,
+    permittivity_starts,
+    with_permittivities,
 )
 from dmimo_jax.calibration.residual import (
     ResidualFieldModel,
@@ -56,25 +75,7 @@ from dmimo_jax.calibration.self_training import (
     self_train_field,
 )
 from dmimo_jax.calibration.solver import CONVERGENCE_TOLERANCE, UNLABELED_STEPS
-from dmimo_jax.calibration.specs import (
-    FIT_GROUPS,
-    GROUPS,
-    Antenna,
-    FitGroup,
-    Offsets,
-    Polarization,
-    Positions,
-    ReceiverConstants,
-    ReceiverGains,
-    Surfaces,
-    as_fit_groups,
-)
-from dmimo_jax.calibration.staging import (
-    BOUNDARY_OUTLIER_Z,
-    check_calibratable,
-    offsets_closed_form,
-    receivers_closed_form,
-)
+from dmimo_jax.calibration.staging import BOUNDARY_OUTLIER_Z
 from dmimo_jax.calibration.status import chi2_band, error_scale, fit_status
 from dmimo_jax.calibration.surfaces import (
     MaterialFit,
@@ -83,8 +84,8 @@ from dmimo_jax.calibration.surfaces import (
     fit_surfaces,
     log_likelihood,
     material_posterior,
-    with_permittivities,
 )
+from dmimo_jax.calibration.unlabeled import Unlabeled
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.Calibration`): kept here so the
@@ -111,13 +112,8 @@ __all__ = [
     "ReceiverGains",
     "ReceiverConstants",
     "as_fit_groups",
-    "Group",
-    "PositionsGroup",
-    "OffsetsGroup",
-    "SurfacesGroup",
-    "AntennaGroup",
-    "ReceiverGainsGroup",
-    "ReceiverConstantsGroup",
+    "Deployment",
+    "permittivity_starts",
     "MaterialFit",
     "PHASE_CENTRE_PRIOR",
     "SPOT_RADIUS",

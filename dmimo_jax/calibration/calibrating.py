@@ -23,7 +23,7 @@ autodiff Jacobian. The groups (``fit=``; each a class of
   :class:`~dmimo_jax.physics.ImageSourceModel` or a face of a
   :class:`~dmimo_jax.physics.MeshModel` (within ``MOUNT_TOLERANCE`` of its plane) moves
   only within that plane; ``Positions(free_axes=...)`` (M, 3) restricts the coordinates
-  further (:mod:`~dmimo_jax.calibration.specs`).
+  further (:mod:`~dmimo_jax.calibration.groups`).
 * ``"ap_phase_offsets"``: the static per-AP offsets :math:`\delta_m`. Only differences are
   observable (a common part is the CPO), so AP 0 keeps the model's value (the gauge).
   Offsets uniform in :math:`[-\pi,\pi)` are far outside any local basin, so the fit starts
@@ -35,7 +35,7 @@ autodiff Jacobian. The groups (``fit=``; each a class of
   for every :math:`a, b`, with a derivative of modulus 1 everywhere: a softplus saturates
   as a low-loss material's :math:`\varepsilon''` nears 0 and a square has a stationary
   point there, and either is a fixed point of the LM), from several material starts
-  (:data:`CALIBRATION_STARTS`), the likeliest winning.
+  (:data:`~dmimo_jax.calibration.CALIBRATION_STARTS`), the likeliest winning.
 * ``"antenna"``: the exponent :math:`q` of a :class:`~dmimo_jax.CosinePattern` (shared or
   per AP), :math:`q = |c|`; a start below :data:`~dmimo_jax.calibration.groups.MIN_EXPONENT_START` starts there (at
   :math:`q = 0` the derivative vanishes and the fit could not leave it).
@@ -105,44 +105,43 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import (
-    check_finite,
     check_int,
-    check_positions,
-    check_scalar,
     is_concrete,
     warn_if_float32,
 )
+from dmimo_jax.calibration.closed_form import check_calibratable, receivers_closed_form
 from dmimo_jax.calibration.groups import (
-    Group,
-    antenna_group,
+    Deployment,
+    FitGroup,
+    ReceiverConstants,
+    ReceiverGains,
+    Surfaces,
+    as_fit_groups,
 )
 from dmimo_jax.calibration.solver import (
     apply_groups,
     fit_lm,
     information,
-    locate_labeled,
     split,
     standard_errors,
     whitened,
 )
-from dmimo_jax.calibration.specs import GROUPS, FitGroup, Positions, Surfaces, as_fit_groups
-from dmimo_jax.calibration.staging import (
-    Deployment,
-    check_calibratable,
-    fit_staged,
-    receivers_closed_form,
-)
+from dmimo_jax.calibration.staging import fit_staged
 from dmimo_jax.calibration.status import (
     error_scale,
     fit_status,
     log_normalizer,
-    prior_size,
     warn_status,
     warn_unidentified,
 )
+from dmimo_jax.calibration.unlabeled import (
+    Unlabeled,
+    locate_jit,
+    screen_unlabeled,
+    unlabeled_arrays,
+)
 from dmimo_jax.gp.kernel import check_training_data
 from dmimo_jax.likelihood import cpo_estimate
-from dmimo_jax.materials import is_perfect_conductor, relative_permittivity
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import (
     PhaseModel,
@@ -156,22 +155,6 @@ from dmimo_jax.receivers import (
     ideal_receivers,
     profiled_residuals,
 )
-
-CALIBRATION_STARTS = ("concrete", "brick", "plasterboard", "wood", "glass")
-"""ITU-R P.2040 materials used as starting points (Table I of the paper, metal excepted)."""
-
-
-class Unlabeled(NamedTuple):
-    """Snapshots at unknown positions for :func:`calibrate` to learn from as well.
-
-    Typically the deployment's own traffic, located by the online stage under a calibration
-    from the labeled snapshots alone; ``x0`` must be in the right basin (a wrong lobe's
-    snapshot is screened out by its cost, module docstring).
-    """
-
-    r: ArrayLike  # (N, M) wrapped phases, rad; or complex snapshots, as calibrate's r
-    noise_var: ArrayLike  # (N, M) phase-noise variances, rad^2 (complex: as calibrate's)
-    x0: ArrayLike  # (N, 3) start positions, m
 
 
 @pytree_dataclass
@@ -257,39 +240,6 @@ def log_likelihood(model: PhaseModel, x: ArrayLike, r: ArrayLike, noise_var: Arr
 # ------------------------------------------------------------------------------ calibrate
 
 
-def _check_positions_request(request: Positions, num_aps: int) -> None:
-    """``ValueError`` for a ``Positions`` request whose options do not hold."""
-    if request.start is not None:
-        check_positions("Positions.start", request.start, batched=True)
-        if np.shape(request.start) != (num_aps, 3):
-            raise ValueError(
-                f"Positions.start must have shape ({num_aps}, 3) (one per AP), got "
-                f"{np.shape(request.start)}"
-            )
-    if request.prior is not None:
-        check_scalar("Positions.prior", request.prior, positive=True)
-
-
-def _starts(frequency_hz: float, starts: Sequence[complex | str] | None) -> np.ndarray:
-    starts = CALIBRATION_STARTS if starts is None else tuple(starts)
-    if not starts:
-        raise ValueError("starts must name at least one material or permittivity")
-    values = []
-    for s in starts:
-        if isinstance(s, str):
-            if is_perfect_conductor(s):
-                raise ValueError(f"starts: {s!r} is a perfect conductor, not a permittivity")
-            s = relative_permittivity(s, frequency_hz)
-        e = complex(s)
-        if not (np.isfinite(e.real) and np.isfinite(e.imag) and e.real > 1.0 and e.imag < 0.0):
-            raise ValueError(
-                f"starts must be physical permittivities eps' - j eps'' with eps' > 1 and "
-                f"eps'' > 0 (inside the fit's parametrization), got {s!r}"
-            )
-        values.append(e)
-    return np.asarray(values)
-
-
 def calibrate(
     model: Any,
     x: ArrayLike,
@@ -323,7 +273,7 @@ def calibrate(
         r: (L, M) wrapped phases measured there, or (L, M) complex snapshots.
         noise_var: (L, M) phase-noise variances, rad^2 (complex snapshots: the complex
             noise's variance per entry).
-        fit: the groups to fit: objects of :mod:`~dmimo_jax.calibration.specs` with their
+        fit: the groups to fit: objects of :mod:`~dmimo_jax.calibration.groups` with their
             options (``Positions(free_axes=..., prior=..., start=...)``,
             ``Surfaces(names=..., starts=...)``, ``Offsets()``, ...) or their shorthands
             among :data:`GROUPS` (``"ap_positions"`` is ``Positions()``), mixed freely.
@@ -434,50 +384,43 @@ def _calibrate(
     together (:func:`~dmimo_jax.calibration.staging.fit_staged`)."""
     for nominal, *_ in data:
         check_calibratable(nominal)
-    requests = {g.name: g for g in as_fit_groups(fit)}
-    fit = tuple(name for name in GROUPS if name in requests)
+    requests = as_fit_groups(fit)
     check_int("num_steps", num_steps, minimum=1)
     check_int("max_steps", max_steps, minimum=num_steps)
     if jacobian not in ("auto", "autodiff"):
         raise ValueError(f"jacobian must be 'auto' or 'autodiff', got {jacobian!r}")
-    deployments, nominals = [], []
+    deployments = []
     for nominal, x, r, noise_var in data:
         x, r, noise_var = _checked_data(nominal, x, r, noise_var, requests)
         complex_data = bool(jnp.iscomplexobj(r))
-        m = _with_receivers(nominal, x, r, fit, receivers, complex_data)
+        m = _with_receivers(nominal, x, r, requests, receivers, complex_data)
         deployments.append(Deployment(m, x, r, noise_var))
-        nominals.append(nominal)
     model = deployments[0].model
-    idx, names, eps_starts = [], [], np.zeros(0)
-    if "surfaces" in fit:
-        request: Surfaces = requests["surfaces"]
-        idx, names = nominals[0].calibration_surfaces(request.names)
-        eps_starts = _starts(float(model.scene.frequency), request.starts)
-    if "antenna" in fit:
-        antenna_group(model)  # refuse a pattern with nothing to fit before any work
     unl_all = None
     if unlabeled is not None:
-        unl_all = _unlabeled_arrays(unlabeled, model, deployments[0].x.dtype, complex_data)
-    # each deployment under its own polarization, or (fitted) under each in turn
-    pols = ("TE", "TM") if "polarization" in fit else (None,)
+        unl_all = unlabeled_arrays(unlabeled, model, deployments[0].x.dtype, complex_data)
+    # each deployment under its own polarization, or under each a group asks for in turn
+    pols = tuple(dict.fromkeys(p for g in requests for p in g.polarizations())) or (None,)
     lls = [{"TE": -np.inf, "TM": -np.inf} for _ in deployments]
     best: list[_Fit | None] = [None] * len(deployments)
     for pol in pols:
         under = [d._replace(model=_with_polarization(d.model, pol)) for d in deployments]
-        staged = fit_staged(under, requests, idx, eps_starts, num_steps, max_steps, jacobian)
+        staged = fit_staged(under, requests, num_steps, max_steps, jacobian)
         for i, (d, s) in enumerate(zip(under, staged, strict=True)):
             p = d.model.scene.polarization
             lls[i][p] = -0.5 * (s.cost + log_normalizer(d.noise_var, complex_data))
             if best[i] is None or lls[i][p] > best[i].log_likelihood:
                 best[i] = _Fit(d.model, s.groups, s.u, s.cost, s.converged, lls[i][p], p)
+    names = tuple(g.name for g in requests)
     out = []
     for d, fitted, ll in zip(deployments, best, lls, strict=True):
         fitted = _degrees_of_freedom(fitted, d.r, d.noise_var, complex_data)
         dof_labeled, unl = fitted.dof, unl_all
         if unl is not None:
-            fitted, unl = _with_unlabeled(fitted, d.x, d.r, d.noise_var, unl, num_steps, max_steps)
+            fitted, unl = _with_unlabeled(fitted, d, unl, num_steps, max_steps)
+        surfaces = next((g.names for g in fitted.groups if isinstance(g, Surfaces)), ())
         out.append(
-            _report(fitted, *d[1:], unl, dof_labeled, fit, tuple(names), ll, warn, max_steps)
+            _report(fitted, d, unl, dof_labeled, names, tuple(surfaces), ll, warn, max_steps)
         )
     return out
 
@@ -494,7 +437,7 @@ class _Fit(NamedTuple):
     """A fit under one polarization, as :func:`calibrate` carries it to its report."""
 
     model: Any  # the model under that polarization (receivers included)
-    groups: tuple[Group, ...]
+    groups: tuple[FitGroup, ...]
     u: Any
     cost: float
     converged: bool
@@ -512,12 +455,12 @@ def _checked_data(model, x, r, noise_var, requests) -> tuple[Array, Array, Array
     # weighs 0 (its residual, the CPO's estimate, the degrees of freedom and the normalizer
     # leave it out); NaN, zero or negative variances stay refused
     check_training_data(x, r, noise_var, model.num_aps, min_labels=1, deaf=True)
-    if "ap_positions" in requests:
-        _check_positions_request(requests["ap_positions"], model.num_aps)
+    complex_data = np.iscomplexobj(r)
+    for group in requests:
+        group.check(model, complex_data)
     warn_if_float32("calibrate")
     dtype = model.scene.ap_positions.dtype
     check_in_domain("x", np.asarray(x, float), model)
-    complex_data = np.iscomplexobj(r)
     if complex_data:
         dead = np.flatnonzero(np.all(np.asarray(r) == 0, axis=0))
         if dead.size:
@@ -529,29 +472,23 @@ def _checked_data(model, x, r, noise_var, requests) -> tuple[Array, Array, Array
     return jnp.asarray(x, dtype), r, jnp.asarray(noise_var, dtype)
 
 
-def _with_receivers(model, x, r, fit, receivers, complex_data) -> Any:
+def _with_receivers(model, x, r, requests, receivers, complex_data) -> Any:
     """The model complex snapshots are fitted with: a :class:`ReceiverModel` of the given
-    receivers (their fitted groups started in closed form); phases: the model itself."""
-    rx_fit = [f for f in fit if f.startswith("receiver_")]
+    receivers (those fitted started in closed form); phases: the model itself."""
     if not complex_data:
-        if rx_fit or receivers is not None:
-            raise ValueError(
-                f"fit {rx_fit or ''} / receivers=: the receivers' groups need complex snapshots r"
-            )
+        if receivers is not None:
+            raise ValueError("receivers=: the receivers need complex snapshots r (got phases)")
         return model
-    if "ap_phase_offsets" in fit:
-        raise ValueError(
-            "fit: complex snapshots carry the APs' phase offsets in 'receiver_gains' (the "
-            "gains' phases); fit that instead of 'ap_phase_offsets'"
-        )
     rx = ideal_receivers(model.num_aps, r.dtype) if receivers is None else receivers
     if not isinstance(rx, Receivers) or rx.num_aps != model.num_aps:
         raise ValueError(
             f"receivers must be a Receivers of the model's {model.num_aps} APs, got "
             f"{type(rx).__name__}"
         )
-    if rx_fit:
-        rx = receivers_closed_form(model, x, r, rx, fit=rx_fit)
+    gains = any(isinstance(g, ReceiverGains) for g in requests)
+    constants = any(isinstance(g, ReceiverConstants) for g in requests)
+    if gains or constants:
+        rx = receivers_closed_form(model, x, r, rx, gains=gains, constants=constants)
     return ReceiverModel(model, rx)
 
 
@@ -566,7 +503,7 @@ def _degrees_of_freedom(fit: _Fit, r: Array, noise_var: Array, complex_data: boo
     num_l, num_m = r.shape
     per = 2 if complex_data else 1
     heard = int(np.sum(np.isfinite(np.asarray(noise_var))))  # an AP that hears nothing: none
-    dof = per * (heard - num_l) - num_params + prior_size(fit.groups)
+    dof = per * (heard - num_l) - num_params + sum(g.prior_size for g in fit.groups)
     if dof < 1:
         raise ValueError(
             f"{per * num_l * num_m} residuals cannot fit {num_params} parameters and {num_l} "
@@ -575,22 +512,22 @@ def _degrees_of_freedom(fit: _Fit, r: Array, noise_var: Array, complex_data: boo
     return fit._replace(dof=dof)
 
 
-def _with_unlabeled(fit: _Fit, x, r, noise_var, unl_all, num_steps, max_steps):
+def _with_unlabeled(fit: _Fit, d: Deployment, unl_all, num_steps, max_steps):
     """The last stage: the unlabeled snapshots that fit the labeled calibration (re-located
-    under it, :func:`_screen_unlabeled`) join a fit of every group. Returns the fit and the
+    under it, :func:`~dmimo_jax.calibration.unlabeled.screen_unlabeled`) join a fit of every group. Returns the fit and the
     unlabeled arrays with their re-located starts."""
+    _, x, r, noise_var = d
     complex_data = bool(jnp.iscomplexobj(r))
     chi2 = fit.cost / fit.dof
     start = apply_groups(fit.model, fit.groups, jnp.asarray(fit.u))
-    used, x_start = _screen_unlabeled(start, unl_all, chi2, complex_data)
+    used, x_start = screen_unlabeled(start, unl_all, chi2, complex_data)
     unl_all = (x_start, *unl_all[1:])
     fit = fit._replace(used=used)
     if not np.any(used):
         return fit, unl_all
     unl = tuple(v[used] for v in unl_all)
-    u, cost, converged = fit_lm(
-        fit.model, fit.groups, x, r, noise_var, np.asarray(fit.u)[None], num_steps, unl, max_steps
-    )
+    d = Deployment(fit.model, x, r, noise_var)
+    u, cost, converged = fit_lm(d, fit.groups, np.asarray(fit.u)[None], num_steps, unl, max_steps)
     # M residuals (2M real), a CPO (snapshot factor: 2) and three coordinates each
     per = 2 if complex_data else 1
     dof = fit.dof + int(used.sum()) * (per * (r.shape[1] - 1) - 3)
@@ -600,9 +537,10 @@ def _with_unlabeled(fit: _Fit, x, r, noise_var, unl_all, num_steps, max_steps):
     return fit._replace(u=u, cost=cost, converged=converged, dof=dof, log_likelihood=ll), unl_all
 
 
-def _report(fit, x, r, noise_var, unl_all, dof_labeled, names, surfaces, lls, warn, max_steps):
+def _report(fit, d, unl_all, dof_labeled, names, surfaces, lls, warn, max_steps):
     """The :class:`Calibration` of a finished fit: status (and its warnings), standard
     errors from the information in the natural values, the values per group, the CPOs."""
+    _, x, r, noise_var = d
     m, groups, dof = fit.model, fit.groups, fit.dof
     u, chi2 = jnp.asarray(fit.u), fit.cost / fit.dof
     complex_data = bool(jnp.iscomplexobj(r))
@@ -617,7 +555,8 @@ def _report(fit, x, r, noise_var, unl_all, dof_labeled, names, surfaces, lls, wa
     # the parametrization has a kink and the delta method could report an error of 0
     lin = [g.linearized(p) for g, p in zip(groups, split(groups, u), strict=True)]
     u_lin = jnp.concatenate([p for _, p in lin])
-    info, nat, _ = information(m, tuple(g for g, _ in lin), x, r, noise_var, u_lin, unl)
+    d_fit = Deployment(m, x, r, noise_var)
+    info, nat, _ = information(d_fit, tuple(g for g, _ in lin), u_lin, unl)
     se = standard_errors(np.asarray(info), np.asarray(nat), error_scale(chi2, dof))
     fitted = apply_groups(m, groups, u)
     values, stderr, i = {}, {}, 0
@@ -628,7 +567,7 @@ def _report(fit, x, r, noise_var, unl_all, dof_labeled, names, surfaces, lls, wa
         i += natural.shape[0]
     if warn:
         warn_unidentified(stderr)
-    unlabeled_x = None if unl_all is None else _locate_jit(fitted, *unl_all)
+    unlabeled_x = None if unl_all is None else locate_jit(fitted, *unl_all)
     fitted_rx = None
     if complex_data:
         fitted, fitted_rx = fitted.model, fitted.receivers
@@ -654,59 +593,3 @@ def _report(fit, x, r, noise_var, unl_all, dof_labeled, names, surfaces, lls, wa
         chi2_by_ap=jnp.asarray(chi2_by_ap),
         receivers=fitted_rx,
     )
-
-
-def _unlabeled_arrays(
-    unlabeled: Any, model: Any, dtype: Any, complex_data: bool = False
-) -> tuple[Array, Array, Array]:
-    """``unlabeled``'s (x0, r, noise_var) as arrays, checked (``ValueError`` naming each);
-    ``r`` complex snapshots when the labeled ones are (``complex_data``), else phases."""
-    if not isinstance(unlabeled, Unlabeled):
-        raise ValueError(
-            f"unlabeled must be an Unlabeled(r, noise_var, x0), got {type(unlabeled).__name__}"
-        )
-    check_positions("unlabeled.x0", unlabeled.x0, batched=True)
-    x0 = np.asarray(unlabeled.x0, float)
-    if x0.shape[0] == 0:
-        raise ValueError(
-            "unlabeled must hold at least one snapshot (unlabeled.x0 has shape (0, 3)); "
-            "pass unlabeled=None to calibrate from the labeled snapshots alone"
-        )
-    check_in_domain("unlabeled.x0", x0, model)
-    for name in ("r", "noise_var"):
-        v = np.asarray(getattr(unlabeled, name))
-        if v.shape != (x0.shape[0], model.num_aps):
-            raise ValueError(
-                f"unlabeled.{name} must have shape {(x0.shape[0], model.num_aps)} (N, M) to "
-                f"match unlabeled.x0, got {v.shape}"
-            )
-        check_finite(f"unlabeled.{name}", v)
-    if np.any(np.asarray(unlabeled.noise_var) <= 0):
-        raise ValueError("unlabeled.noise_var must be positive (rad^2)")
-    if np.iscomplexobj(unlabeled.r) != complex_data:
-        raise ValueError(
-            "unlabeled.r must be of the labeled snapshots' kind: "
-            + ("complex snapshots" if complex_data else "wrapped phases (real)")
-            + f", got {np.asarray(unlabeled.r).dtype}"
-        )
-    r_dtype = jnp.result_type(dtype, complex) if complex_data else dtype
-    x0, noise_var = jnp.asarray(x0, dtype), jnp.asarray(unlabeled.noise_var, dtype)
-    return x0, jnp.asarray(unlabeled.r, r_dtype), noise_var
-
-
-_locate_jit = jax.jit(locate_labeled)
-
-
-def _screen_unlabeled(
-    model: Any, unlabeled: tuple, chi2: float, complex_data: bool = False
-) -> tuple[np.ndarray, Array]:
-    """The unlabeled snapshots re-located under ``model`` (N, 3), and which of them (N,) bool
-    have a cost there within 5 standard deviations of its chi-square (M - 4 degrees of
-    freedom; 2M - 5 for complex snapshots), scaled by the labeled fit's reduced chi-square
-    when above 1: a snapshot in a wrong lobe fails it."""
-    x0, r, nv = unlabeled
-    xs = _locate_jit(model, x0, r, nv)
-    e = whitened(model, xs, r, nv).reshape(r.shape[0], -1)
-    k = 2 * r.shape[1] - 5 if complex_data else r.shape[1] - 4
-    bound = max(1.0, chi2) * (k + 5.0 * np.sqrt(2.0 * k))
-    return np.asarray(jnp.sum(e * e, axis=1)) < bound, xs

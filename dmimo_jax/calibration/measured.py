@@ -31,7 +31,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_positions, check_scalar
 from dmimo_jax.calibration.calibrating import Calibration, calibrate
-from dmimo_jax.calibration.specs import Positions
+from dmimo_jax.calibration.groups import Positions
 from dmimo_jax.physics import as_phase_model
 from dmimo_jax.receivers import ReceiverModel
 

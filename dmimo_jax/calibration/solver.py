@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
-from dmimo_jax.calibration.groups import Group
+from dmimo_jax.calibration.groups import Deployment, FitGroup
 from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.likelihood import compressed_residuals
 from dmimo_jax.receivers import ReceiverModel, profiled_residuals
@@ -53,7 +53,8 @@ def whitened(model: Any, x: Array, r: Array, noise_var: Array) -> Array:
     return (compressed_residuals(r, mean, noise_var) / jnp.sqrt(noise_var)).reshape(-1)
 
 
-def split(groups: Sequence[Group], u: Array) -> list[Array]:
+def split(groups: Sequence[FitGroup], u: Array) -> list[Array]:
+    """``u`` cut into the groups' slices, in their order."""
     out, i = [], 0
     for g in groups:
         out.append(u[i : i + g.size])
@@ -61,22 +62,24 @@ def split(groups: Sequence[Group], u: Array) -> list[Array]:
     return out
 
 
-def apply_groups(model: Any, groups: Sequence[Group], u: Array) -> Any:
+def apply_groups(model: Any, groups: Sequence[FitGroup], u: Array) -> Any:
+    """``model`` with every group's unknowns set from its slice of ``u`` (traceable)."""
     for g, part in zip(groups, split(groups, u), strict=True):
         model = g.apply(model, part)
     return model
 
 
-def residuals(u, model, groups, x, r, noise_var, unlabeled=None):
-    """Whitened residuals of the labeled snapshots, then of the unlabeled ones (if any) at
-    their positions profiled out (:func:`profiled_positions`)."""
-    m = apply_groups(model, groups, u)
+def residuals(u: Array, d: Deployment, groups: Sequence[FitGroup], unlabeled: Any = None) -> Array:
+    """Whitened residuals of the deployment's labeled snapshots at the groups' unknowns
+    ``u``, the groups' priors', then the unlabeled snapshots' (if any: ``(x0, r,
+    noise_var)``) at their positions profiled out (:func:`profiled_positions`)."""
+    m = apply_groups(d.model, groups, u)
     prior = [g.prior_residuals(p) for g, p in zip(groups, split(groups, u), strict=True)]
-    e = jnp.concatenate([whitened(m, x, r, noise_var), *prior])
+    e = jnp.concatenate([whitened(m, d.x, d.r, d.noise_var), *prior])
     if unlabeled is None:
         return e
     x0, r_u, nv_u = unlabeled
-    xs = profiled_positions(u, model, groups, x0, r_u, nv_u)
+    xs = profiled_positions(u, d.model, groups, x0, r_u, nv_u)
     return jnp.concatenate([e, whitened(m, xs, r_u, nv_u)])
 
 
@@ -124,10 +127,10 @@ def profiled_positions_jvp(primals, tangents):
     return xs, jax.vmap(one)(xs, r, noise_var)
 
 
-def per_ap_structure(model: Any, groups: Sequence[Group]) -> tuple[Array, Array] | None:
+def per_ap_structure(model: Any, groups: Sequence[FitGroup]) -> tuple[Array, Array] | None:
     """For a :class:`~dmimo_jax.receivers.ReceiverModel` whose groups each move one AP's
     channel column or constant per unknown (each group's
-    :meth:`~dmimo_jax.calibration.groups.Group.per_ap_layout` says so):
+    :meth:`~dmimo_jax.calibration.groups.FitGroup.per_ap_layout` says so):
     ``(colours (K, n), aps (M, n))``, one-hot rows. Unknowns of one colour act on different
     APs, so one forward-mode tangent per colour (K <= 7) gives every column of the
     Jacobian (column compression); ``aps`` names each unknown's AP. ``None`` otherwise (a
@@ -150,7 +153,9 @@ def per_ap_structure(model: Any, groups: Sequence[Group]) -> tuple[Array, Array]
     return jnp.asarray(onehot, dtype), jnp.asarray(aps, dtype)
 
 
-def per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array, Array]:
+def per_ap_normal(
+    u: Array, d: Deployment, groups: Sequence[FitGroup], structure: tuple[Array, Array]
+) -> tuple[Array, Array]:
     r"""The normal equations :math:`(\mathbf J^\top\mathbf J, \mathbf J^\top\mathbf e)` of
     :func:`residuals` (labeled snapshots, complex) at ``u`` by column compression
     (``per_ap_structure``: the channel columns :math:`\mathbf v` and the constants
@@ -169,6 +174,7 @@ def per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array, 
     C^H d\hat s + (w^H w)\odot\text{same AP}]` (:math:`N = \|\tilde{\mathbf v}\|^2`,
     :math:`C = \bar{\tilde v}_{m(p)} w`), an O(L n^2) product where the Jacobian's is
     O(L M n^2). Equal to the product (tested)."""
+    model, x, r, noise_var = d
     colours, aps = structure
 
     def columns(v):
@@ -210,19 +216,19 @@ def per_ap_normal(u, model, groups, x, r, noise_var, structure) -> tuple[Array, 
 
 
 @partial(jax.jit, static_argnames=("num_steps",))
-def solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, structure=None):
-    """LM over the concatenated groups from each row of ``u0`` (S, n): (u (S, n), cost (S,));
-    with ``structure`` (``per_ap_structure``, labeled snapshots only) the normal equations
-    by column compression (``per_ap_normal``)."""
+def solve(d, groups, u0, num_steps, unlabeled=None, structure=None):
+    """LM over the concatenated groups from each row of ``u0`` (S, n) on the deployment
+    ``d``: (u (S, n), cost (S,)); with ``structure`` (``per_ap_structure``, labeled
+    snapshots only) the normal equations by column compression (``per_ap_normal``)."""
     normal = None
     if structure is not None and unlabeled is None:
 
         def normal(v, _):
-            return per_ap_normal(v, model, groups, x, r, noise_var, structure)
+            return per_ap_normal(v, d, groups, structure)
 
     def one(u):
         res = levenberg_marquardt(
-            lambda v, _: residuals(v, model, groups, x, r, noise_var, unlabeled),
+            lambda v, _: residuals(v, d, groups, unlabeled),
             u,
             num_steps=num_steps,
             damping=1e-2,
@@ -234,15 +240,16 @@ def solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, structu
 
 
 @jax.jit
-def information(model, groups, x, r, noise_var, u, unlabeled=None):
-    """(J^T J of the whitened residuals in u, d natural / d u, the cost) at ``u``."""
-    jac = jax.jacfwd(residuals)(u, model, groups, x, r, noise_var, unlabeled)
+def information(d, groups, u, unlabeled=None):
+    """(J^T J of the whitened residuals in u, d natural / d u, the cost) at ``u`` on the
+    deployment ``d``."""
+    jac = jax.jacfwd(residuals)(u, d, groups, unlabeled)
     nat = jax.jacfwd(
         lambda v: jnp.concatenate(
             [g.natural(p) for g, p in zip(groups, split(groups, v), strict=True)]
         )
     )(u)
-    e = residuals(u, model, groups, x, r, noise_var, unlabeled)
+    e = residuals(u, d, groups, unlabeled)
     return jac.T @ jac, nat, jnp.sum(e * e)
 
 
@@ -257,25 +264,22 @@ class FitRounds(NamedTuple):
 
 @partial(jax.jit, static_argnames=("num_steps", "max_steps"))
 def fit_rounds(
-    model: Any,
-    groups: tuple[Group, ...],
-    x: Array,
-    r: Array,
-    noise_var: Array,
+    d: Deployment,
+    groups: tuple[FitGroup, ...],
     u0: Array,
     num_steps: int,
     max_steps: int | None,
     unlabeled: Any = None,
     structure: Any = None,
 ) -> FitRounds:
-    """The calibration's pure fitting core: the best of the LM runs from the rows of ``u0``
-    (S, n), then, with ``max_steps``, rounds of ``num_steps`` steps from it until a round
+    """The calibration's pure fitting core on the deployment ``d``: the best of the LM runs
+    from the rows of ``u0`` (S, n), then, with ``max_steps``, rounds of ``num_steps`` steps from it until a round
     lowers the cost by less than :data:`CONVERGENCE_TOLERANCE` or accepts no step
     (converged) or ``max_steps`` are spent (not converged).
 
     One program (a ``lax.while_loop`` over the rounds): for a fixed tuple of groups it is a
-    pure function of arrays, so ``jax.vmap`` over deployments of the same shapes (their
-    models, groups' data, snapshots and starts stacked) fits them all at once, each
+    pure function of arrays, so ``jax.vmap`` over deployments of the same shapes (the
+    deployments, the groups' arrays and the starts stacked) fits them all at once, each
     stopping at its own round. ``num_steps``, ``max_steps`` and the groups' layout are
     static; ``structure``: :func:`per_ap_structure` (labeled complex snapshots only)."""
 
@@ -286,9 +290,7 @@ def fit_rounds(
 
     def round_(state):
         u, cost, steps, _ = state
-        u_new, c_new = solve(
-            model, groups, x, r, noise_var, u[None], num_steps, unlabeled, structure
-        )
+        u_new, c_new = solve(d, groups, u[None], num_steps, unlabeled, structure)
         first = steps == 0  # the first run from a single start: taken whatever its cost
         c_new = c_new[0]
         # no step accepted: the LM is at a stationary point
@@ -302,9 +304,7 @@ def fit_rounds(
         # one start: its first run is the loop's first round (one LM in the program)
         start = (u0[0], jnp.asarray(jnp.inf, u0.dtype), jnp.asarray(0), jnp.asarray(False))
     else:
-        u, cost = best_of(
-            *solve(model, groups, x, r, noise_var, u0, num_steps, unlabeled, structure)
-        )
+        u, cost = best_of(*solve(d, groups, u0, num_steps, unlabeled, structure))
         start = (u, cost, jnp.asarray(num_steps), jnp.asarray(False))
         if max_steps is None:
             return FitRounds(u, cost, jnp.asarray(True), start[2])
@@ -319,24 +319,21 @@ def fit_rounds(
 
 @partial(jax.jit, static_argnames=("num_steps", "max_steps"))
 def fit_rounds_many(
-    model: Any,
-    groups: tuple[Group, ...],
-    x: Array,
-    r: Array,
-    noise_var: Array,
+    d: Deployment,
+    groups: tuple[FitGroup, ...],
     u0: Array,
     num_steps: int,
     max_steps: int | None,
     structure: Any = None,
 ) -> FitRounds:
-    """:func:`fit_rounds` over a leading axis of deployments in every argument (their models,
-    groups, snapshots, starts and structures stacked; labeled snapshots only): one program,
-    each deployment stopping at its own round (``jax.vmap`` of the core)."""
+    """:func:`fit_rounds` over a leading axis of deployments in every argument (the
+    deployments, groups, starts and structures stacked; labeled snapshots only): one
+    program, each deployment stopping at its own round (``jax.vmap`` of the core)."""
 
-    def one(m, g, xi, ri, nv, u, st):
-        return fit_rounds(m, g, xi, ri, nv, u, num_steps, max_steps, None, st)
+    def one(di, g, u, st):
+        return fit_rounds(di, g, u, num_steps, max_steps, None, st)
 
-    return jax.vmap(one)(model, groups, x, r, noise_var, u0, structure)
+    return jax.vmap(one)(d, groups, u0, structure)
 
 
 def stack_deployments(trees: Sequence[Any], what: str = "deployments") -> Any:
@@ -363,24 +360,23 @@ def stack_deployments(trees: Sequence[Any], what: str = "deployments") -> Any:
 
 
 def fit_lm_many(
-    deployments: Sequence[Any],
-    groups: Sequence[Sequence[Group]],
+    deployments: Sequence[Deployment],
+    groups: Sequence[Sequence[FitGroup]],
     u0: Sequence[Array],
     num_steps: int,
     max_steps: int | None = None,
     jacobian: str = "auto",
 ) -> list[tuple[np.ndarray, float, bool]]:
-    """:func:`fit_lm` of each deployment (``(model, x, r, noise_var)`` each, labeled), its
-    groups and its starts (S, n): one deployment runs :func:`fit_lm` itself; more run
+    """:func:`fit_lm` of each deployment (labeled snapshots), its groups and its starts (S, n): one deployment runs :func:`fit_lm` itself; more run
     :func:`fit_rounds_many` once on their stacked arguments (:func:`stack_deployments`), with
     the same answers (tested to 1e-9)."""
     if len(deployments) == 1:
-        (model, x, r, noise_var), (grp,), (start,) = deployments[0], groups, u0
-        return [fit_lm(model, grp, x, r, noise_var, start, num_steps, None, max_steps, jacobian)]
+        (d,), (grp,), (start,) = deployments, groups, u0
+        return [fit_lm(d, grp, start, num_steps, None, max_steps, jacobian)]
     rows = []
-    for (model, x, r, noise_var), grp, start in zip(deployments, groups, u0, strict=True):
-        structure = per_ap_structure(model, grp) if jacobian == "auto" else None
-        rows.append((model, tuple(grp), x, r, noise_var, jnp.asarray(start), structure))
+    for d, grp, start in zip(deployments, groups, u0, strict=True):
+        structure = per_ap_structure(d.model, grp) if jacobian == "auto" else None
+        rows.append((d, tuple(grp), jnp.asarray(start), structure))
     *args, structure = stack_deployments(rows)
     out = fit_rounds_many(*args, num_steps, max_steps, structure)
     u, cost, converged = np.asarray(out.u), np.asarray(out.cost), np.asarray(out.converged)
@@ -388,20 +384,23 @@ def fit_lm_many(
 
 
 def fit_lm(
-    model, groups, x, r, noise_var, u0, num_steps, unlabeled=None, max_steps=None, jacobian="auto"
-):
+    d: Deployment,
+    groups: Sequence[FitGroup],
+    u0: Array,
+    num_steps: int,
+    unlabeled: Any = None,
+    max_steps: int | None = None,
+    jacobian: str = "auto",
+) -> tuple[np.ndarray, float, bool]:
     """:func:`fit_rounds` from the host: (u, cost, converged) as NumPy / Python values;
     ``jacobian="auto"`` uses the column-compressed normal equations where the groups allow
     (:func:`per_ap_structure`), ``"autodiff"`` the plain ``jax.jacfwd``."""
     structure = None
     if unlabeled is None and jacobian == "auto":
-        structure = per_ap_structure(model, groups)
+        structure = per_ap_structure(d.model, groups)
     out = fit_rounds(
-        model,
+        d,
         tuple(groups),
-        x,
-        r,
-        noise_var,
         jnp.asarray(u0),
         num_steps,
         max_steps,

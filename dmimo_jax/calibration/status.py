@@ -7,18 +7,10 @@ normalizer."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
-
-from dmimo_jax.calibration.groups import Group
-
-
-def prior_size(groups: Sequence[Group]) -> int:
-    """How many prior pseudo-observations the groups add to the residuals."""
-    return sum(g.size for g in groups if "prior_scale" in g.data)
 
 
 def log_normalizer(noise_var: Array, complex_data: bool) -> float:

@@ -47,8 +47,8 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax.calibration.calibrating import calibrate, log_likelihood
-from dmimo_jax.calibration.groups import with_permittivities
-from dmimo_jax.calibration.specs import Surfaces
+from dmimo_jax.calibration.groups import Surfaces
+from dmimo_jax.calibration.parametrization import with_permittivities
 from dmimo_jax.physics import CalibratableModel, TwoRayModel
 from dmimo_jax.pytree import pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
@@ -131,7 +131,7 @@ def fit_material(
             estimated). A perfect-conductor ground has nothing to calibrate.
         key: unused (the starts are deterministic); accepted for a uniform signature.
         polarization: ``"TE"``, ``"TM"``, or ``None`` to select by likelihood.
-        starts: materials or permittivities to start from (default :data:`CALIBRATION_STARTS`).
+        starts: materials or permittivities to start from (default :data:`~dmimo_jax.calibration.CALIBRATION_STARTS`).
         num_steps: Levenberg-Marquardt steps per start.
 
     Returns:
