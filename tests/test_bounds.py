@@ -176,7 +176,7 @@ def test_peb_map_validation(xs, kwargs, match):
 def test_peb_map_does_not_retrace_for_same_shapes():
     from dmimo_jax import bounds
 
-    traced = chex.assert_max_traces(bounds._peb_map.__wrapped__, n=1)
+    traced = chex.assert_max_traces(bounds.information._peb_map.__wrapped__, n=1)
     fn = jax.jit(traced, static_argnames=("batch_size",))
     xs = _positions(16, seed=6)
     # the private core takes a PhaseModel (peb_map converts a Scene before it)

@@ -34,6 +34,50 @@ def test_layers_contract_holds():
     assert "2 kept, 0 broken" in out.stdout
 
 
+def test_no_module_holds_more_than_600_lines():
+    """A module over 600 lines holds two ideas: split it where they part."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in _modules()
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert not long, long
+
+
+def _architecture_tree():
+    """Each module the tree of docs/architecture.md names, as a path under dmimo_jax/ (a
+    folder line ``name/`` opens a package at its indent; a file line names one or more
+    ``*.py`` at the indent of its package's entries)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("## The tree", 1)[1].split("```", 2)[1]
+    named, stack = set(), []
+    for line in block.splitlines():
+        if not line.strip() or line.startswith("dmimo_jax/"):
+            continue
+        indent = (len(line) - len(line.lstrip())) // 2
+        if indent == 0 or line[: 2 * indent].strip():  # another top folder, or a wrapped line
+            if indent == 0:
+                break
+            continue
+        word = line.split()[0]
+        stack = stack[: indent - 1]
+        if word.endswith("/"):
+            stack.append(word[:-1])
+        for w in line.strip().split("  ")[0].split():
+            if w.endswith(".py"):
+                named.add("/".join([*stack, w]))
+    return named
+
+
+def test_the_architecture_page_draws_every_module():
+    """docs/architecture.md's tree names every module of the package where it is, and no
+    module that is not there."""
+    actual = {str(p.relative_to(PACKAGE)) for p in _modules() if p.name != "__init__.py"}
+    drawn = _architecture_tree() - {"__init__.py"}
+    assert actual - drawn == set(), "modules the tree omits"
+    assert drawn - actual == set(), "modules the tree names that do not exist"
+
+
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_imports_another_modules_private_name(path):
     tree = ast.parse(path.read_text())

@@ -24,7 +24,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_bool, check_permittivity
-from dmimo_jax.physics.image_source import resolve_material
+from dmimo_jax.physics.rooms import resolve_material
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
 EDGE_TOLERANCE = 1e-9

@@ -1,24 +1,9 @@
-r"""Fisher information and the position error bound, eqs. (10)-(14) and the Appendix.
-
-Route of Sec. II-C: channel FIM :math:`\mathbf{J}(\boldsymbol\eta)` over
-:math:`\boldsymbol\eta = [\phi, \boldsymbol\alpha^\top, \boldsymbol\theta^\top]^\top`
-(eq. 10, by autodiff of the noise-free signal) :math:`\to` EFIM of the phases by Schur
-complement (eq. 13a), equal to the closed form (eq. 13b) :math:`\to` position FIM
-:math:`\mathbf{J}(\mathbf{x}) = \mathbf{H}^\top\mathbf{J}(\boldsymbol\theta)\mathbf{H}`
-(eq. 14) with :math:`\mathbf{H} = \partial\boldsymbol\theta/\partial\mathbf{x}` from
-``jax.jacfwd`` :math:`\to` :math:`\mathrm{PEB} = \sqrt{\mathrm{tr}\,\mathbf{J}(\mathbf{x})^{-1}}`.
-
-Since :math:`1/\sigma_m^2 = 2P\alpha_m^2/\sigma_w^2` (eq. 9), eq. (13b) is
-:math:`\mathrm{diag}(\mathbf{w}) - \mathbf{w}\mathbf{w}^\top / \sum_m w_m` with
-:math:`w_m = 1/\sigma_m^2`, which needs only a PhaseModel's mean and variance: the
-position FIM and PEB therefore accept any PhaseModel (a Scene means its two-ray model).
-
-All position functions take one position (3,); :func:`peb_map` evaluates many.
-"""
+r"""The Fisher information and the position error bound of all APs: eqs. (10)-(14) and the
+Appendix (the route is :mod:`dmimo_jax.bounds`' docstring), and of complex snapshots
+(:func:`complex_fim`)."""
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import jax
@@ -31,8 +16,6 @@ from dmimo_jax._checks import (
     check_finite,
     check_num_aps,
     check_positions,
-    check_probability,
-    check_scalar,
     is_concrete,
     warn_if_float32,
 )
@@ -51,26 +34,6 @@ from dmimo_jax.physics import (
 from dmimo_jax.pytree import jit_or_eager
 from dmimo_jax.receivers import Receivers, channel, check_receivers
 from dmimo_jax.scene import Scene
-
-__all__ = [
-    "channel_fim",
-    "efim_schur",
-    "efim",
-    "efim_from_variance",
-    "fim_from_jacobian",
-    "complex_fim",
-    "complex_peb",
-    "phase_jacobian",
-    "jacobian_analytic",
-    "linearize",
-    "noise_fit_probability",
-    "peb_from_fim",
-    "protection_level",
-    "protection_level_unchecked",
-    "subset_fim_unchecked",
-    "subset_peb",
-    "subset_peb_unchecked",
-]
 
 
 def channel_fim(x: ArrayLike, scene: Scene) -> Array:
@@ -267,11 +230,13 @@ def position_fim(x: ArrayLike, model: PhaseModel | Scene) -> Array:
         model: a Scene (two-ray model, eq. 13b) or any PhaseModel.
     """
     model = as_phase_model(model)
-    _check_position(x, model)
+    check_position(x, model)
     return _position_fim(jnp.asarray(x), model)
 
 
-def _check_position(x: ArrayLike, model: PhaseModel) -> None:
+def check_position(x: ArrayLike, model: PhaseModel) -> None:
+    """``ValueError`` unless ``x`` is one finite position (3,) in ``model``'s domain (inside
+    its room, off its APs): the check of every bound at one position."""
     check_positions("x", x, batched=False)
     check_in_domain("x", x, model)
 
@@ -346,213 +311,11 @@ def peb(x: ArrayLike, model: PhaseModel | Scene) -> Array:
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
     warn_if_float32("peb")
-    _check_position(x, model)
+    check_position(x, model)
     return _peb_compiled(jnp.asarray(x), model)
 
 
-def subset_peb(x: ArrayLike, model: PhaseModel | Scene, excluded: ArrayLike) -> Array:
-    r"""The PEB of the APs that are left: eq. (14) with the APs of the (M,) bool mask
-    ``excluded`` at infinite variance (their rows and columns of the EFIM, eq. 13b, are
-    zero: the bound of a deployment without them; the CPO is still estimated from the
-    rest). ``inf`` when fewer than four APs are left or the rest cannot see a direction.
-
-    Raises:
-        ValueError: as :func:`peb`, and ``excluded`` not an (M,) bool mask.
-    """
-    model, mask = _checked_subset(x, model, excluded)
-    return subset_peb_unchecked(jnp.asarray(x), model, mask)
-
-
-def _checked_subset(x: ArrayLike, model: PhaseModel | Scene, excluded: ArrayLike):
-    """``(model, excluded)`` as a PhaseModel and an array, checked (``ValueError``): the
-    checks of :func:`peb` and ``excluded`` an (M,) bool mask."""
-    model = as_phase_model(model)
-    check_num_aps(model.num_aps)
-    _check_position(x, model)
-    mask = np.asarray(excluded) if is_concrete(excluded) else excluded
-    if excluded is None or np.shape(mask) != (model.num_aps,) or mask.dtype != bool:
-        got = "None" if excluded is None else f"{mask.dtype} {np.shape(mask)}"
-        raise ValueError(
-            f"excluded must be a bool mask of shape ({model.num_aps},) (all False: no AP "
-            f"left out), got {got}"
-        )
-    return model, jnp.asarray(mask)
-
-
-def subset_fim_unchecked(x: Array, model: PhaseModel, excluded: Array) -> Array:
-    r"""The (3, 3) position FIM (eq. 14's :math:`\mathbf H^\top\mathbf J_e\mathbf H`) of the
-    APs not ``excluded`` (M,) bool (theirs at infinite variance: eq. 13b without their rows
-    and columns). Traced, unchecked; one position (batch with ``jax.vmap``)."""
-    _, h, variance = linearize(x, model)
-    return fim_from_jacobian(h, jnp.where(excluded, 0.0, 1.0 / jnp.where(excluded, 1.0, variance)))
-
-
-@jax.jit
-def subset_peb_unchecked(x: Array, model: PhaseModel, excluded: Array) -> Array:
-    """:func:`subset_peb`'s traced core (one position; batch with ``jax.vmap``)."""
-    bound = peb_from_fim(subset_fim_unchecked(x, model, excluded))
-    return jnp.where(jnp.sum(~excluded) >= 4, bound, jnp.inf)
-
-
-def protection_level(
-    x: ArrayLike,
-    model: PhaseModel | Scene,
-    excluded: ArrayLike,
-    risk: float = 1e-3,
-    cost: ArrayLike | None = None,
-) -> Array:
-    r"""An error bound at integrity risk ``risk`` for an answer ``x`` located with the APs
-    not ``excluded`` (beyond the paper; GNSS integrity monitoring's protection level made
-    for carrier phases), m:
-
-    .. math::
-        \mathrm{PL} = s\,\sqrt{\lambda_{\max}(\mathbf J_S^{-1})\,
-        F^{-1}_{\chi^2_3}(1 - \alpha)},\qquad
-        s = \max\Bigl(1, \sqrt{c / (M - k - 4)}\Bigr)
-
-    with :math:`\mathbf J_S` the position FIM of the APs left (:func:`subset_fim_unchecked`,
-    the bound of :func:`subset_peb`). An efficient estimate on the right lobe has
-    :math:`\mathbf e\sim\mathcal N(0, \mathbf J_S^{-1})`, so
-    :math:`\|\mathbf e\|^2 \le \lambda_{\max}\,\mathbf e^\top\mathbf J_S\mathbf e` with the
-    latter :math:`\chi^2_3`: :math:`P(\|\mathbf e\| > \mathrm{PL}) \le \alpha`. The factor
-    :math:`s` is weighted least squares' a-posteriori variance factor from the answer's ML
-    cost ``cost`` (eq. 17; omitted: 1): where the model misfits (a learned mean phase's
-    error) the residuals show it and the bound widens with them. What it cannot cover is an
-    answer on the wrong lobe: that is the cost gate's risk (measured in
-    ``benchmarks/fault_tolerance.py``, where the bound itself is checked). ``inf`` when fewer
-    than four APs are left or a direction is unobservable.
-
-    Args:
-        x: (3,) the answer, m.
-        model: the model it was located under (a Scene or any PhaseModel).
-        excluded: (M,) bool, the APs left out (:attr:`LocatorResult.excluded` of the row).
-        risk: the integrity risk :math:`\alpha`, in (0, 1).
-        cost: () the answer's ML cost over the APs left, or None.
-
-    Raises:
-        ValueError: as :func:`subset_peb`, ``risk`` outside (0, 1), ``cost`` negative or
-            not finite.
-    """
-    check_probability("risk", risk)
-    if cost is not None:
-        check_scalar("cost", cost)
-        if is_concrete(cost) and not np.asarray(cost) >= 0:
-            raise ValueError(f"cost must be >= 0, got {np.asarray(cost).item()!r}")
-    model, mask = _checked_subset(x, model, excluded)
-    return protection_level_unchecked(jnp.asarray(x), model, mask, float(risk), cost)
-
-
-@partial(jax.jit, static_argnames="risk")
-def protection_level_unchecked(
-    x: Array, model: PhaseModel, excluded: Array, risk: float, cost: Array | None = None
-) -> Array:
-    """:func:`protection_level`'s traced core (one answer; batch with ``jax.vmap``);
-    ``risk`` static."""
-    import scipy.stats
-
-    fim = subset_fim_unchecked(x, model, excluded)
-    lowest = jnp.linalg.eigvalsh(fim)[0]
-    dof = jnp.sum(~excluded) - 4
-    scale = 1.0 if cost is None else jnp.sqrt(jnp.maximum(1.0, cost / jnp.maximum(dof, 1)))
-    level = scale * jnp.sqrt(scipy.stats.chi2.isf(risk, 3) / lowest)
-    return jnp.where((dof >= 0) & (lowest > _information_floor(fim)), level, jnp.inf)
-
-
-def noise_fit_probability(
-    model: PhaseModel | Scene,
-    low: ArrayLike,
-    high: ArrayLike,
-    gate: float,
-    *,
-    num_points: int = 6,
-) -> np.ndarray:
-    r"""An upper bound on the chance that phases with no relation to the model (uniform
-    noise on every AP: a dead deployment, a jammer, a wrong frequency plan) pass the cost
-    gate at some position of the region with k APs left out, for k = 0 .. M - 4: (M - 3,)
-    float64 in [0, 1] (beyond the paper: the look-elsewhere effect of a search over
-    positions, lobes and subsets of APs).
-
-    With the APs :math:`S` kept (:math:`|S| = M - k`), the phase vectors that pass the gate
-    :math:`g\,d`, :math:`d = \max(M - k - 4, 1)`, are those within Mahalanobis distance
-    :math:`\rho = \sqrt{g d}` of the 4-dimensional manifold
-    :math:`\{\boldsymbol\mu_S(\mathbf x) + \phi\}` (the cost of eq. 17 is the squared
-    distance). By Weyl's tube formula their share of the torus is
-
-    .. math::
-        P_S \approx 2\pi\!\int_R\!\sqrt{\det\mathbf J_S(\mathbf x)\textstyle\sum_{m\in S}
-        \sigma_m^{-2}}\;\prod_{m\in S}\sigma_m\,d\mathbf x\;
-        \frac{V_d(\rho)}{(2\pi)^{M-k}},\qquad
-        V_d(\rho) = \frac{\pi^{d/2}\rho^d}{\Gamma(d/2 + 1)}
-
-    (the square root is the volume element of (position, CPO): the full FIM's determinant,
-    :math:`\mathbf J_S` of eq. 14 times the CPO's information). The union over the
-    :math:`\binom{M}{k}` subsets bounds the chance of any: :math:`P_k \le \binom{M}{k}
-    \max_S P_S`, and ``max_S`` is bounded with every AP's information
-    (:math:`\det\mathbf J_S \le \det\mathbf J`) and the :math:`M - k` largest
-    :math:`\sigma_m` at each position. The integral over the box ``low`` .. ``high`` is
-    the mean over ``num_points`` cubed cell centres times its volume. With 17 APs at
-    -10 dBm it is about 1 with one redundant AP left: any five phases fit somewhere
-    (tested in ``tests/test_rescues.py``).
-
-    Args:
-        model: the model the gate's cost is under (a Scene or any PhaseModel).
-        low: (3,) the region's lower corner, m.
-        high: (3,) its upper corner, m.
-        gate: the cost gate :math:`g` per degree of freedom (``Locator``'s ``cost_gate``).
-        num_points: grid points per axis of the integral.
-
-    Raises:
-        ValueError: fewer than 4 APs, a bad region, ``gate`` not positive.
-    """
-    model = as_phase_model(model)
-    check_num_aps(model.num_aps)
-    check_scalar("gate", gate, positive=True)
-    check_positions("low", low, batched=False)
-    check_positions("high", high, batched=False)
-    lo, hi = np.asarray(low, np.float64), np.asarray(high, np.float64)
-    if not np.all(hi > lo):
-        raise ValueError(f"high must exceed low on every axis, got low={lo}, high={hi}")
-    if int(num_points) != num_points or num_points < 1:
-        raise ValueError(f"num_points must be a positive int, got {num_points!r}")
-    t = (np.arange(num_points) + 0.5) / num_points
-    grid = np.stack(np.meshgrid(t, t, t, indexing="ij"), -1).reshape(-1, 3)
-    xs = jnp.asarray(lo + grid * (hi - lo))
-    m = model.num_aps
-    # (P, M - 3) log of the integrand's position-dependent part, for k = 0 .. M - 4
-    log_term = np.asarray(_log_tube_integrand(xs, model), np.float64)
-    top = np.max(log_term, axis=0)
-    log_mean = top + np.log(np.mean(np.exp(log_term - top), axis=0))
-    k = np.arange(m - 3)
-    d = np.maximum(m - k - 4, 1)
-    log_ball = 0.5 * d * np.log(np.pi) + 0.5 * d * np.log(gate * d)
-    log_ball -= np.array([math.lgamma(v / 2 + 1) for v in d])
-    log_choose = np.array(
-        [math.lgamma(m + 1) - math.lgamma(i + 1) - math.lgamma(m - i + 1) for i in k]
-    )
-    log_volume = np.sum(np.log(hi - lo))
-    log_p = log_choose + np.log(2 * np.pi) + log_volume + log_mean + log_ball
-    log_p -= (m - k) * np.log(2 * np.pi)
-    return np.minimum(np.exp(np.minimum(log_p, 0.0)), 1.0)
-
-
-@jax.jit
-def _log_tube_integrand(xs: Array, model: PhaseModel) -> Array:
-    """(P, M - 3): for k = 0 .. M - 4, log of sqrt(det J(x) sum_m w_m) times the product of
-    the M - k largest sigma_m at each position x of ``xs`` (P, 3)."""
-
-    def one(x: Array) -> Array:
-        _, h, variance = linearize(x, model)
-        fim = fim_from_jacobian(h, 1.0 / variance)
-        logdet = jnp.linalg.slogdet(fim)[1] + jnp.log(jnp.sum(1.0 / variance))
-        # a phase is never wider than the circle (an AP that hears nothing: inf variance)
-        log_sigma = jnp.sort(jnp.minimum(0.5 * jnp.log(variance), jnp.log(jnp.pi)))[::-1]
-        kept = jnp.cumsum(log_sigma)[::-1][: variance.shape[0] - 3]  # M - k largest, k = 0..
-        return 0.5 * logdet + kept
-
-    return jax.vmap(one)(xs)
-
-
-def _information_floor(fim: Array) -> Array:
+def information_floor(fim: Array) -> Array:
     """The information below which a direction of a (3, 3) FIM counts as unobservable:
     :math:`10^3\\epsilon\\max_i J_{ii}` (a rounding artefact, not information)."""
     return 1e3 * jnp.finfo(fim.dtype).eps * jnp.max(jnp.diagonal(fim))
@@ -570,7 +333,7 @@ def peb_from_fim(fim: ArrayLike) -> Array:
     fim = jnp.asarray(fim)
     chol = jnp.linalg.cholesky(fim)
     pivots = jnp.diagonal(chol) ** 2
-    singular = ~jnp.all(jnp.isfinite(chol)) | (jnp.min(pivots) <= _information_floor(fim))
+    singular = ~jnp.all(jnp.isfinite(chol)) | (jnp.min(pivots) <= information_floor(fim))
     eye = jnp.eye(3, dtype=fim.dtype)
     safe = jnp.where(singular, eye, chol)
     inv_l = jax.scipy.linalg.solve_triangular(safe, eye, lower=True)
@@ -621,7 +384,7 @@ def complex_fim(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayL
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
     check_receivers(receivers, model)
-    _check_position(x, model)
+    check_position(x, model)
     if np.ndim(s) != 0:
         raise ValueError(f"s must be one snapshot factor (a scalar), got shape {np.shape(s)}")
     check_finite("s", s)
