@@ -36,6 +36,7 @@ from dmimo_jax.bounds import (
     peb_map,
     position_fim,
 )
+from dmimo_jax.deployments import deployment_scene, load_scene, paper_scene
 from dmimo_jax.estimators import (
     coarse_to_fine,
     egs,
@@ -67,7 +68,6 @@ from dmimo_jax.physics import (
 )
 from dmimo_jax.scene import (
     Scene,
-    paper_scene,
     perturb_deployment,
     sample_ap_positions,
     sample_positions,
@@ -163,6 +163,8 @@ __all__ = [
     "materials",
     "measure",
     "paper_scene",
+    "deployment_scene",
+    "load_scene",
     "perturb_deployment",
     "peb",
     "peb_map",

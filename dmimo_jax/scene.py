@@ -1,4 +1,5 @@
-r"""The deployment: a :class:`Scene` pytree, unit helpers, AP sampling and the paper's scene.
+r"""The deployment: a :class:`Scene` pytree, unit helpers and AP and UE sampling (scenes from
+a plan, a file or the paper: :mod:`dmimo_jax.deployments`).
 
 Sec. II-A and Sec. VI of the paper: M single-antenna APs at known positions on the
 ceiling, a ground plane z = 0 with complex relative permittivity :math:`\varepsilon_r`,
@@ -11,9 +12,7 @@ field pattern (:mod:`dmimo_jax.antenna`; isotropic by default). Both default to 
 
 from __future__ import annotations
 
-import json
 from functools import partial
-from importlib import resources
 from typing import Any, Literal
 
 import jax
@@ -24,7 +23,6 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_finite, check_int, check_permittivity, is_concrete
 from dmimo_jax.antenna import AntennaPattern, IsotropicPattern, check_pattern, is_isotropic
-from dmimo_jax.materials import Convention, is_perfect_conductor, relative_permittivity
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
 __all__ = [
@@ -35,7 +33,6 @@ __all__ = [
     "watt_to_dbm",
     "db_to_linear",
     "thermal_noise_power",
-    "paper_scene_data",
 ]
 
 SPEED_OF_LIGHT = 299_792_458.0  # m/s
@@ -439,59 +436,3 @@ def perturb_deployment(
         else scene.ap_phase_offsets
     )
     return scene.replace(ap_positions=scene.ap_positions + noise, ap_phase_offsets=offsets)
-
-
-def paper_scene_data() -> dict[str, Any]:
-    """The paper's deployment as shipped in ``dmimo_jax/data/paper_scene.json``."""
-    text = resources.files("dmimo_jax").joinpath("data/paper_scene.json").read_text()
-    return json.loads(text)
-
-
-def paper_scene(
-    power_dbm: float = -10.0,
-    material: str = "concrete",
-    *,
-    convention: Convention = "paper",
-    polarization: Polarization = "TE",
-    dtype: Any = None,
-) -> Scene:
-    r"""The set-up of the paper's numerical results (Sec. VI).
-
-    f_c = 800 MHz, :math:`\lambda = c/f_c`, W = 180 kHz, T = 290 K, NF = 3 dB,
-    :math:`k_B = 1.38\times10^{-23}` J/K, the 17 APs of the paper's layout on the
-    4 m ceiling of a 10 x 10 x 4 m room, UE region [0.5, 9.5]^2 x [0.5, 3.5] m.
-    ``convention="paper"`` gives concrete :math:`\varepsilon_r = 5.24 - j0.0096` as the
-    paper states; pass ``convention="itu"`` for the correct ITU-R value (5.24 - j0.872).
-
-    Args:
-        power_dbm: transmit power P in dBm.
-        material: ground material (see :mod:`dmimo_jax.materials`); ``metal`` is a perfect conductor.
-        convention: ``"paper"`` (default here) or ``"itu"``.
-        polarization: ``"TE"`` (paper) or ``"TM"``.
-        dtype: float dtype of the leaves (default: JAX's default float).
-
-    Examples:
-        >>> scene = paper_scene()
-        >>> scene.num_aps, round(float(scene.wavelength), 6)
-        (17, 0.374741)
-    """
-    data = paper_scene_data()
-    f = float(data["carrier_frequency_hz"])
-    noise = thermal_noise_power(
-        float(data["bandwidth_hz"]),
-        temperature_k=float(data["noise_temperature_k"]),
-        noise_figure_db=float(data["noise_figure_db"]),
-    )
-    return Scene(
-        ap_positions=np.asarray(data["aps"], float),
-        wavelength=SPEED_OF_LIGHT / f,
-        eps_r=relative_permittivity(material, f, convention=convention),
-        tx_power=float(dbm_to_watt(power_dbm)),
-        noise_power=noise,
-        ue_low=data["ue_region"]["low"],
-        ue_high=data["ue_region"]["high"],
-        room_size=data["room"]["size"],
-        polarization=polarization,
-        perfect_conductor=is_perfect_conductor(material),
-        dtype=dtype,
-    )

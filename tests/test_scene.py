@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import dmimo_jax as dj
-from dmimo_jax.scene import SPEED_OF_LIGHT, paper_scene_data
+from dmimo_jax.deployments import paper_scene_data
+from dmimo_jax.scene import SPEED_OF_LIGHT
 
 
 def test_paper_scene_values():
@@ -145,3 +146,53 @@ def test_complex_real_fields_are_refused_not_truncated(field, value):
 def test_perturb_deployment_of_a_model_names_the_argument():
     with pytest.raises(ValueError, match="scene must be a Scene"):
         dj.perturb_deployment(jax.random.key(0), dj.TwoRayModel(dj.paper_scene()))
+
+
+def test_a_scene_file_in_the_papers_format_is_the_papers_scene(tmp_path):
+    """load_scene reads the shipped scene's format: the paper's file gives paper_scene leaf by
+    leaf; a file of one's own (other APs, carrier and link budget) gives the plan's numbers."""
+    import json
+
+    from dmimo_jax.deployments import paper_scene_data
+
+    path = tmp_path / "paper.json"
+    path.write_text(json.dumps(paper_scene_data()))
+    for convention in ("paper", "itu"):
+        a = dj.paper_scene(-10.0, convention=convention)
+        b = dj.load_scene(path, -10.0, convention=convention)
+        for leaf_a, leaf_b in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_array_equal(np.asarray(leaf_a), np.asarray(leaf_b))
+    own = {
+        "aps": [[1.0, 1.0, 3.0], [5.0, 1.0, 3.0], [3.0, 4.0, 3.0], [3.0, 2.0, 2.5]],
+        "carrier_frequency_hz": 3.5e9,
+        "bandwidth_hz": 1e6,
+        "noise_figure_db": 7.0,
+        "ue_region": {"low": [0.5, 0.5, 0.5], "high": [5.5, 4.5, 2.0]},
+    }
+    (tmp_path / "own.json").write_text(json.dumps(own))
+    scene = dj.load_scene(tmp_path / "own.json", 0.0, "metal")
+    assert scene.num_aps == 4 and scene.perfect_conductor
+    assert float(scene.wavelength) == pytest.approx(299_792_458.0 / 3.5e9, rel=1e-12)
+    # k_B T W NF with the paper's k_B, T = 290 K
+    assert float(scene.noise_power) == pytest.approx(1.38e-23 * 290 * 1e6 * 10**0.7, rel=1e-12)
+    assert float(scene.tx_power) == pytest.approx(1e-3, rel=1e-12)
+    np.testing.assert_array_equal(np.asarray(scene.room_size), [5.5, 4.5, 3.0])
+
+
+def test_deployment_scene_states_the_plan_and_refuses_a_bad_one(tmp_path):
+    aps = [[2.0, 2.0, 3.0], [8.0, 2.0, 3.0], [5.0, 8.0, 3.0], [5.0, 5.0, 3.0]]
+    region = {"ue_low": [1.0, 1.0, 0.5], "ue_high": [9.0, 9.0, 2.0]}
+    scene = dj.deployment_scene(aps, frequency_hz=800e6, ground=4.0 - 0.3j, **region)
+    assert complex(scene.eps_r) == 4.0 - 0.3j and not scene.perfect_conductor
+    itu = dj.deployment_scene(aps, frequency_hz=800e6, ground="concrete", **region)
+    assert complex(itu.eps_r) == pytest.approx(complex(dj.paper_scene(convention="itu").eps_r))
+    for bad in (0.0, -1.0, float("nan"), "800 MHz", True):
+        with pytest.raises(ValueError, match="frequency_hz must be a positive number"):
+            dj.deployment_scene(aps, frequency_hz=bad, **region)
+    with pytest.raises(ValueError, match="ap_positions"):
+        dj.deployment_scene([[1.0, 1.0]], frequency_hz=800e6, **region)
+    (tmp_path / "no_region.json").write_text('{"aps": [[1, 1, 3]], "carrier_frequency_hz": 8e8}')
+    with pytest.raises(ValueError, match="missing \\['bandwidth_hz', 'ue_region'\\]"):
+        dj.load_scene(tmp_path / "no_region.json")
+    with pytest.raises(ValueError, match="cannot read a JSON scene file"):
+        dj.load_scene(tmp_path / "absent.json")

@@ -17,6 +17,7 @@ import numpy as np
 
 from dmimo_jax._checks import check_int, check_scalar
 from dmimo_jax.antenna import CosinePattern
+from dmimo_jax.deployments import paper_scene
 from dmimo_jax.physics import (
     Face,
     MeshModel,
@@ -24,7 +25,7 @@ from dmimo_jax.physics import (
     cuboid_faces,
     room_model,
 )
-from dmimo_jax.scene import Scene, paper_scene, perturb_deployment, sample_positions
+from dmimo_jax.scene import Scene, perturb_deployment, sample_positions
 
 
 class SyntheticDeployment(NamedTuple):
