@@ -1,6 +1,7 @@
 """Check the built documentation site: every public name (``__all__`` of ``dmimo_jax`` and of
-each module with a page under docs/api/) has an entry in the API reference, and no page shows a
-raw Sphinx role (``:func:``, ``:math:``, ...: the build renders them).
+each module with a page under docs/api/) has an entry in the API reference, at least
+``MIN_DESCRIBED`` of the reference's entries say something (a bare heading does not), and no
+page shows a raw Sphinx role (``:func:``, ``:math:``, ...: the build renders them).
 
     python .ci/check_api_reference.py SITE_DIR
 """
@@ -10,6 +11,21 @@ import pathlib
 import re
 import sys
 import types
+
+MIN_DESCRIBED = 0.95
+OBJECT = re.compile(r'<div class="doc doc-object doc-(\w+)">')
+
+
+def described(html: str) -> tuple[int, int]:
+    """(entries, entries with a description) of one API page: an entry whose contents hold
+    no paragraph or table (before its first member) is a bare heading."""
+    parts = OBJECT.split(html)
+    total = with_text = 0
+    for chunk in parts[2::2]:
+        own = re.split(r'<div class="doc doc-children">|<div class="doc doc-object', chunk)[0]
+        total += 1
+        with_text += "<p>" in own or "<table" in own
+    return total, with_text
 
 
 def main(site: str) -> int:
@@ -28,6 +44,24 @@ def main(site: str) -> int:
             # a function that shares its module's name is documented as module.name.name
             if f"{module}.{n}" not in ids and f"{module}.{n}.{n}" not in ids:
                 missing.append(f"{module}.{n}")
+    entries = with_text = 0
+    sizes = {}
+    for page in pages:
+        html_path = site_dir / "api" / ("" if page.stem == "index" else page.stem) / "index.html"
+        html = html_path.read_text()
+        t, w = described(html)
+        entries, with_text = entries + t, with_text + w
+        sizes[page.stem] = len(html.encode()) // 1024
+    share = with_text / max(entries, 1)
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+    print(
+        f"API reference: {entries} entries, {with_text} with a description ({100 * share:.1f}%); "
+        f"largest pages {', '.join(f'{k} {v} KB' for k, v in largest)}"
+    )
+    if share < MIN_DESCRIBED:
+        missing.append(
+            f"only {100 * share:.1f}% of the entries say something (< {MIN_DESCRIBED:.0%})"
+        )
     raw = re.compile(r":(?:func|class|meth|mod|attr|data|obj|exc|math):`?")
     for html_file in sorted(site_dir.rglob("*.html")):
         found = raw.findall(html_file.read_text())

@@ -26,7 +26,8 @@ import numpy as np
 
 from dmimo_jax._checks import check_int
 
-PROVENANCE = ("command", "date", "machine")  # the keys a record adds around its rows
+PROVENANCE = ("command", "date", "machine")
+"""The keys a record adds around its rows (:func:`write_json`)."""
 
 __all__ = [
     "PROVENANCE",

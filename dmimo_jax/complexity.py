@@ -28,7 +28,9 @@ __all__ = [
     "popt_flops",
 ]
 
-EGS_FLOPS_PER_POINT_AP = 57  # the paper's B: predict the phase, estimate the CPO, the cost
+EGS_FLOPS_PER_POINT_AP = 57
+"""The paper's B: FLOPs per grid point and AP of the EGS (predict the phase, estimate the
+CPO, the cost)."""
 
 
 def egs_flops_paper(num_aps: int, volume: float, spacing: float) -> float:
@@ -70,7 +72,8 @@ def egs_flops_xla(
     return None if flops is None or flops <= 0 else float(flops) / batch
 
 
-MLP_FLOPS_PAPER = 1.38e6  # the paper's benchmark MLP (Sec. V-C)
+MLP_FLOPS_PAPER = 1.38e6
+"""FLOPs of the paper's benchmark MLP per snapshot (Sec. V-C)."""
 
 
 def popt_flops(num_aps: int, config: Any) -> float:

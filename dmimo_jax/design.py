@@ -48,14 +48,19 @@ __all__ = [
 ]
 
 SURFACES = ("ceiling", "ceiling+walls")
+"""Where the layout optimization may move the APs: on the ceiling, or on the ceiling
+and the walls."""
 
 
 class DesignResult(NamedTuple):
     """Output of :func:`optimize_ap_positions`."""
 
-    scene: Scene  # the scene with the optimized AP positions
-    history: Array  # (mean_steps + steps,) objective on each step's UE batch, m
-    min_separation: float  # achieved minimum pairwise AP distance, m
+    scene: Scene
+    """The scene with the optimized AP positions."""
+    history: Array
+    """(mean_steps + steps,) objective on each step's UE batch, m."""
+    min_separation: float
+    """Achieved minimum pairwise AP distance, m."""
 
 
 def peb_values(scene: Scene, xs: ArrayLike) -> Array:

@@ -76,6 +76,8 @@ ITU_MATERIALS: Mapping[str, ItuMaterial] = MappingProxyType(
         "wet_ground": ItuMaterial(30.0, -0.4, 0.15, 1.30, (1.0, 10.0)),
     }
 )
+"""Name -> :class:`ItuMaterial` (read-only): ITU-R P.2040 Table 3's materials (the 1-100 GHz
+rows where a material has several), ``"metal"`` a perfect conductor."""
 
 
 def material_names() -> tuple[str, ...]:

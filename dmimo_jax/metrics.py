@@ -35,11 +35,14 @@ def localization_rmse(x_true: ArrayLike, x_hat: ArrayLike) -> Array:
 class ModelingScore(NamedTuple):
     """A phase model's score on held-out snapshots: RMSE and negative log predictive density."""
 
-    rmse: Array  # rad
-    nlpd: Array  # nats per observation
+    rmse: Array
+    """The wrapped phase error's RMSE, rad."""
+    nlpd: Array
+    """The negative log predictive density, nats per observation."""
 
     @property
     def rmse_deg(self) -> float:
+        """The RMSE in degrees."""
         return float(jnp.degrees(self.rmse))
 
 

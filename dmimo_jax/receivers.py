@@ -100,6 +100,7 @@ class Receivers:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.gains.shape[0]
 
 
@@ -138,20 +139,24 @@ class ReceiverModel:
 
     @property
     def scene(self) -> Any:
+        """The deployment the model describes."""
         return self.model.scene
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.model.num_aps
 
     # ------------------------------ CalibratableModel: the channel model's, receivers kept
 
     @property
     def surface_names(self) -> tuple[str, ...]:
+        """The names of the model's surfaces (one permittivity each)."""
         return self.model.surface_names
 
     @property
     def piecewise(self) -> bool:
+        """Whether the phases jump across boundaries (shadows): a piecewise model."""
         return self.model.piecewise
 
     def with_scene(self, scene: Any) -> ReceiverModel:

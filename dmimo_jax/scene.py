@@ -35,8 +35,10 @@ __all__ = [
     "thermal_noise_power",
 ]
 
-SPEED_OF_LIGHT = 299_792_458.0  # m/s
-BOLTZMANN_PAPER = 1.38e-23  # J/K, the rounded value used in the paper (Sec. VI)
+SPEED_OF_LIGHT = 299_792_458.0
+"""The speed of light, m/s."""
+BOLTZMANN_PAPER = 1.38e-23
+"""Boltzmann's constant as the paper rounds it (Sec. VI), J/K."""
 
 Polarization = Literal["TE", "TM"]
 

@@ -352,6 +352,64 @@ def test_every_public_name_is_documented_and_the_top_level_has_the_nouns_users_c
         assert noun in dj.__all__ and getattr(dj, noun) is not None
 
 
+def _documented_constants(path):
+    """The module-level names of ``path`` that a string statement right after their
+    assignment documents (what the API reference reads as their description)."""
+    body = ast.parse(path.read_text()).body
+    out = set()
+    for stmt, nxt in zip(body, body[1:], strict=False):
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) else getattr(stmt, "target", None)
+        doc = isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
+        if isinstance(target, ast.Name) and doc and isinstance(nxt.value.value, str):
+            out.add(target.id)
+    return out
+
+
+def test_every_public_constant_is_documented():
+    """A constant in an ``__all__`` (``dj.ITU_MATERIALS``, ``PRESETS``, ...) has a docstring
+    after its assignment: without one the API reference shows no entry for it."""
+    import importlib
+    import types
+
+    pages = ROOT / "docs" / "api"
+    modules = ["dmimo_jax"] + [
+        f"dmimo_jax.{p.stem}" for p in pages.glob("*.md") if p.stem != "index"
+    ]
+    undocumented = []
+    for name in modules:
+        module = importlib.import_module(name)
+        for public in module.__all__:
+            obj = getattr(module, public)
+            if isinstance(obj, types.ModuleType) or callable(obj):
+                continue
+            home = next(
+                (
+                    m
+                    for m in map(importlib.import_module, {name, *_defining_modules(public)})
+                    if public in _documented_constants(pathlib.Path(m.__file__))
+                ),
+                None,
+            )
+            if home is None:
+                undocumented.append(f"{name}.{public}")
+    assert not undocumented, undocumented
+
+
+def _defining_modules(public):
+    """The package's modules whose top level assigns ``public``."""
+    out = []
+    for path in _modules():
+        for stmt in ast.parse(path.read_text()).body:
+            targets = (
+                stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            )
+            if any(isinstance(t, ast.Name) and t.id == public for t in targets):
+                rel = path.relative_to(ROOT).with_suffix("")
+                parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+                out.append(".".join(parts))
+    return out
+
+
 def test_each_public_name_has_one_home():
     """A name is public where an ``__all__`` lists it: the package's top level and the modules
     with an API page. Each object is listed once; a subpackage's modules are its
@@ -388,3 +446,15 @@ def test_the_readme_script_is_the_example_that_runs():
     block = readme[start : readme.index("```", start)]
     assert block in (root / "examples" / "calibrate_and_locate.py").read_text()
     assert len(readme.splitlines()) <= 120
+
+
+def test_every_python_block_of_the_site_runs_or_says_why():
+    """.ci/check_snippets.py: each ```python block of docs/ is executed at build, a doctest,
+    or marked ``<!-- not run: REASON -->``."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / ".ci" / "check_snippets.py"), str(ROOT / "docs")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

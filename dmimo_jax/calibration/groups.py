@@ -60,9 +60,12 @@ class Deployment(NamedTuple):
     :class:`~dmimo_jax.receivers.ReceiverModel`). A pytree: the solver's argument."""
 
     model: Any
-    x: Array  # (L, 3)
-    r: Array  # (L, M)
-    noise_var: Array  # (L, M)
+    x: Array
+    """(L, 3)."""
+    r: Array
+    """(L, M)."""
+    noise_var: Array
+    """(L, M)."""
 
 
 @pytree_dataclass
@@ -115,6 +118,7 @@ class FitGroup:
 
     @property
     def size(self) -> int:
+        """The number of unknowns (or of points)."""
         return self.u0.shape[0]
 
     def apply(self, model: Any, u: Array) -> Any:

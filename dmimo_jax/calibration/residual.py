@@ -109,10 +109,12 @@ class ResidualFieldModel:
 
     @property
     def scene(self) -> Scene:
+        """The deployment the model describes."""
         return self.base.scene
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.base.num_aps
 
     def phasor(self, x: ArrayLike) -> Array:

@@ -256,10 +256,14 @@ def information(d, groups, u, unlabeled=None):
 class FitRounds(NamedTuple):
     """Output of :func:`fit_rounds` (a leading axis per deployment under ``jax.vmap``)."""
 
-    u: Array  # (n,) the groups' unknowns at the end
-    cost: Array  # () sum of squared whitened residuals there (inf: no finite start)
-    converged: Array  # () bool, a round lowered the cost by less than the tolerance
-    steps: Array  # () int, LM steps spent
+    u: Array
+    """(n,) the groups' unknowns at the end."""
+    cost: Array
+    """() sum of squared whitened residuals there (inf: no finite start)."""
+    converged: Array
+    """() bool, a round lowered the cost by less than the tolerance."""
+    steps: Array
+    """() int, LM steps spent."""
 
 
 @partial(jax.jit, static_argnames=("num_steps", "max_steps"))

@@ -205,8 +205,10 @@ def fit_surfaces(
 class MaterialPosterior(NamedTuple):
     r"""Output of :func:`material_posterior`: NUTS draws of the ground's :math:`\varepsilon_r`."""
 
-    eps_r: Array  # (S,) complex draws
-    diverging: Array  # (S,) bool
+    eps_r: Array
+    """(S,) complex draws."""
+    diverging: Array
+    """(S,) bool."""
 
     def interval(self, level: float = 0.95) -> tuple[Array, Array]:
         """Equal-tailed credible intervals ``(low, high)`` of (Re, Im), each shape (2,).

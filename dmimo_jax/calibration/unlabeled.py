@@ -26,9 +26,12 @@ class Unlabeled(NamedTuple):
     snapshot is screened out by its cost, module docstring).
     """
 
-    r: ArrayLike  # (N, M) wrapped phases, rad; or complex snapshots, as calibrate's r
-    noise_var: ArrayLike  # (N, M) phase-noise variances, rad^2 (complex: as calibrate's)
-    x0: ArrayLike  # (N, 3) start positions, m
+    r: ArrayLike
+    """(N, M) wrapped phases, rad; or complex snapshots, as calibrate's r."""
+    noise_var: ArrayLike
+    """(N, M) phase-noise variances, rad^2 (complex: as calibrate's)."""
+    x0: ArrayLike
+    """(N, 3) start positions, m."""
 
 
 def unlabeled_arrays(

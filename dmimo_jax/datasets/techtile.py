@@ -31,6 +31,7 @@ from dmimo_jax.physics import ImageSourceModel, box_room
 from dmimo_jax.scene import SPEED_OF_LIGHT, Scene
 
 TECHTILE_FREQUENCY_HZ = 920e6
+"""The Techtile measurements' carrier frequency, Hz."""
 _ANTENNAS = "techtile_antenna_locations.yml"
 _ROOM = "techtile_room.yml"
 _FILE = re.compile(r"^csi_(.+)\.nc$")
@@ -75,6 +76,7 @@ class TechtileExperiment:
 
     @property
     def wavelength(self) -> float:
+        """The carrier wavelength, m."""
         return SPEED_OF_LIGHT / self.frequency_hz
 
     @property
@@ -99,10 +101,12 @@ class TechtileExperiment:
 
     @property
     def num_snapshots(self) -> int:
+        """The number of snapshots, N."""
         return self.positions.shape[0]
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return len(self.hosts)
 
 

@@ -31,9 +31,12 @@ from dmimo_jax.scene import Scene, perturb_deployment, sample_positions
 class SyntheticDeployment(NamedTuple):
     """Output of :func:`synthetic_deployment`."""
 
-    truth: Any  # the world as it is (hidden from the methods)
-    surveyed: Scene  # the deployment as surveyed: nominal positions, no offsets
-    nominal: Any  # the model a user writes down from the survey (ITU guesses)
+    truth: Any
+    """The world as it is (hidden from the methods)."""
+    surveyed: Scene
+    """The deployment as surveyed: nominal positions, no offsets."""
+    nominal: Any
+    """The model a user writes down from the survey (ITU guesses)."""
 
 
 ROOM_WALLS = MappingProxyType({"x0": "brick", "x1": "wood", "y0": "glass", "y1": "concrete"})

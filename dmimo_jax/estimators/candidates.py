@@ -64,6 +64,7 @@ class CellGrid:
 
     @property
     def num_cells(self) -> int:
+        """The number of cells."""
         return math.prod(self.shape)
 
     def index(self, x: ArrayLike) -> Array:
@@ -116,10 +117,12 @@ class CellTable:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.data.shape[-1] // 2
 
     @property
     def points_per_cell(self) -> int:
+        """Grid points per cell."""
         return self.offsets.shape[0]
 
     @property
@@ -205,9 +208,12 @@ def check_cell_table(table: CellTable, model: PhaseModel) -> None:
 class CandidateResult(NamedTuple):
     """Output of :func:`candidate_search` (leading batch axis B)."""
 
-    x: Array  # (B, 3) best refined point, m
-    cost: Array  # (B,) its LS cost (eq. 18) under the screen's model
-    start: Array  # (B, 3) the screened point it was refined from
+    x: Array
+    """(B, 3) best refined point, m."""
+    cost: Array
+    """(B,) its LS cost (eq. 18) under the screen's model."""
+    start: Array
+    """(B, 3) the screened point it was refined from."""
 
 
 class CellGroups(NamedTuple):

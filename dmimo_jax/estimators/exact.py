@@ -29,13 +29,20 @@ from dmimo_jax.physics import PhaseModel, as_phase_model
 class MLEResult(NamedTuple):
     """Output of :func:`exact_mle` (leading batch axis B)."""
 
-    x: Array  # (B, 3) refined maximum-likelihood position, m
-    cost: Array  # (B,) its ML cost (eq. 17)
-    cpo: Array  # (B,) CPO estimate at x
-    coarse: Array  # (B, 3) the EGS arg-min (eq. 18) on the table's grid
-    screened: Array  # (B,) bool: the table screen certified the arg-min (no full scan)
-    rejected: Array  # (B,) bool: the answer fails the cost gate (or is not finite)
-    overflow: Array  # (B,) bool: a certificate fallback did not fit the capacity
+    x: Array
+    """(B, 3) refined maximum-likelihood position, m."""
+    cost: Array
+    """(B,) its ML cost (eq. 17)."""
+    cpo: Array
+    """(B,) CPO estimate at x."""
+    coarse: Array
+    """(B, 3) the EGS arg-min (eq. 18) on the table's grid."""
+    screened: Array
+    """(B,) bool: the table screen certified the arg-min (no full scan)."""
+    rejected: Array
+    """(B,) bool: the answer fails the cost gate (or is not finite)."""
+    overflow: Array
+    """(B,) bool: a certificate fallback did not fit the capacity."""
 
 
 def mle_program(

@@ -50,9 +50,12 @@ ROBUST_POOL = 1024  # the most coherent grid points re-ranked by the trimmed coh
 class ExclusionResult(NamedTuple):
     """Output of :func:`exclude_faults` (one snapshot; batched adds a leading axis)."""
 
-    fine: RefineResult  # the answer with the excluded APs left out (cost over the rest)
-    excluded: Array  # (M,) bool, the APs left out
-    passed: Array  # () bool, the answer's cost is under the gate for the APs left
+    fine: RefineResult
+    """The answer with the excluded APs left out (cost over the rest)."""
+    excluded: Array
+    """(M,) bool, the APs left out."""
+    passed: Array
+    """() bool, the answer's cost is under the gate for the APs left."""
 
 
 def median_cpo_residuals(r: Array, mean: Array, variance: Array, excluded: Array) -> Array:

@@ -57,6 +57,7 @@ class Grid:
 
     @property
     def size(self) -> int:
+        """The number of unknowns (or of points)."""
         return math.prod(self.shape)
 
 
@@ -213,6 +214,7 @@ class PhasorTable:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.data.shape[1] // 2
 
 

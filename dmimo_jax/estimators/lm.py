@@ -28,10 +28,14 @@ from jax import Array
 class LMResult(NamedTuple):
     """Output of :func:`levenberg_marquardt`."""
 
-    x: Array  # the final iterate, shape of x0
-    cost: Array  # () squared residual norm at x (aux re-evaluated at x)
-    num_accepted: Array  # () int32, accepted steps
-    extra: Any = None  # with has_extra: the residual function's extra output at x
+    x: Array
+    """The final iterate, shape of x0."""
+    cost: Array
+    """() squared residual norm at x (aux re-evaluated at x)."""
+    num_accepted: Array
+    """() int32, accepted steps."""
+    extra: Any = None
+    """With has_extra: the residual function's extra output at x."""
 
 
 def levenberg_marquardt(

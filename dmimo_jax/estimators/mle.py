@@ -43,10 +43,14 @@ from dmimo_jax.scene import Scene
 class RefineResult(NamedTuple):
     """Output of :func:`refine` (shapes for one snapshot; batched adds a leading axis)."""
 
-    x: Array  # (3,) refined position, m
-    cpo: Array  # () CPO estimate at x, rad
-    cost: Array  # () ML cost at x
-    num_accepted: Array  # () int, accepted Levenberg-Marquardt steps
+    x: Array
+    """(3,) refined position, m."""
+    cpo: Array
+    """() CPO estimate at x, rad."""
+    cost: Array
+    """() ML cost at x."""
+    num_accepted: Array
+    """() int, accepted Levenberg-Marquardt steps."""
 
 
 def refine(
@@ -119,8 +123,10 @@ class Refined(NamedTuple):
     """Output of :func:`refine_with_model`: the refinement and the model at its answer."""
 
     fine: RefineResult
-    mean: Array  # (M,) the model's mean phases at fine.x
-    variance: Array  # (M,) its variances there (every AP's, the excluded ones' too)
+    mean: Array
+    """(M,) the model's mean phases at fine.x."""
+    variance: Array
+    """(M,) its variances there (every AP's, the excluded ones' too)."""
 
 
 def refine_with_model(
@@ -202,9 +208,12 @@ def _refine_batch(
 class MultiStartResult(NamedTuple):
     """Output of :func:`refine_multistart` (leading batch axis B)."""
 
-    x: Array  # (B, 3) refined estimate of lowest ML cost
-    cost: Array  # (B,) its ML cost (eq. 17)
-    index: Array  # (B,) which start it came from
+    x: Array
+    """(B, 3) refined estimate of lowest ML cost."""
+    cost: Array
+    """(B,) its ML cost (eq. 17)."""
+    index: Array
+    """(B,) which start it came from."""
 
 
 def refine_multistart(

@@ -59,10 +59,14 @@ from dmimo_jax.scene import Scene
 class EgsResult(NamedTuple):
     """Output of :func:`egs` (leading batch axis B)."""
 
-    x: Array  # (B, 3) arg-min positions, m
-    cost: Array  # (B,) minimal LS cost (eq. 18)
-    index: Array  # (B,) flat grid index of the arg-min
-    screened: Array  # (B,) bool: True where a table screen certified the arg-min
+    x: Array
+    """(B, 3) arg-min positions, m."""
+    cost: Array
+    """(B,) minimal LS cost (eq. 18)."""
+    index: Array
+    """(B,) flat grid index of the arg-min."""
+    screened: Array
+    """(B,) bool: True where a table screen certified the arg-min."""
     # (always True on the table-free path; False where the table path needed a full scan)
 
 
@@ -212,10 +216,14 @@ def screen(r: Array, table: PhasorTable, k: int) -> tuple[Array, Array]:
 class CoarseToFineResult(NamedTuple):
     """Output of :func:`coarse_to_fine` (leading batch axis B)."""
 
-    x: Array  # (B, 3) refined estimate with the lowest ML cost, m
-    cost: Array  # (B,) its ML cost (eq. 17)
-    start: Array  # (B, 3) the coarse grid point it was refined from
-    starts: Array  # (B, K) flat coarse-grid indices of all starts
+    x: Array
+    """(B, 3) refined estimate with the lowest ML cost, m."""
+    cost: Array
+    """(B,) its ML cost (eq. 17)."""
+    start: Array
+    """(B, 3) the coarse grid point it was refined from."""
+    starts: Array
+    """(B, K) flat coarse-grid indices of all starts."""
 
 
 def coarse_to_fine(

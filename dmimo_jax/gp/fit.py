@@ -90,9 +90,12 @@ class GPFit(NamedTuple):
     """Output of :func:`fit`."""
 
     params: GPParams
-    cpo: Array  # (L,) estimated CPOs, wrapped
-    log_likelihood: Array  # () final eq. (23)
-    history: Array  # (steps,) eq. (23) per L-BFGS step of the best restart
+    cpo: Array
+    """(L,) estimated CPOs, wrapped."""
+    log_likelihood: Array
+    """() final eq. (23)."""
+    history: Array
+    """(steps,) eq. (23) per L-BFGS step of the best restart."""
 
 
 def fit(
@@ -227,9 +230,12 @@ def _minimize(loss, params0: GPParams, num_steps: int, rtol) -> tuple[GPParams, 
 class BlocksFit(NamedTuple):
     """Output of :func:`fit_blocks`."""
 
-    params: GPParams  # the one psi of every block
-    log_likelihood: Array  # () the composite eq. (23): the sum over blocks
-    history: Array  # (steps,) the composite eq. (23) per L-BFGS step (NaN after the last)
+    params: GPParams
+    """The one psi of every block."""
+    log_likelihood: Array
+    """() the composite eq. (23): the sum over blocks."""
+    history: Array
+    """(steps,) the composite eq. (23) per L-BFGS step (NaN after the last)."""
 
 
 def fit_blocks(

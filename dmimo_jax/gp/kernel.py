@@ -40,10 +40,14 @@ from dmimo_jax.scene import Scene
 class GPParams(NamedTuple):
     r"""Hyperparameters :math:`\psi = [\sigma_f^2, \ell_1^2, \ell_2^2, \ell_3^2]` in log space."""
 
-    log_sigma_f2: Array  # magnitude, rad^2
-    log_ell1_sq: Array  # periodic length-scale (dimensionless, in sin^2 units)
-    log_ell2_sq: Array  # quasi-periodic decay along Delta d, m^2
-    log_ell3_sq: Array  # decay along the incidence angle, rad^2
+    log_sigma_f2: Array
+    """Magnitude, rad^2."""
+    log_ell1_sq: Array
+    """Periodic length-scale (dimensionless, in sin^2 units)."""
+    log_ell2_sq: Array
+    """Quasi-periodic decay along Delta d, m^2."""
+    log_ell3_sq: Array
+    """Decay along the incidence angle, rad^2."""
 
     @classmethod
     def from_natural(cls, sigma_f2, ell1_sq, ell2_sq, ell3_sq) -> GPParams:

@@ -46,8 +46,10 @@ class GPPhaseModel:
 
     scene: Scene
     params: GPParams
-    alpha: Array  # K_r^{-1} upsilon (LM,), from tinygp's conditioning
-    cond_kernel: Any  # tinygp kernels.Conditioned: X, Cholesky solver, kernel
+    alpha: Array
+    """K_r^{-1} upsilon (LM,), from tinygp's conditioning."""
+    cond_kernel: Any
+    """tinygp's kernels.Conditioned: X, Cholesky solver, kernel."""
 
     @classmethod
     def from_data(
@@ -74,6 +76,7 @@ class GPPhaseModel:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.scene.num_aps
 
     def perturbation(self, x: ArrayLike) -> tuple[Array, Array]:
@@ -155,11 +158,16 @@ class TabulatedGPModel:
     """
 
     scene: Scene
-    values: Array  # (n_dd, n_gamma) E[g] on the grid
-    lower: Array  # (2,) first node (Delta d, gamma)
-    step: Array  # (2,) node spacing
-    var_values: Array | None = None  # (n_dd', n_gamma') V[g] on its own grid, or None
-    var_step: Array | None = None  # (2,) its node spacing (first node: lower)
+    values: Array
+    """(n_dd, n_gamma) E[g] on the grid."""
+    lower: Array
+    """(2,) first node (Delta d, gamma)."""
+    step: Array
+    """(2,) node spacing."""
+    var_values: Array | None = None
+    """(n_dd', n_gamma') V[g] on its own grid, or None."""
+    var_step: Array | None = None
+    """(2,) its node spacing (first node: lower)."""
 
     @classmethod
     def from_model(
@@ -218,6 +226,7 @@ class TabulatedGPModel:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.scene.num_aps
 
     @property
@@ -359,10 +368,12 @@ class GPMeanModel:
 
     @property
     def scene(self) -> Scene:
+        """The deployment the model describes."""
         return self.gp.scene
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.gp.num_aps
 
     def mean(self, x: ArrayLike) -> Array:

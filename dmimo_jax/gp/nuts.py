@@ -25,9 +25,12 @@ from dmimo_jax.scene import Scene
 class GPPosterior(NamedTuple):
     """Output of :func:`fit_nuts`: posterior draws (leading axis = draws)."""
 
-    params: GPParams  # each field (S,)
-    cpo: Array  # (S, L)
-    diverging: Array  # (S,) bool, NUTS divergences
+    params: GPParams
+    """Each field (S,)."""
+    cpo: Array
+    """(S, L)."""
+    diverging: Array
+    """(S,) bool, NUTS divergences."""
 
 
 def fit_nuts(
@@ -92,7 +95,8 @@ class GPMixtureModel:
     the means (law of total variance).
     """
 
-    stacked: GPPhaseModel  # a GPPhaseModel whose leaves carry a leading draw axis
+    stacked: GPPhaseModel
+    """A GPPhaseModel whose leaves carry a leading draw axis."""
 
     @classmethod
     def from_posterior(
@@ -126,6 +130,7 @@ class GPMixtureModel:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.stacked.scene.ap_positions.shape[-2]
 
     def _each(self, fn, x):

@@ -33,9 +33,12 @@ from dmimo_jax.scene import Scene
 class SyntheticBatch(NamedTuple):
     """A batch of the synthetic set (Sec. III-C): positions, phases, CPOs (and more)."""
 
-    x: Any  # (N, 3) UE positions, m
-    r: Any  # (N, M) wrapped phases, rad
-    cpo: Any  # (N,) CPOs, rad
+    x: Any
+    """(N, 3) UE positions, m."""
+    r: Any
+    """(N, M) wrapped phases, rad."""
+    cpo: Any
+    """(N,) CPOs, rad."""
 
 
 def _region(

@@ -70,6 +70,7 @@ class AmbiguityClassifier(EstimatorNetwork, nnx.Module):
 
     @property
     def num_classes(self) -> int:
+        """The number of ambiguity classes the classifier tells apart."""
         return 2 * self.n_max + 1
 
     def __call__(self, r: Any, *, key: jax.Array | None = None) -> jax.Array:

@@ -18,16 +18,16 @@ from dmimo_jax.learning.hi import AmbiguityClassifier
 from dmimo_jax.learning.mlp import MLPRegressor
 from dmimo_jax.learning.popt import POPT
 
-#: kind -> network class (read-only): the networks a model file can hold
 NETWORKS = MappingProxyType(
     {cls.kind: cls for cls in (POPT, MLPRegressor, AmbiguityClassifier, CellClassifier)}
 )
+"""Kind -> network class (read-only): the networks a model file can hold."""
 
-#: the offline stage's estimator kind -> its network class (read-only): the one place the
-#: kinds are declared; each class builds itself for a scene (``for_training``), names its
-#: training settings in a preset (``training_config``) and its online estimator
-#: (``as_estimator``)
 ESTIMATORS = MappingProxyType({cls.estimator_kind: cls for cls in NETWORKS.values()})
+"""The offline stage's estimator kind -> its network class (read-only): the one place the
+kinds are declared; each class builds itself for a scene (``for_training``), names its
+training settings in a preset (``training_config``) and its online estimator
+(``as_estimator``)."""
 
 
 def model_spec(model: nnx.Module) -> dict:

@@ -48,7 +48,6 @@ CELLS_GPU = CellsPreset(
     4_000_000,
 )
 
-#: name -> :class:`Preset` (read-only)
 PRESETS = MappingProxyType(
     {
         # the paper: N_AI = 1.125e6 (1e6 train + 0.125e6 validation), 120 epochs; for a GPU
@@ -63,6 +62,8 @@ PRESETS = MappingProxyType(
         ),
     }
 )
+"""Name -> :class:`Preset` (read-only): ``"paper"`` (the paper's POPT and training, for a
+GPU), ``"cpu"`` (a 2-core CPU), ``"quick"`` (the quickstart's, a shorter cell run)."""
 
 
 def get_preset(preset: str | Preset) -> Preset:

@@ -77,8 +77,10 @@ class TrainConfig:
 class TrainResult(NamedTuple):
     """Output of :func:`train`: the trained network and one history row per epoch."""
 
-    model: nnx.Module  # trained (updated in place and returned)
-    history: list[dict]  # one row per epoch: epoch, loss, val_loss, val_error, lr
+    model: nnx.Module
+    """Trained (updated in place and returned)."""
+    history: list[dict]
+    """One row per epoch: epoch, loss, val_loss, val_error, lr."""
 
 
 def _as_arrays(data: Any) -> tuple[Any, Any]:

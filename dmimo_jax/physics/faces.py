@@ -168,6 +168,7 @@ class Face:
 
     @property
     def num_vertices(self) -> int:
+        """The number of the face's vertices."""
         return int(self.vertices.shape[0])
 
     def with_permittivity(self, eps_r: ArrayLike) -> Face:

@@ -185,11 +185,16 @@ class Reflector:
 class ImagePaths(NamedTuple):
     """The reflected paths of one UE position, each (M, P) for P image paths."""
 
-    length: Array  # unfolded path length d, metres
-    path_difference: Array  # d - d1, metres
-    gamma: Array  # complex product of the Fresnel coefficients along the path
-    valid: Array  # bool: the path exists (AP not mounted on the plane, reflection points exist)
-    departure: Array | None = None  # (M, P, 3) unit direction leaving the AP (directions=True)
+    length: Array
+    """Unfolded path length d, metres."""
+    path_difference: Array
+    """d - d1, metres."""
+    gamma: Array
+    """Complex product of the Fresnel coefficients along the path."""
+    valid: Array
+    """Bool: the path exists (AP not mounted on the plane, reflection points exist)."""
+    departure: Array | None = None
+    """(M, P, 3) unit direction leaving the AP (directions=True)."""
 
 
 def _stack(reflectors: Sequence[Reflector]):

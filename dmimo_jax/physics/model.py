@@ -153,6 +153,7 @@ class PhasorSumModel:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.scene.num_aps
 
     def _check_x(self, x: ArrayLike) -> None:

@@ -143,12 +143,18 @@ class MeshPaths(NamedTuple):
     """The paths of one UE position: LoS visibility (M,) and the reflected paths, each
     (M, P) for P = F first-order bounces (then F(F-1) double bounces with ``order=2``)."""
 
-    los_visible: Array  # bool (M,)
-    length: Array  # unfolded path length d, metres
-    path_difference: Array  # d - d1, metres
-    gamma: Array  # complex product of the Fresnel coefficients along the path
-    valid: Array  # bool: the path exists (on its faces, unblocked, AP not mounted)
-    departure: Array | None = None  # (M, P, 3) unit direction leaving the AP
+    los_visible: Array
+    """(M,) bool."""
+    length: Array
+    """Unfolded path length d, metres."""
+    path_difference: Array
+    """d - d1, metres."""
+    gamma: Array
+    """Complex product of the Fresnel coefficients along the path."""
+    valid: Array
+    """Bool: the path exists (on its faces, unblocked, AP not mounted)."""
+    departure: Array | None = None
+    """(M, P, 3) unit direction leaving the AP."""
 
 
 def mesh_paths(

@@ -47,10 +47,14 @@ from dmimo_jax.scene import Scene
 class Geometry(NamedTuple):
     """Per-AP geometry of one UE position, each (M,)."""
 
-    d1: Array  # LoS length ||p_m - x||, m
-    d2: Array  # reflected length ||p~_m - x||, p~_m = [x_m, y_m, -z_m], m
-    path_difference: Array  # d2 - d1 (cancellation-free), m
-    cos_gamma: Array  # cos of the incidence angle, (z + z_m) / d2
+    d1: Array
+    """LoS length ||p_m - x||, m."""
+    d2: Array
+    """Reflected length ||p~_m - x||, p~_m = [x_m, y_m, -z_m], m."""
+    path_difference: Array
+    """d2 - d1 (cancellation-free), m."""
+    cos_gamma: Array
+    """cos of the incidence angle, (z + z_m) / d2."""
 
 
 class PathParameters(NamedTuple):
@@ -60,7 +64,8 @@ class PathParameters(NamedTuple):
     theta1: Array
     alpha2: Array
     theta2: Array
-    gamma: Array  # complex reflection coefficient
+    gamma: Array
+    """Complex reflection coefficient."""
 
 
 def safe_norm(v: Array, axis: int = -1) -> Array:
@@ -271,6 +276,7 @@ class TwoRayModel:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.scene.num_aps
 
     # ------------------------------------------------ CalibratableModel (calibration's view)

@@ -22,11 +22,16 @@ if TYPE_CHECKING:
 class HealReport(NamedTuple):
     """What :meth:`Locator.heal` found, per AP (M,)."""
 
-    offsets: Array  # the phase change estimated and corrected, rad (0 where not healed)
-    stderr: Array  # its circular standard error, rad (inf where not healed)
-    healed: Array  # bool: a persistent offset jump, now corrected (the AP rejoins)
-    dead: Array  # bool: persistently excluded with no one offset (random, stale, blocked)
-    count: Array  # int: the accepted snapshots that excluded it
+    offsets: Array
+    """The phase change estimated and corrected, rad (0 where not healed)."""
+    stderr: Array
+    """Its circular standard error, rad (inf where not healed)."""
+    healed: Array
+    """Bool: a persistent offset jump, now corrected (the AP rejoins)."""
+    dead: Array
+    """Bool: persistently excluded with no one offset (random, stale, blocked)."""
+    count: Array
+    """Int: the accepted snapshots that excluded it."""
 
 
 def heal(

@@ -73,14 +73,22 @@ class LocatorResult(NamedTuple):
     ``rejected``, ``overflow``, ``recovered``, ``fallback`` and ``accepted`` are views of it.
     """
 
-    x: Array  # (B, 3) the fine estimates, m
-    coarse: Array  # (B, 3) the coarse position (for cells: the most likely cell's centre)
-    screened: Array  # (B, 3) the screen's refined best point
-    cost: Array  # (B,) ML cost (eq. 17) of ``x`` under the fine model, over the APs left
-    cpo: Array  # (B,) CPO estimate at ``x``
-    excluded: Array  # (B, M) bool: the APs left out as faulty (their phases contradict the rest)
-    status: Array  # (B,) int32 Status: located, excluded, recovered, unverified, rejected, overflow
-    unsure: Array  # (B,) bool: the coarse stage was unsure, so the whole region was searched
+    x: Array
+    """(B, 3) the fine estimates, m."""
+    coarse: Array
+    """(B, 3) the coarse position (for cells: the most likely cell's centre)."""
+    screened: Array
+    """(B, 3) the screen's refined best point."""
+    cost: Array
+    """(B,) ML cost (eq. 17) of ``x`` under the fine model, over the APs left."""
+    cpo: Array
+    """(B,) CPO estimate at ``x``."""
+    excluded: Array
+    """(B, M) bool: the APs left out as faulty (their phases contradict the rest)."""
+    status: Array
+    """(B,) int32 Status: located, excluded, recovered, unverified, rejected, overflow."""
+    unsure: Array
+    """(B,) bool: the coarse stage was unsure, so the whole region was searched."""
 
     @property
     def rejected(self) -> Array:
@@ -333,6 +341,7 @@ class Locator:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.screen_model.num_aps
 
     # ------------------------------------------------------------------ the traced core

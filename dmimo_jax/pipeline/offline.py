@@ -48,7 +48,9 @@ from dmimo_jax.scene import Scene
 # ----------------------------------------------------------------------------- offline
 
 #: the coarse estimators run_offline trains
-KINDS = tuple(ESTIMATORS)  # ("popt", "mlp", "hi", "cells"), declared by the networks
+KINDS = tuple(ESTIMATORS)
+"""The coarse stages :func:`run_offline` trains: ("popt", "mlp", "hi", "cells"), declared by
+the networks."""
 
 
 def fit_phase_model(
@@ -176,14 +178,22 @@ def search_radius(
 class Offline(NamedTuple):
     """Everything the online stage needs, from :func:`run_offline`."""
 
-    model: PhaseModel  # the fine stage's model: the exact GP (eq. 27), or the given model
-    screen: PhaseModel  # the screens' model: the GP's tables (eq. 27), or the given model
-    table: PhasorTable  # lambda/4 phasor table of ``screen`` over the UE region (wide windows)
-    estimators: dict  # kind -> coarse estimator (POPT / MLP network, HIEstimator)
-    radii: dict  # kind -> safeguard radius, m
-    info: dict  # kind -> training record (history, validation RMSE and max, radius)
-    cache: pathlib.Path  # the folder of this configuration
-    cells: CellTable | None = None  # the cell table of the "cells" estimator's screen
+    model: PhaseModel
+    """The fine stage's model: the exact GP (eq. 27), or the given model."""
+    screen: PhaseModel
+    """The screens' model: the GP's tables (eq. 27), or the given model."""
+    table: PhasorTable
+    """The lambda/4 phasor table of ``screen`` over the UE region (wide windows)."""
+    estimators: dict
+    """kind -> coarse estimator (POPT / MLP network, HIEstimator)."""
+    radii: dict
+    """kind -> safeguard radius, m."""
+    info: dict
+    """kind -> training record (history, validation RMSE and max, radius)."""
+    cache: pathlib.Path
+    """The folder of this configuration."""
+    cells: CellTable | None = None
+    """The cell table of the "cells" estimator's screen."""
 
 
 def calibrated_model(cal: Calibration) -> PhaseModel:

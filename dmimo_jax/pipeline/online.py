@@ -79,11 +79,16 @@ def coarse_estimate(estimator: Any, r: ArrayLike) -> Array:
 class OnlineResult(NamedTuple):
     """Output of :func:`locate` (leading batch axis B)."""
 
-    coarse: Array  # (B, 3) learned estimate
-    screened: Array  # (B, 3) best point of the safeguard window (after its cheap refinement)
-    fine: Array  # (B, 3) refined with the exact phase model
-    cost: Array  # (B,) ML cost (eq. 17) at the fine estimate
-    cpo: Array  # (B,) CPO estimate at the fine estimate
+    coarse: Array
+    """(B, 3) learned estimate."""
+    screened: Array
+    """(B, 3) best point of the safeguard window (after its cheap refinement)."""
+    fine: Array
+    """(B, 3) refined with the exact phase model."""
+    cost: Array
+    """(B,) ML cost (eq. 17) at the fine estimate."""
+    cpo: Array
+    """(B,) CPO estimate at the fine estimate."""
 
 
 def locate(
@@ -148,10 +153,14 @@ def _cell_probabilities(classifier: nnx.Module, r: Array, k: int) -> tuple[Array
 class CandidateScreen(NamedTuple):
     """Output of the candidate screen :func:`cell_screen` (leading batch axis B)."""
 
-    x: Array  # (B, 3) refined best point of the screen
-    narrow: Array  # (B,) bool: only the first cells were screened (confident)
-    fallback: Array  # (B,) bool: the whole region was screened (unsure)
-    mass: Array  # (B,) probability of the num_cells candidates (the confidence signal)
+    x: Array
+    """(B, 3) refined best point of the screen."""
+    narrow: Array
+    """(B,) bool: only the first cells were screened (confident)."""
+    fallback: Array
+    """(B,) bool: the whole region was screened (unsure)."""
+    mass: Array
+    """(B,) probability of the num_cells candidates (the confidence signal)."""
 
 
 def check_candidates(

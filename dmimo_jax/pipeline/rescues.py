@@ -84,19 +84,26 @@ class Status(enum.IntEnum):
 class Answer(NamedTuple):
     """The gate's answers (leading batch axis B): what a rescue reads and replaces."""
 
-    screened: Array  # (B, 3) the screen's best point
-    fine: RefineResult  # (B,) the fine answer
-    excluded: Array  # (B, M) bool, the APs left out
+    screened: Array
+    """(B, 3) the screen's best point."""
+    fine: RefineResult
+    """(B,) the fine answer."""
+    excluded: Array
+    """(B, M) bool, the APs left out."""
 
 
 class GateState(NamedTuple):
     """An :class:`Answer` per row and where the gate stands with it."""
 
     answer: Answer
-    pending: Array  # (B,) bool: fails the gate so far (or its coarse stage was unsure)
-    unsure: Array  # (B,) bool: the coarse stage was unsure (its first answer is not one)
-    status: Array  # (B,) int32 :class:`Status` (``OVERFLOW`` once a rescue had no room)
-    count: Array  # () int: the batch's real rows (a padded batch's padding takes no rescue)
+    pending: Array
+    """(B,) bool: fails the gate so far (or its coarse stage was unsure)."""
+    unsure: Array
+    """(B,) bool: the coarse stage was unsure (its first answer is not one)."""
+    status: Array
+    """(B,) int32 :class:`Status` (``OVERFLOW`` once a rescue had no room)."""
+    count: Array
+    """() int: the batch's real rows (a padded batch's padding takes no rescue)."""
 
 
 class Lanes(NamedTuple):
@@ -105,16 +112,26 @@ class Lanes(NamedTuple):
     dropped). What :meth:`Rescue.begin` lays out, each :class:`Fit` refines and
     :meth:`Rescue.finish` reads."""
 
-    r: Array  # (L, M) the lane's snapshot
-    x: Array  # (L, 3) the next fit's starts
-    out: Array  # (L, M) bool: the APs the next fit leaves out
-    fine: RefineResult  # (L,) the lanes' answers so far
-    excluded: Array  # (L, M) bool: the APs their answers leave out
-    passed: Array  # (L,) bool: whether those pass the cost gate
-    screened: Array  # (L, 3) the screen's point of each lane
-    best: Array  # (L,) int32: a per-row choice of lane (the rescue's own use)
-    mean: Array  # (L, M) the fine model's mean at fine.x (where a fit set it)
-    variance: Array  # (L, M) its variance there
+    r: Array
+    """(L, M) the lane's snapshot."""
+    x: Array
+    """(L, 3) the next fit's starts."""
+    out: Array
+    """(L, M) bool: the APs the next fit leaves out."""
+    fine: RefineResult
+    """(L,) the lanes' answers so far."""
+    excluded: Array
+    """(L, M) bool: the APs their answers leave out."""
+    passed: Array
+    """(L,) bool: whether those pass the cost gate."""
+    screened: Array
+    """(L, 3) the screen's point of each lane."""
+    best: Array
+    """(L,) int32: a per-row choice of lane (the rescue's own use)."""
+    mean: Array
+    """(L, M) the fine model's mean at fine.x (where a fit set it)."""
+    variance: Array
+    """(L, M) its variance there."""
 
 
 @dataclasses.dataclass(frozen=True)

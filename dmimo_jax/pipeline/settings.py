@@ -42,9 +42,11 @@ class LocatorSettings(NamedTuple):
     capacity: float
     recheck_fraction: float
     max_excluded: int
-    rescues: tuple = DEFAULT_RESCUES  # the cost gate's rescues, in order (pipeline.rescues)
+    rescues: tuple = DEFAULT_RESCUES
+    """The cost gate's rescues, in order (pipeline.rescues)."""
     fit_risk: float = 1e-3
-    noise_fit: tuple = ()  # derived: bounds.noise_fit_probability for k = 0 .. M - 4 APs out
+    noise_fit: tuple = ()
+    """Derived: bounds.noise_fit_probability for k = 0 .. M - 4 APs out."""
 
     @property
     def most_excluded(self) -> int | None:

@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 class WindowScreen(NamedTuple):
     """Output of a regression network's safeguard in :class:`Locator` (leading batch axis B)."""
 
-    x: Array  # (B, 3) refined best point of the window search
-    fallback: Array  # (B,) bool: the window spans the whole table (the whole region searched)
+    x: Array
+    """(B, 3) refined best point of the window search."""
+    fallback: Array
+    """(B,) bool: the window spans the whole table (the whole region searched)."""
 
 
 @pytree_dataclass
@@ -142,8 +144,10 @@ class WindowStage:
     hold 1/16 of it: :func:`~dmimo_jax.estimators.window_covers_table`)."""
 
     estimator: Regressor | Hyperbolas
-    offsets: Array  # (P, 3) the window's points around the coarse position
-    low: Array  # (3,) the box the window is clipped to
+    offsets: Array
+    """(P, 3) the window's points around the coarse position."""
+    low: Array
+    """(3,) the box the window is clipped to."""
     high: Array
     whole: bool = static_field()
     defaults: ClassVar[dict] = {"num_starts": 8, "screen_steps": 15, "fine_steps": 15}

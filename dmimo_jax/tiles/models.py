@@ -53,11 +53,16 @@ def tile_labels(tiling: Tiling, x: ArrayLike, num_labels: int) -> np.ndarray:
 class TileModels(NamedTuple):
     """Output of :func:`fit_tiles`: every tile's GP phase model, stacked on a tile axis."""
 
-    models: gp.TabulatedGPModel  # each leaf (T, ...): the tiles' tabulated GP models
-    params: gp.GPParams  # the hyperparameters every tile shares
-    labels: np.ndarray  # (T, n) int: the labels each tile was conditioned on
-    cpo: Array  # (T, n) each tile's profiled CPOs of its labels
-    fitted_on: np.ndarray  # (S,) int: the tiles whose pairs fitted ``params``
+    models: gp.TabulatedGPModel
+    """Each leaf (T, ...): the tiles' tabulated GP models."""
+    params: gp.GPParams
+    """The hyperparameters every tile shares."""
+    labels: np.ndarray
+    """(T, n) int: the labels each tile was conditioned on."""
+    cpo: Array
+    """(T, n) each tile's profiled CPOs of its labels."""
+    fitted_on: np.ndarray
+    """(S,) int: the tiles whose pairs fitted ``params``."""
 
     def tile(self, t: int) -> gp.TabulatedGPModel:
         """Tile ``t``'s model."""

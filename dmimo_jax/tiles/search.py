@@ -45,11 +45,16 @@ def _rank_tiles(cost: Array, x: Array) -> tuple[Array, Array, Array, Array]:
 class TiledResult(NamedTuple):
     """Output of :func:`tiled_egs` (leading batch axis B)."""
 
-    x: Array  # (B, 3) the answer, m
-    cost: Array  # (B,) its ML cost (eq. 17) over the APs of ``fine``
-    tile: Array  # (B,) int: the tile whose search won
-    tile_cost: Array  # (B,) the winning tile's ML cost over its K APs
-    certified: Array  # (B,) bool: the winning tile's table screen certified its grid arg-min
+    x: Array
+    """(B, 3) the answer, m."""
+    cost: Array
+    """(B,) its ML cost (eq. 17) over the APs of ``fine``."""
+    tile: Array
+    """(B,) int: the tile whose search won."""
+    tile_cost: Array
+    """(B,) the winning tile's ML cost over its K APs."""
+    certified: Array
+    """(B,) bool: the winning tile's table screen certified its grid arg-min."""
     # (where not, its exhaustive search ran in full)
 
 
@@ -58,9 +63,12 @@ class TileTables(NamedTuple):
     whose tiles are searched by one vmapped program, sharded over devices by that axis
     (:func:`tile_tables`). Memory ∝ area * K."""
 
-    models: Any  # each leaf (T, ...): the tiles' PhaseModels (two-ray, or fit_tiles' GP)
-    tables: PhasorTable  # data (T, N, 2K), grid.low (T, 3); one grid shape for all tiles
-    aps: Array  # (T, K) int: each tile's APs
+    models: Any
+    """Each leaf (T, ...): the tiles' PhaseModels (two-ray, or fit_tiles' GP)."""
+    tables: PhasorTable
+    """Data (T, N, 2K), grid.low (T, 3); one grid shape for all tiles."""
+    aps: Array
+    """(T, K) int: each tile's APs."""
 
     def tile(self, t: int) -> tuple[Any, PhasorTable]:
         """Tile ``t``'s model and table."""

@@ -21,14 +21,20 @@ RULES = ("bound", "nearest", "all")
 class Tiling(NamedTuple):
     """Tiles of a scene's UE region and each tile's APs (:func:`tile_aps`)."""
 
-    low: np.ndarray  # (T, 3) each tile's lower corner, m
-    high: np.ndarray  # (T, 3) its upper corner, m
-    aps: np.ndarray  # (T, K) int: each tile's APs, nearest its centre first
-    ratio: np.ndarray  # (T,) the tile's worst PEB of its K APs over the all-AP PEB
-    rule: str  # how the APs were chosen ("bound", "nearest" or "all")
+    low: np.ndarray
+    """(T, 3) each tile's lower corner, m."""
+    high: np.ndarray
+    """(T, 3) its upper corner, m."""
+    aps: np.ndarray
+    """(T, K) int: each tile's APs, nearest its centre first."""
+    ratio: np.ndarray
+    """(T,) the tile's worst PEB of its K APs over the all-AP PEB."""
+    rule: str
+    """How the APs were chosen ("bound", "nearest" or "all")."""
 
     @property
     def num_tiles(self) -> int:
+        """The number of tiles, T."""
         return int(self.low.shape[0])
 
     @property

@@ -90,33 +90,55 @@ from dmimo_jax.tracking.reacquire import needs_reacquisition, reacquire
 class TrackState(NamedTuple):
     """State of one UE's track (a leading axis for many UEs). K = the tracker's window."""
 
-    mean: Array  # (S,) estimate of the free state (position m, then velocity m/s if any);
-    cov: Array  # (S, S) its covariance   Tracker.position folds it into the region
-    prior_mean: Array  # (S,) while a re-acquisition is pending: the prediction without
-    prior_cov: Array  # (S, S)   the snapshots since (otherwise the filter's prediction)
-    recent_r: Array  # (K, M) the last K snapshots (oldest first)
-    recent_age: Array  # (K,) seconds since each was taken
-    recent_valid: Array  # (K,) bool, a snapshot was received
-    recent_nis: Array  # (K,) their normalized innovations squared
-    nis_valid: Array  # (K,) bool, counts in the lock test (reset by a re-acquisition)
-    pending: Array  # () bool, the prior no longer resolves the comb: re-acquire
-    since_pending: Array  # () int32, snapshots received since ``pending`` was raised
-    lost: Array  # () bool, the lock test failed at the last snapshot
-    reacquired: Array  # () bool, the last update restarted the track elsewhere
-    num_reacquisitions: Array  # () int32, restarts so far
-    locked: Array  # () bool, the lock test passed on a full window since the last restart
-    failures: Array  # () int32, re-acquisitions since lock was last confirmed
+    mean: Array
+    """(S,) estimate of the free state (position m, then velocity m/s if any);."""
+    cov: Array
+    """(S, S) its covariance   Tracker.position folds it into the region."""
+    prior_mean: Array
+    """(S,) while a re-acquisition is pending: the prediction without."""
+    prior_cov: Array
+    """(S, S)   the snapshots since (otherwise the filter's prediction)."""
+    recent_r: Array
+    """(K, M) the last K snapshots (oldest first)."""
+    recent_age: Array
+    """(K,) seconds since each was taken."""
+    recent_valid: Array
+    """(K,) bool, a snapshot was received."""
+    recent_nis: Array
+    """(K,) their normalized innovations squared."""
+    nis_valid: Array
+    """(K,) bool, counts in the lock test (reset by a re-acquisition)."""
+    pending: Array
+    """() bool, the prior no longer resolves the comb: re-acquire."""
+    since_pending: Array
+    """() int32, snapshots received since ``pending`` was raised."""
+    lost: Array
+    """() bool, the lock test failed at the last snapshot."""
+    reacquired: Array
+    """() bool, the last update restarted the track elsewhere."""
+    num_reacquisitions: Array
+    """() int32, restarts so far."""
+    locked: Array
+    """() bool, the lock test passed on a full window since the last restart."""
+    failures: Array
+    """() int32, re-acquisitions since lock was last confirmed."""
 
 
 class TrackOutput(NamedTuple):
     """Per step of :func:`~dmimo_jax.tracking.run.run_tracker`: (T, B, ...)."""
 
-    position: Array  # (T, B, 3) m, after the step's update (folded into the region)
-    position_cov: Array  # (T, B, 3, 3) m^2, its covariance
-    nis: Array  # (T, B) normalized innovation squared (0 without a snapshot)
-    lost: Array  # (T, B) bool, the lock test failed at this step
-    reacquired: Array  # (T, B) bool, the track restarted elsewhere at this step
-    locked: Array  # (T, B) bool, lock confirmed: the lock test passed on a full window
+    position: Array
+    """(T, B, 3) m, after the step's update (folded into the region)."""
+    position_cov: Array
+    """(T, B, 3, 3) m^2, its covariance."""
+    nis: Array
+    """(T, B) normalized innovation squared (0 without a snapshot)."""
+    lost: Array
+    """(T, B) bool, the lock test failed at this step."""
+    reacquired: Array
+    """(T, B) bool, the track restarted elsewhere at this step."""
+    locked: Array
+    """(T, B) bool, lock confirmed: the lock test passed on a full window."""
     # since the last re-acquisition (or the last snapshot before an outage), and the prior
     # still resolves the comb. A track whose re-acquisitions keep firing never is.
 
@@ -297,6 +319,7 @@ class Tracker:
 
     @property
     def num_aps(self) -> int:
+        """The number of APs, M."""
         return self.model.num_aps
 
     def init(
@@ -410,12 +433,18 @@ def predict(tracker: Tracker, state: TrackState) -> TrackState:
 class Linearization(NamedTuple):
     """One linearization of the measurement update at an iterate (:func:`correct`)."""
 
-    mean: Array  # (M,) the model's phases at the iterate
-    jacobian: Array  # (M, 3) H, signed by the fold's parity
-    variance: Array  # (M,) sigma^2 (eq. 9)
-    info: Array  # (3, 3) H^T J(theta) H (eq. 14)
-    gain: Array  # (S, 3)
-    cov: Array  # (S, S) the posterior covariance
+    mean: Array
+    """(M,) the model's phases at the iterate."""
+    jacobian: Array
+    """(M, 3) H, signed by the fold's parity."""
+    variance: Array
+    """(M,) sigma^2 (eq. 9)."""
+    info: Array
+    """(3, 3) H^T J(theta) H (eq. 14)."""
+    gain: Array
+    """(S, 3)."""
+    cov: Array
+    """(S, S) the posterior covariance."""
 
 
 def linearize_update(tracker: Tracker, x: Array, parity: Array, cov: Array) -> Linearization:

@@ -194,9 +194,12 @@ def check_motion(motion: Any) -> None:
 class Trajectory(NamedTuple):
     """A simulated path (one UE; ``jax.vmap`` adds a leading UE axis)."""
 
-    positions: Array  # (T, 3) m, in the box
-    velocities: Array  # (T, 3) m/s (zeros for a random walk), folded with the positions
-    free_positions: Array  # (T, 3) m, the free path the positions are the fold of
+    positions: Array
+    """(T, 3) m, in the box."""
+    velocities: Array
+    """(T, 3) m/s (zeros for a random walk), folded with the positions."""
+    free_positions: Array
+    """(T, 3) m, the free path the positions are the fold of."""
 
 
 def simulate_trajectory(
