@@ -8,7 +8,7 @@ the paper's test UE [6.5, 5.0, 2.0] m to a cube of half-width h, with the synthe
 phases of the true two-ray model (so that only learning is measured, not GP modeling).
 For each h it reports the coarse RMSE next to the "predict the centre" RMSE
 (h / sqrt(3) per axis) and the fraction of test UEs within 10 cm, the start distance
-from which refinement alone always found the right basin (docs/learning.md).
+from which refinement alone always found the right basin (docs/learning_measurements.md).
 
 Resumable: each finished h is stored in ``<out>/results.json``.
 

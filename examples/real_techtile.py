@@ -18,7 +18,7 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
 * ``self_trained``: that field self-trained on the unlabeled snapshots in time order
   (``calibration.self_train_field``: pseudo-labels a neighbour in time confirms, 6 rounds;
   their positions are never used), searched the same way. The same settings for every
-  experiment; they were chosen on EXP003/EXP005 (docs/real_data.md). By default it
+  experiment; they were chosen on EXP003/EXP005 (docs/real_data_measurements.md). By default it
   self-trains on the snapshots it then locates (a deployment's own traffic);
   ``--unlabeled-half`` self-trains on every other held-out snapshot and scores every method
   on the others;
@@ -26,7 +26,8 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   (``estimators.coherent_peaks``), one chosen per snapshot along the trajectory by the
   Viterbi path of ``tracking.most_likely_path`` (cycle numbers as times) through the
   labeled snapshots' known positions (its anchors), then refined
-  (``estimators.coherent_refine``); settings chosen on EXP003/EXP005 (docs/real_data.md);
+  (``estimators.coherent_refine``); settings chosen on EXP003/EXP005
+  (docs/real_data_measurements.md);
 * ``lobe_oracle``: a diagnostic, not a method: of the same 8 maxima, the one nearest the
   **true** position, refined: what any choice among the lobes (a trajectory, a robust cost)
   could reach under ``self_trained``'s field;
@@ -46,16 +47,16 @@ bounding box plus 0.3 m, at their median height, a 1 cm grid + a 2 mm local stag
   snapshots as unlabeled ones, their positions profiled out from ``best``'s estimates
   (``calibrate(unlabeled=)``, each estimated spot counted once as the labeled ones are),
   then located as ``best`` is: self-calibration of the complex model, measured and not kept
-  (docs/real_data.md);
+  (docs/real_data_measurements.md);
 * ``best_self_trained`` (not run by default; ``--methods``): ``best_field``'s field
   self-trained on the located snapshots as ``self_trained`` is (``self_train_field`` on the
   phases with the constants removed, ``best``'s whitened model fixed underneath), searched as
-  ``best_field`` is: measured and not kept (docs/real_data.md);
+  ``best_field`` is: measured and not kept (docs/real_data_measurements.md);
 * ``best_field``: ``best``'s model (whitened) plus the residual field of ``field``
   (``calibration.fit_residual_field`` with its defaults) learned from the phases of the
   labeled snapshots with the constants removed, searched as ``field`` is (expected phasors,
   the amplitudes of the whitened snapshots with the constants removed as weights): the
-  method chosen on EXP003/EXP005 (docs/real_data.md), the same for every experiment.
+  method chosen on EXP003/EXP005 (docs/real_data_measurements.md), the same for every experiment.
 
 Each row also scores the located snapshots whose label is measured, not a motion-capture
 frame held from the snapshot before (``median_unheld_m``, ``p90_unheld_m``; the loader's
@@ -151,7 +152,7 @@ LOBE_METHODS = ("trajectory", "lobe_oracle")  # choose among self_trained's lobe
 COMPLEX_METHODS = ("complex", "best")
 COMPLEX_EXTRAS = ("best_trajectory", "best_field", "best_unlabeled", "best_self_trained")
 NUM_LOBES = 8  # local maxima per snapshot (estimators.coherent_peaks)
-# tracking.most_likely_path, chosen on EXP003/EXP005 at L = 50 (docs/real_data.md): a
+# tracking.most_likely_path, chosen on EXP003/EXP005 at L = 50 (docs/real_data_measurements.md): a
 # random walk of 15 cm per square root of a cycle, a 10% jump probability over the search
 # area, the coherence (in [0, 1]) weighted by 20
 PATH_SETTINGS = dict(step_std=0.15, jump_probability=0.1, score_weight=20.0)

@@ -212,6 +212,7 @@ def test_one_block_of_fit_blocks_is_the_dense_fit():
         dj.gp.fit_blocks(*stack(*halves)[:3], scene)
 
 
+@pytest.mark.slow  # 13-21 s: .ci/run runs it after the test command
 def test_tile_models_of_every_ap_and_label_are_the_dense_gp():
     """Locality off in calibration: one tile of every AP conditioned on every label is the
     dense GP (its tabulated mean to 1e-6 rad at test positions, where the phase noise is

@@ -2,7 +2,7 @@ r"""Calibrating real receivers from measured labeled snapshots: the recipe (beyo
 
 :func:`~dmimo_jax.calibrate` fits model B of :mod:`dmimo_jax.receivers`
 (:math:`h = s\,G\odot c(x) + b + w`) under the variances it is given. On measured data
-(docs/real_data.md) two facts decide those variances:
+(docs/real_data_measurements.md) two facts decide those variances:
 
 * what the LoS model misses is a static field far stronger than the receivers' noise, and
   its share differs from receiver to receiver: each receiver gets its own variance

@@ -39,10 +39,12 @@ from dmimo_jax.physics import PhaseModel, as_phase_model
 from dmimo_jax.pytree import jit_or_eager, pytree_dataclass
 from dmimo_jax.scene import Scene
 
-#: Matern-3/2 length scale (m) and noise variance (of a unit phasor's real or imaginary part)
-#: of :func:`fit_residual_field`, chosen on Techtile's EXP003/EXP005 at L = 50 (docs/real_data.md).
 RESIDUAL_LENGTH_SCALE = 0.25
+"""The Matern-3/2 length scale of :func:`fit_residual_field`, m, chosen on Techtile's
+EXP003/EXP005 at L = 50 (docs/real_data_measurements.md)."""
 RESIDUAL_NOISE = 1.0
+"""The noise variance of :func:`fit_residual_field` (of a unit phasor's real or imaginary
+part), chosen with :data:`RESIDUAL_LENGTH_SCALE`."""
 _MAX_VARIANCE = np.pi**2 / 3  # a uniform phase: the model knows nothing there
 # the noise variance of a masked-out snapshot: its weight in the posterior mean is ~1e-12
 _OFF_NOISE = 1e12

@@ -4,7 +4,7 @@ r"""Self-training the residual field on unlabeled trajectories (beyond the paper
 labeled snapshots alone; on measured data its error field decorrelates within about half a
 wavelength, so 50 random labels in a 1.25 m patch leave most of the patch unlearned and the
 search lands on a wrong lobe of the array's likelihood for 15-30% of the snapshots
-(docs/real_data.md). A deployment also sees unlabeled snapshots, and a moving UE's
+(docs/real_data_measurements.md). A deployment also sees unlabeled snapshots, and a moving UE's
 snapshots come in time order. Self-training uses both: locate the unlabeled snapshots under
 the current model, keep as pseudo-labels those whose estimate a neighbour in time confirms,
 condition the field on labels and pseudo-labels, and repeat.

@@ -91,7 +91,7 @@ class TechtileExperiment:
         motion-capture frame held rather than measured (a live tracker's coordinates differ
         in their last digits from frame to frame, even with the rover still). The CSI of such
         a snapshot need not be where its label says: score and train with care
-        (docs/real_data.md measures it on EXP002). The previous snapshot is the file's
+        (docs/real_data_measurements.md measures it on EXP002). The previous snapshot is the file's
         previous cycle, also when that cycle was dropped for a NaN CSI entry (its frame
         was still captured)."""
         held = np.concatenate([[False], np.all(np.diff(self.positions, axis=0) == 0, axis=1)])

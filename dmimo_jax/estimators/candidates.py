@@ -241,7 +241,7 @@ def cell_groups(cells: ArrayLike, num_cells: int) -> CellGroups | None:
     cell (:func:`starts_by_cell`: one matrix product of a cell's rows with up to G
     snapshots that named it, so each read serves many snapshots). Grouping is chosen when
     the items' lanes (padded) are at most twice the pairs, with G = 16, or 8 when 16 pads
-    too much; sparse batches gather (measurements: docs/learning.md). Host-side: ``cells``
+    too much; sparse batches gather (measurements: docs/learning_measurements.md). Host-side: ``cells``
     (B, K) must be concrete; the item count is padded by :func:`bucket_size` so few shapes
     ever compile.
     """

@@ -88,11 +88,7 @@ def refine(
     Returns:
         :class:`RefineResult`.
     """
-    model = as_phase_model(model)
-    _check_problem(model, "x0", x0, batched=False)
-    check_phases("r", r, model.num_aps, batched=False)
-    warn_if_float32("refine")
-    check_lm_settings(num_steps, damping)
+    model = _checked(model, x0, r, num_steps, damping, batched=False, caller="refine")
     return _refine(
         jnp.asarray(x0), jnp.asarray(r, jnp.asarray(x0).dtype), model, num_steps, damping
     )
@@ -107,15 +103,11 @@ def refine_batch(
     damping: float = 1e-3,
 ) -> RefineResult:
     """:func:`refine` for (N, 3) starts and (N, M) snapshots, jitted and vmapped."""
-    model = as_phase_model(model)
-    _check_problem(model, "x0", x0, batched=True)
-    check_phases("r", r, model.num_aps, batched=True)
-    warn_if_float32("refine_batch")
+    model = _checked(model, x0, r, num_steps, damping, batched=True, caller="refine_batch")
     x0 = jnp.asarray(x0)
     r = jnp.asarray(r, x0.dtype)
     if r.shape[0] != x0.shape[0]:
         raise ValueError(f"r must have {x0.shape[0]} rows to match x0, got {r.shape[0]}")
-    check_lm_settings(num_steps, damping)
     return refine_batch_unchecked(x0, r, model, num_steps, damping)
 
 
@@ -287,6 +279,17 @@ def check_lm_settings(num_steps: int, damping: float) -> None:
     (a NaN damping used to return the start unchanged, as if converged)."""
     check_num_steps(num_steps)
     check_scalar("damping", damping, positive=True)
+
+
+def _checked(model, x0, r, num_steps, damping, *, batched: bool, caller: str) -> PhaseModel:
+    """``model`` as a PhaseModel, with the starts, the phases and the LM settings of
+    :func:`refine` / :func:`refine_batch` checked (``ValueError``) and float32 warned of."""
+    model = as_phase_model(model)
+    _check_problem(model, "x0", x0, batched=batched)
+    check_phases("r", r, model.num_aps, batched=batched)
+    warn_if_float32(caller)
+    check_lm_settings(num_steps, damping)
+    return model
 
 
 def _check_problem(model: PhaseModel, name: str, x0: ArrayLike, batched: bool) -> None:

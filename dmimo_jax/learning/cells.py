@@ -1,10 +1,10 @@
 r"""A learned coarse stage that works at room scale (beyond the paper): cell classification.
 
 POPT regresses the position with an L1 loss; over the paper's 9 x 9 x 3 m UE region the
-phases repeat every ~lambda/2, and regression stalls near the mean position (docs/learning.md
-has the numbers). Classifying the
-position into the cells of a regular partition (:class:`~dmimo_jax.estimators.CellGrid`,
-1 m cubes: 243 cells here) does not stall: the network only has to say which cell the
+phases repeat every ~lambda/2, and regression stalls near the mean position
+(docs/learning_measurements.md has the numbers). Classifying the position into the cells
+of a regular partition (:class:`~dmimo_jax.estimators.CellGrid`, 1 m cubes: 243 cells
+here) does not stall: the network only has to say which cell the
 phases come from, and the safeguard refines inside its K most likely cells
 (:func:`~dmimo_jax.estimators.candidate_search`). The probability mass of those K cells
 is the confidence signal: below a threshold the online stage falls back to the

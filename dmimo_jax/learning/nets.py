@@ -110,7 +110,7 @@ def inference_fn(model: nnx.Module) -> Callable[[Any], Any]:
 
     Closing over the weights instead of passing the state skips flattening the state's
     leaves on every call (the latency this saves: ``benchmarks/popt_latency.py``,
-    docs/learning.md). The function sees the weights as they are now; rebuild it after
+    docs/learning_measurements.md). The function sees the weights as they are now; rebuild it after
     further training.
     """
     graphdef, state = nnx.split(model)

@@ -52,7 +52,7 @@ PRESETS = MappingProxyType(
     {
         # the paper: N_AI = 1.125e6 (1e6 train + 0.125e6 validation), 120 epochs; for a GPU
         "paper": Preset("paper", POPTConfig.paper(), TrainConfig(epochs=120), 1_125_000, CELLS_GPU),
-        # this 2-core CPU: see docs/learning.md for the accuracy it reaches and its time
+        # this 2-core CPU: see docs/learning_measurements.md for the accuracy it reaches and its time
         "cpu": Preset(
             "cpu", POPTConfig.cpu(), TrainConfig(epochs=15, batch_size=100), 60_000, CELLS_CPU
         ),
