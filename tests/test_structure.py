@@ -336,12 +336,19 @@ def test_every_public_name_is_documented_and_the_top_level_has_the_nouns_users_c
     modules = ["dmimo_jax"] + [
         f"dmimo_jax.{p.stem}" for p in pages.glob("*.md") if p.stem != "index"
     ]
+    # a constant's docstring is the string after its assignment at some module's top (what
+    # the API reference reads: without one it shows no entry)
+    constants = set().union(*map(_documented_constants, _modules()))
     undocumented = []
     for name in modules:
         module = importlib.import_module(name)
         for public in module.__all__:
             obj = getattr(module, public)  # every name in __all__ exists
-            if isinstance(obj, types.ModuleType) or not callable(obj):
+            if isinstance(obj, types.ModuleType):
+                continue
+            if not callable(obj):
+                if public not in constants:
+                    undocumented.append(f"{name}.{public}")
                 continue
             doc = (inspect.getdoc(obj) or "").strip()
             # a NamedTuple's generated docstring repeats its signature: not documentation
@@ -363,37 +370,6 @@ def _documented_constants(path):
         if isinstance(target, ast.Name) and doc and isinstance(nxt.value.value, str):
             out.add(target.id)
     return out
-
-
-def test_every_public_constant_is_documented():
-    """A constant in an ``__all__`` (``dj.ITU_MATERIALS``, ``PRESETS``, ...) has a docstring
-    after its assignment: without one the API reference shows no entry for it."""
-    import importlib
-    import types
-
-    documented, assigned = set(), set()  # names documented / assigned at some module's top
-    for path in _modules():
-        documented |= _documented_constants(path)
-        for stmt in ast.parse(path.read_text()).body:
-            targets = (
-                stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
-            )
-            assigned |= {t.id for t in targets if isinstance(t, ast.Name)}
-    pages = ROOT / "docs" / "api"
-    modules = ["dmimo_jax"] + [
-        f"dmimo_jax.{p.stem}" for p in pages.glob("*.md") if p.stem != "index"
-    ]
-    undocumented = []
-    for name in modules:
-        module = importlib.import_module(name)
-        for public in module.__all__:
-            obj = getattr(module, public)
-            if isinstance(obj, types.ModuleType) or callable(obj):
-                continue
-            assert public in assigned, f"{name}.{public} is assigned at no module's top"
-            if public not in documented:
-                undocumented.append(f"{name}.{public}")
-    assert not undocumented, undocumented
 
 
 def test_each_public_name_has_one_home():
