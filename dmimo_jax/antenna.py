@@ -123,7 +123,7 @@ class CosinePattern:
         return jnp.where(front, jnp.exp(0.5 * _per_ap(self.exponent, u) * log_c), 0.0)
 
     def num_aps(self) -> int | None:
-        """The number of APs, M."""
+        """The M the pattern's per-AP parameters fix (``None``: they broadcast to any M)."""
         sizes = {self.exponent.shape[0]} if self.exponent.ndim == 1 else set()
         if self.boresight.ndim == 2:
             sizes.add(self.boresight.shape[0])
@@ -166,7 +166,7 @@ class DipolePattern:
         return jnp.where(ok, value, 0.0)
 
     def num_aps(self) -> int | None:
-        """The number of APs, M."""
+        """The M the pattern's per-AP parameters fix (``None``: they broadcast to any M)."""
         return self.axis.shape[0] if self.axis.ndim == 2 else None
 
 

@@ -118,7 +118,7 @@ class FitGroup:
 
     @property
     def size(self) -> int:
-        """The number of unknowns (or of points)."""
+        """The number of unknowns n (the length of ``u0``)."""
         return self.u0.shape[0]
 
     def apply(self, model: Any, u: Array) -> Any:

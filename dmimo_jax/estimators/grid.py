@@ -57,7 +57,7 @@ class Grid:
 
     @property
     def size(self) -> int:
-        """The number of unknowns (or of points)."""
+        """The number of grid points."""
         return math.prod(self.shape)
 
 
