@@ -1,6 +1,7 @@
 """The package's shape as a contract: layers, public names, pytrees, no hidden state."""
 
 import ast
+import importlib.util
 import pathlib
 import shutil
 import subprocess
@@ -420,3 +421,28 @@ def test_every_python_block_of_the_site_runs_or_says_why():
         timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_math_check_finds_a_remote_mathjax_and_an_eaten_backslash(tmp_path):
+    """.ci/check_math.py's static half: a page that loads MathJax from another host, or
+    whose equation holds a control character (``"\\frac"`` in a Python string is a form
+    feed and ``rac``), is named; a page served with its own MathJax passes."""
+    spec = importlib.util.spec_from_file_location("check_math", ROOT / ".ci" / "check_math.py")
+    check_math = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_math)
+    (tmp_path / "javascripts" / "mathjax").mkdir(parents=True)
+    (tmp_path / check_math.MATHJAX).write_text("")
+    local = f'<script src="../{check_math.MATHJAX}"></script>'
+    good = '<span class="arithmatex">\\(\\boldsymbol{x}\\)</span>'
+    (tmp_path / "good").mkdir()
+    (tmp_path / "good" / "index.html").write_text(local + good)
+    findings, counts = check_math.static_findings(tmp_path)
+    assert findings == [] and counts == {"pages": 1, "pages_with_math": 1, "equations": 1}
+    cdn = '<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js"></script>'
+    (tmp_path / "cdn.html").write_text(cdn + good)
+    (tmp_path / "eaten.html").write_text(local + '<div class="arithmatex">\\[\frac{1}{2}\\]</div>')
+    findings, _ = check_math.static_findings(tmp_path)
+    assert any(f.startswith("cdn.html: loads https://cdn.jsdelivr.net") for f in findings)
+    assert any(f.startswith("cdn.html: 1 equations but no") for f in findings)
+    assert any(f.startswith("eaten.html: control characters ['\\\\x0c']") for f in findings)
+    assert len(findings) == 3

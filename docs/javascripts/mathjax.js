@@ -1,4 +1,7 @@
-// MathJax for pymdownx.arithmatex (generic mode), re-typeset on each instant-navigation page
+// MathJax for pymdownx.arithmatex (generic mode). MathJax typesets once it has loaded; a
+// page the theme swaps in without a reload (document$) is typeset again. No clearCache():
+// it drops the CSS of the characters already typeset, whose equations then show blank
+// (seen in a headless Chromium by .ci/check_math.py).
 window.MathJax = {
   tex: {
     inlineMath: [["\\(", "\\)"]],
@@ -9,12 +12,14 @@ window.MathJax = {
   options: {
     ignoreHtmlClass: ".*|",
     processHtmlClass: "arithmatex"
-  }
+  },
+  startup: { typeset: false }
 };
 
 document$.subscribe(() => {
-  MathJax.startup.output.clearCache()
-  MathJax.typesetClear()
-  MathJax.texReset()
-  MathJax.typesetPromise()
+  MathJax.startup.promise.then(() => {
+    MathJax.typesetClear()
+    MathJax.texReset()
+    return MathJax.typesetPromise()
+  })
 })
