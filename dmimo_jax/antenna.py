@@ -50,7 +50,7 @@ class IsotropicPattern:
 
     def field(self, u: ArrayLike) -> Array:
         """Field amplitude for unit directions ``u`` (M, P, 3): ones (M, P)."""
-        u = jnp.asarray(u)
+        u = _directions(u)
         return jnp.ones(u.shape[:-1], u.dtype)
 
     def num_aps(self) -> int | None:
@@ -66,6 +66,17 @@ def _unit(name: str, v: ArrayLike, dtype: Any) -> Array:
     if is_concrete(v) and np.any(np.linalg.norm(np.asarray(v, float), axis=-1) == 0):
         raise ValueError(f"{name} must be non-zero vectors, got {np.asarray(v).tolist()}")
     return v / jnp.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def _directions(u: ArrayLike) -> Array:
+    """``u`` as an (M, P, 3) array, or a ``ValueError``: a (P, 3) array would otherwise
+    broadcast against per-AP parameters into a wrong (P, P) answer."""
+    u = jnp.asarray(u)
+    if u.ndim != 3 or u.shape[-1] != 3:
+        raise ValueError(
+            f"u must be unit directions of shape (M, P, 3) (per AP, per point), got {u.shape}"
+        )
+    return u
 
 
 def _per_ap(value: Array, u: Array) -> Array:
@@ -115,7 +126,7 @@ class CosinePattern:
 
     def field(self, u: ArrayLike) -> Array:
         """Field amplitude for unit directions ``u`` (M, P, 3), shape (M, P)."""
-        u = jnp.asarray(u)
+        u = _directions(u)
         c = jnp.sum(u * _per_ap_vector(self.boresight, u), axis=-1)
         front = c > 0
         # double where: finite gradients in q and u where the field vanishes
@@ -158,7 +169,7 @@ class DipolePattern:
 
     def field(self, u: ArrayLike) -> Array:
         """Field amplitude for unit directions ``u`` (M, P, 3), shape (M, P)."""
-        u = jnp.asarray(u)
+        u = _directions(u)
         c = jnp.sum(u * _per_ap_vector(self.axis, u), axis=-1)
         s2 = 1.0 - c * c
         ok = s2 > 1e-12  # along the axis the limit is 0

@@ -238,6 +238,17 @@ def test_bad_pattern_is_refused(make, match):
         make()
 
 
+@pytest.mark.parametrize(
+    "pattern", [dj.IsotropicPattern(), dj.CosinePattern(exponent=2.0), dj.DipolePattern()]
+)
+def test_field_refuses_directions_without_an_ap_axis(pattern):
+    # (P, 3) directions broadcast against a per-AP boresight into a (P, P) answer: refused
+    u = np.array([[0.0, 0.6, -0.8], [0.6, 0.0, -0.8], [0.0, 0.0, -1.0]])
+    with pytest.raises(ValueError, match=r"u must be unit directions of shape \(M, P, 3\)"):
+        pattern.field(u)
+    assert pattern.field(u[None]).shape == (1, 3)
+
+
 def test_changing_the_number_of_aps_needs_new_offsets():
     fewer = SCENE.replace(ap_positions=SCENE.ap_positions[:5])  # zero offsets follow
     assert fewer.ap_phase_offsets.shape == (5,)
