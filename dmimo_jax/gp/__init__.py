@@ -33,7 +33,7 @@ from dmimo_jax.gp.kernel import (
     residuals,
     training_process,
 )
-from dmimo_jax.gp.model import GPMeanModel, GPPhaseModel, TabulatedGPModel, interpolate
+from dmimo_jax.gp.model import GPMeanModel, GPPhaseModel, TabulatedGPModel, interpolate, table_grids
 from dmimo_jax.gp.nuts import GPMixtureModel, GPPosterior, fit_nuts
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "GPPosterior",
     "TabulatedGPModel",
     "interpolate",
+    "table_grids",
     "build_kernel",
     "check_training_data",
     "features",

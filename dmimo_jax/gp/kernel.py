@@ -220,19 +220,24 @@ def check_training_data(
     needs 2; a calibration checks its own count of residuals against its unknowns), r and
     noise_var (L, M) finite, noise_var real and > 0 (``ValueError`` naming the argument
     otherwise). ``deaf``: noise_var may be +inf where an AP heard nothing (it weighs 0),
-    though not for every AP of a label."""
+    though not for every AP of a label. Traced arrays (a vmapped fit): their shapes only."""
     check_positions("x", x, batched=True)
-    x = np.asarray(x)
-    if x.shape[0] < min_labels:
+    shape = np.shape(x)
+    if len(shape) != 2 or shape[1] != 3:
+        raise ValueError(f"x must have shape (L, 3), got {shape}")
+    if shape[0] < min_labels:
         raise ValueError(
-            f"need at least L = {min_labels} training locations, got x with shape {x.shape}"
+            f"need at least L = {min_labels} training locations, got x with shape {shape}"
         )
     for name, v in (("r", r), ("noise_var", noise_var)):
-        v = np.asarray(v)
-        if v.shape != (x.shape[0], num_aps):
+        if np.shape(v) != (shape[0], num_aps):
             raise ValueError(
-                f"{name} must have shape {(x.shape[0], num_aps)} (L, M), got {v.shape}"
+                f"{name} must have shape {(shape[0], num_aps)} (L, M), got {np.shape(v)}"
             )
+    if not is_concrete(x, r, noise_var):
+        return
+    for name, v in (("r", r), ("noise_var", noise_var)):
+        v = np.asarray(v)
         if name == "noise_var" and deaf and v.dtype.kind == "f" and np.any(np.isposinf(v)):
             if np.any(np.all(np.isposinf(v), axis=-1)):
                 raise ValueError("noise_var is inf for every AP of a label: drop that label")

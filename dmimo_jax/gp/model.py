@@ -199,30 +199,47 @@ class TabulatedGPModel:
         """
         if not isinstance(model, GPPhaseModel):
             raise ValueError(f"model must be a GPPhaseModel, got {type(model).__name__}")
-        scene = model.scene
-        lam = float(scene.wavelength)
-        h = lam / 256 if dd_step is None else dd_step
-        hv = lam / 64 if var_dd_step is None else var_dd_step
-        top_ap = float(np.max(np.asarray(scene.ap_positions)[:, 2]))
-        dd_max = 2 * top_ap + 4 * max(h, hv) if max_path_difference is None else max_path_difference
-        for name, v in (("max_path_difference", dd_max), ("dd_step", h), ("var_dd_step", hv)):
-            if not (np.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {v}")
-        needed = 2 * min(float(scene.ue_high[2]), top_ap)
-        if dd_max < needed:
-            raise ValueError(
-                f"max_path_difference = {dd_max:g} m does not cover the UE region: a UE at its "
-                f"top below an AP has Delta d up to {needed:g} m (2 min(z_max, z_AP))"
-            )
-        for name, n in (("num_gamma", num_gamma), ("var_num_gamma", var_num_gamma)):
-            if not (isinstance(n, int) and n >= 2):
-                raise ValueError(f"{name} must be an int >= 2, got {n!r}")
-        values, step = _grid_values(model, dd_max, h, num_gamma, chunk, _mean_rows)
+        grids = table_grids(
+            model.scene,
+            max_path_difference=max_path_difference,
+            dd_step=dd_step,
+            num_gamma=num_gamma,
+            var_dd_step=var_dd_step,
+            var_num_gamma=var_num_gamma,
+        )
+        if not variance:
+            grids["var_dd_step"] = None
+        return cls.tabulate(model, **grids, chunk=chunk)
+
+    @classmethod
+    def tabulate(
+        cls,
+        model: GPPhaseModel,
+        *,
+        max_path_difference: float,
+        dd_step: float,
+        num_gamma: int,
+        var_dd_step: float | None,
+        var_num_gamma: int,
+        chunk: int = 4096,
+    ) -> TabulatedGPModel:
+        """:meth:`from_model`'s tables on grids given in full, unchecked and traceable.
+
+        Every argument but ``model`` is a Python number (the grids' shapes), so many
+        models of one shape tabulate in one compiled program
+        (:func:`~dmimo_jax.tiles.fit_tiles`). ``var_dd_step=None``: no variance table.
+        :meth:`from_model` checks and defaults the arguments, then calls this.
+        """
+        values, step = _grid_values(
+            model, max_path_difference, dd_step, num_gamma, chunk, _mean_rows
+        )
         var_values = var_step = None
-        if variance:
-            var_values, var_step = _grid_values(model, dd_max, hv, var_num_gamma, chunk, _var_rows)
+        if var_dd_step is not None:
+            var_values, var_step = _grid_values(
+                model, max_path_difference, var_dd_step, var_num_gamma, chunk, _var_rows
+            )
         lower = jnp.zeros(2, values.dtype)
-        return cls(scene, values, lower, step, var_values, var_step)
+        return cls(model.scene, values, lower, step, var_values, var_step)
 
     @property
     def num_aps(self) -> int:
@@ -326,11 +343,58 @@ def interpolate(
     return jnp.sum(jnp.sum(block * w[..., 1, None, :], axis=-1) * w[..., 0, :], axis=-1)
 
 
+def table_grids(
+    scene: Scene,
+    *,
+    max_path_difference: float | None = None,
+    dd_step: float | None = None,
+    num_gamma: int = 128,
+    var_dd_step: float | None = None,
+    var_num_gamma: int = 128,
+) -> dict:
+    """:meth:`TabulatedGPModel.from_model`'s grids for ``scene``, defaulted and checked on
+    the host: ``max_path_difference`` (default 2 max_m z_m plus four nodes of the coarser
+    grid), ``dd_step`` (lambda/256), ``num_gamma``, ``var_dd_step`` (lambda/64),
+    ``var_num_gamma``, as Python numbers: the keyword arguments of
+    :meth:`TabulatedGPModel.tabulate` but ``chunk``.
+
+    Raises:
+        ValueError: a step or ``max_path_difference`` not a finite number > 0, one that does
+            not cover the UE region (2 min(z_max, max_m z_m)), a node count not an int >= 2.
+    """
+    lam = float(scene.wavelength)
+    h = lam / 256 if dd_step is None else float(dd_step)
+    hv = lam / 64 if var_dd_step is None else float(var_dd_step)
+    top_ap = float(np.max(np.asarray(scene.ap_positions)[:, 2]))
+    dd_max = (
+        2 * top_ap + 4 * max(h, hv) if max_path_difference is None else float(max_path_difference)
+    )
+    for name, v in (("max_path_difference", dd_max), ("dd_step", h), ("var_dd_step", hv)):
+        if not (np.isfinite(v) and v > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {v}")
+    needed = 2 * min(float(scene.ue_high[2]), top_ap)
+    if dd_max < needed:
+        raise ValueError(
+            f"max_path_difference = {dd_max:g} m does not cover the UE region: a UE at its "
+            f"top below an AP has Delta d up to {needed:g} m (2 min(z_max, z_AP))"
+        )
+    for name, n in (("num_gamma", num_gamma), ("var_num_gamma", var_num_gamma)):
+        if not (isinstance(n, int) and n >= 2):
+            raise ValueError(f"{name} must be an int >= 2, got {n!r}")
+    return dict(
+        max_path_difference=dd_max,
+        dd_step=h,
+        num_gamma=num_gamma,
+        var_dd_step=hv,
+        var_num_gamma=var_num_gamma,
+    )
+
+
 def _grid_values(model, dd_max, h, num_gamma, chunk, rows):
     dd = jnp.arange(int(np.ceil(dd_max / h)) + 1) * h
     gamma = jnp.linspace(0.0, jnp.pi / 2, num_gamma)
     values = rows(model, dd, gamma, chunk)
-    return values, jnp.array([h, float(gamma[1] - gamma[0])])
+    return values, jnp.stack([jnp.asarray(h, gamma.dtype), gamma[1] - gamma[0]])
 
 
 @partial(jax.jit, static_argnames=("chunk",))

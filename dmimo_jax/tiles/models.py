@@ -15,18 +15,20 @@ and so by every tile, on a few tiles' blocks of (n x K) pairs (the composite lik
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
+from jax.sharding import PartitionSpec
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
 from dmimo_jax._checks import check_int, warn_if_float32
 from dmimo_jax.scene import Scene
-from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene
+from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene, tile_sharding
 
 
 def tile_labels(tiling: Tiling, x: ArrayLike, num_labels: int) -> np.ndarray:
@@ -76,6 +78,35 @@ def _block(x, r, noise_var, scene, tiling, labels, t) -> tuple[Any, Any, Any, Sc
     return x[labels[t]], r[pick], noise_var[pick], tile_scene(scene, tiling, t)
 
 
+def _tile_model(params, x, r, noise_var, scene, *, grids: dict, chunk: int):
+    """One tile's GP model (traceable: looped over tiles by :func:`fit_tiles`): its CPOs
+    profiled at ``params``, the GP conditioned on its pairs and its tables."""
+    cpo = gp.profiled_cpos(params, x, r, noise_var, scene)
+    exact = gp.GPPhaseModel.from_data(params, cpo, x, r, noise_var, scene)
+    return gp.TabulatedGPModel.tabulate(exact, **grids, chunk=chunk), cpo
+
+
+def _tiles_program(params, *blocks, grids: dict, chunk: int, sharding: Any):
+    """:func:`_tile_model` of every tile of ``blocks`` (each leaf (G, ...)): a loop over
+    the tiles (``lax.map``), on each device over its share of them (``shard_map`` along
+    the tile axis). A loop, not a ``vmap``: XLA:CPU's batched factorizations of the vmapped
+    program sometimes never returned (1 to 2 runs in 3 under the tests' compiler settings)."""
+
+    def local(params, *blocks):
+        return jax.lax.map(lambda b: _tile_model(params, *b, grids=grids, chunk=chunk), blocks)
+
+    if sharding is None:
+        return local(params, *blocks)
+    tiles_spec = sharding.spec
+    return jax.shard_map(
+        local,
+        mesh=sharding.mesh,
+        in_specs=(PartitionSpec(),) + (tiles_spec,) * len(blocks),
+        out_specs=tiles_spec,
+        check_vma=False,
+    )(params, *blocks)
+
+
 def fit_tiles(
     x: ArrayLike,
     r: ArrayLike,
@@ -89,6 +120,8 @@ def fit_tiles(
     rtol: float = 1e-8,
     variance: bool = True,
     tabulate: dict | None = None,
+    devices: Any = None,
+    tiles_per_device: int = 4,
     progress: bool = False,
 ) -> TileModels:
     r"""Every tile's GP phase model from L labeled snapshots of all M APs (module docstring).
@@ -97,7 +130,8 @@ def fit_tiles(
     2. :math:`\psi` by :func:`~dmimo_jax.gp.fit_blocks` on ``fit_on`` tiles spread over the
        region (tiles 0 .. T-1 evenly; every tile when ``fit_on`` >= T): the blocks of their
        labels times their K APs.
-    3. Each tile: its CPOs profiled at :math:`\psi` (:func:`~dmimo_jax.gp.profile_cpos`),
+    3. Each tile (one compiled loop over the tiles, split over ``devices``): its CPOs
+       profiled at :math:`\psi` (:func:`~dmimo_jax.gp.profile_cpos`),
        the GP conditioned on its n x K pairs (:class:`~dmimo_jax.gp.GPPhaseModel`, its scene
        the tile's, :func:`~dmimo_jax.tiles.tile_scene`) and its mean tabulated
        (:class:`~dmimo_jax.gp.TabulatedGPModel`, with its variance table when ``variance``,
@@ -126,7 +160,12 @@ def fit_tiles(
             :meth:`~dmimo_jax.gp.TabulatedGPModel.from_model` (the tables' spacings); by
             default the variance's grid is lambda/16 x 32 nodes (a weight: 16 times fewer
             solves than from_model's lambda/64 x 128).
-        progress: a tqdm bar over the tiles.
+        devices: the devices the tiles are split over (``jax.sharding`` along the tile
+            axis; default: this process's first device).
+        tiles_per_device: tiles per device in one call of the compiled program (the tiles
+            run ``len(devices) * tiles_per_device`` at a time, the last call padded: one
+            program for every call; memory per device grows with it).
+        progress: a tqdm bar over the calls.
 
     Raises:
         ValueError: bad training data (:func:`~dmimo_jax.gp.check_training_data`), a tiling
@@ -146,25 +185,37 @@ def fit_tiles(
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *blocks)
     params = gp.fit_blocks(*stacked, num_steps=num_steps, rtol=rtol).params
     lam = float(scene.wavelength)
-    if tabulate is None and variance:
-        tabulate = dict(var_dd_step=lam / 16, var_num_gamma=32)
     top = float(np.max(np.asarray(scene.ap_positions)[:, 2]))
-    dd_max = 2 * top + 4 * lam / 16  # from_model's margin for the coarsest grid, one for all
-    steps = range(t_all)
+    if tabulate is None and variance:  # the variance, a weight: lambda/16 x 32 nodes
+        tabulate = dict(var_dd_step=lam / 16, var_num_gamma=32)
+    options = dict(tabulate or {})
+    chunk = options.pop("chunk", 4096)
+    # from_model's margin for its coarsest grid, one for all tiles: tables of one shape
+    options = dict(max_path_difference=2 * top + 4 * lam / 16) | options
+    for t in range(t_all):  # each tile's grids checked as from_model checks them
+        grids = gp.table_grids(tile_scene(scene, tiling, t), **options)
+    if not variance:
+        grids["var_dd_step"] = None
+    check_int("tiles_per_device", tiles_per_device, minimum=1)
+    sharding = tile_sharding(devices)
+    per_call = (1 if sharding is None else sharding.mesh.size) * tiles_per_device
+    program = jax.jit(partial(_tiles_program, grids=grids, chunk=chunk, sharding=sharding))
+    calls = range(0, t_all, per_call)
     if progress:
         from tqdm.auto import tqdm
 
-        steps = tqdm(steps, desc="tile models", unit="tile")
+        calls = tqdm(calls, desc=f"tile models ({per_call} per call)", unit="call")
     models, cpos = [], []
-    for t in steps:
-        xt, rt, vt, st = _block(x, r, noise_var, scene, tiling, labels, t)
-        cpo = gp.profiled_cpos(params, xt, rt, vt, st)
-        exact = gp.GPPhaseModel.from_data(params, cpo, xt, rt, vt, st)
-        models.append(
-            gp.TabulatedGPModel.from_model(
-                exact, max_path_difference=dd_max, variance=variance, **(tabulate or {})
-            )
-        )
-        cpos.append(cpo)
-    stacked = jax.tree.map(lambda *a: jnp.stack(a), *models)
-    return TileModels(stacked, params, labels, jnp.stack(cpos), fitted_on)
+    for first in calls:
+        # the last call padded with copies of its first tile: one program for every call
+        group = [t if t < t_all else first for t in range(first, first + per_call)]
+        blocks = [_block(x, r, noise_var, scene, tiling, labels, t) for t in group]
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *blocks)
+        if sharding is not None:
+            stacked = jax.device_put(stacked, sharding)
+        model, cpo = program(params, *stacked)
+        keep = min(per_call, t_all - first)
+        models.append(jax.tree.map(lambda a, keep=keep: a[:keep], model))
+        cpos.append(cpo[:keep])
+    stacked = jax.tree.map(lambda *a: jnp.concatenate(a), *models)
+    return TileModels(stacked, params, labels, jnp.concatenate(cpos), fitted_on)

@@ -18,7 +18,7 @@ from dmimo_jax.estimators.mle import refine_batch_unchecked
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.physics import TwoRayModel
 from dmimo_jax.scene import Scene
-from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene
+from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene, tile_sharding
 
 
 def _set_rows(best: Any, rows: np.ndarray, take: Array, new: Any) -> Any:
@@ -112,9 +112,8 @@ def tile_tables(
     """
     scene = scene_of(scene)
     check_scalar("spacing", spacing, positive=True)
-    devices = [jax.local_devices()[0]] if devices is None else list(devices)
-    if not devices:
-        raise ValueError("devices must name at least one device")
+    sharding = tile_sharding(devices)
+    num_devices = 1 if sharding is None else sharding.mesh.size
     if models is not None:
         shape = np.shape(getattr(getattr(models, "scene", None), "ap_positions", None))
         if shape != (tiling.num_tiles, tiling.num_aps, 3):
@@ -126,17 +125,12 @@ def tile_tables(
     shapes = {p[1].grid.shape for p in parts}
     if len(shapes) != 1:
         raise ValueError(f"the tiles' grids differ in shape ({sorted(shapes)}): use equal tiles")
-    pad = -len(parts) % len(devices)
+    pad = -len(parts) % num_devices
     parts += [parts[-1]] * pad
     aps = np.concatenate([tiling.aps, np.repeat(tiling.aps[-1:], pad, axis=0)])
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *parts)
     out = TileTables(stacked[0], stacked[1], jnp.asarray(aps, jnp.int32))
-    if len(devices) > 1:
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-        mesh = Mesh(np.asarray(devices), ("tiles",))
-        out = jax.device_put(out, NamedSharding(mesh, PartitionSpec("tiles")))
-    return out
+    return out if sharding is None else jax.device_put(out, sharding)
 
 
 @partial(jax.jit, static_argnames=("num_starts", "num_steps"))

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dmimo_jax._checks import check_int, check_scalar
 from dmimo_jax.bounds import linearize, peb_from_fim
@@ -163,3 +164,19 @@ def tile_scene(scene: Scene, tiling: Tiling, t: int) -> Scene:
     with its box as the UE region."""
     check_int("t", t, maximum=tiling.num_tiles - 1)
     return scene.subset(tiling.aps[t]).replace(ue_low=tiling.low[t], ue_high=tiling.high[t])
+
+
+def tile_sharding(devices: Any) -> NamedSharding | None:
+    """The sharding of a tile axis over ``devices`` (``jax.sharding`` along the leading
+    axis, named ``"tiles"``), or None for one device; ``devices=None`` is this process's
+    first device (the tiles' functions run on one device unless given more).
+
+    Raises:
+        ValueError: an empty ``devices``.
+    """
+    devices = [jax.local_devices()[0]] if devices is None else list(devices)
+    if not devices:
+        raise ValueError("devices must name at least one device")
+    if len(devices) == 1:
+        return None
+    return NamedSharding(Mesh(np.asarray(devices), ("tiles",)), PartitionSpec("tiles"))
