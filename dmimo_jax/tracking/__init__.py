@@ -2,7 +2,7 @@
 snapshots along a path, a tracking filter on the carrier phases and its posterior bound.
 
 - :mod:`~dmimo_jax.tracking.motion`: :class:`ConstantVelocity`, :class:`RandomWalk`,
-  :func:`simulate_trajectory`, :func:`simulate_track_phases`.
+  :func:`simulate_trajectory`, :func:`simulate_track_phases`, :func:`fold`.
 - :mod:`~dmimo_jax.tracking.filter`: :class:`Tracker` (iterated EKF with profiled CPOs, a
   windowed lock test), :mod:`~dmimo_jax.tracking.reacquire` (the lattice re-acquisition) and
   :mod:`~dmimo_jax.tracking.run` (:func:`run_tracker`: many UEs over time).
@@ -19,6 +19,7 @@ from dmimo_jax.tracking.motion import (
     ConstantVelocity,
     RandomWalk,
     Trajectory,
+    fold,
     simulate_track_phases,
     simulate_trajectory,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "ConstantVelocity",
     "RandomWalk",
     "Trajectory",
+    "fold",
     "simulate_trajectory",
     "simulate_track_phases",
     "TrackState",
