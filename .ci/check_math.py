@@ -9,8 +9,8 @@ Two checks of SITE (the output of ``mkdocs build``):
    every page with an equation loads that MathJax; every equation is inside an
    ``arithmatex`` element (what MathJax is configured to typeset) and none holds a control
    character (a TeX command eaten by a Python string escape, such as ``\\f`` of ``\\frac``).
-2. **In a browser** (unless ``--static-only``): ``.ci/check_math.mjs`` opens every page in
-   a headless Chromium that refuses every request to another host, lets MathJax typeset,
+2. **In a browser** (unless ``--static-only``): ``.ci/check_math.mjs`` opens every page
+   with an equation in a headless Chromium that refuses every request to another host, lets MathJax typeset,
    and counts the equations left as raw TeX and those in error (an undefined macro); it
    writes ``DIR/math.json`` and screenshots of the three pages with the most equations.
    The browser (``@sparticuz/chromium``, a Chromium inside an npm package) and its driver
