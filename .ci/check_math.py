@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import html.parser
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -96,8 +97,6 @@ def static_findings(site: pathlib.Path) -> tuple[list[str], dict]:
 
 def browser_dir() -> pathlib.Path:
     """The npm prefix holding the browser and its driver, installed on first use."""
-    import os
-
     default = pathlib.Path.home() / ".cache" / "dmimo_jax" / "ci-browser"
     prefix = pathlib.Path(os.environ.get("DMIMO_JAX_CI_BROWSER", default))
     marker = prefix / "installed.txt"

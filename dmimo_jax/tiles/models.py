@@ -86,14 +86,16 @@ def _tile_model(params, x, r, noise_var, scene, *, grids: dict, chunk: int):
     return gp.TabulatedGPModel.tabulate(exact, **grids, chunk=chunk), cpo
 
 
-def _tiles_program(params, *blocks, grids: dict, chunk: int, sharding: Any):
+@partial(jax.jit, static_argnames=("grids", "chunk", "sharding"))
+def _tiles_program(params, *blocks, grids: tuple, chunk: int, sharding: Any):
     """:func:`_tile_model` of every tile of ``blocks`` (each leaf (G, ...)): a loop over
     the tiles (``lax.map``), on each device over its share of them (``shard_map`` along
     the tile axis). A loop, not a ``vmap``: XLA:CPU's batched factorizations of the vmapped
     program sometimes never returned (1 to 2 runs in 3 under the tests' compiler settings)."""
 
     def local(params, *blocks):
-        return jax.lax.map(lambda b: _tile_model(params, *b, grids=grids, chunk=chunk), blocks)
+        one = partial(_tile_model, grids=dict(grids), chunk=chunk)
+        return jax.lax.map(lambda b: one(params, *b), blocks)
 
     if sharding is None:
         return local(params, *blocks)
@@ -192,14 +194,20 @@ def fit_tiles(
     chunk = options.pop("chunk", 4096)
     # from_model's margin for its coarsest grid, one for all tiles: tables of one shape
     options = dict(max_path_difference=2 * top + 4 * lam / 16) | options
-    for t in range(t_all):  # each tile's grids checked as from_model checks them
-        grids = gp.table_grids(tile_scene(scene, tiling, t), **options)
+    # one set of grids for every tile, checked against each tile as from_model checks it
+    grids = gp.table_grids(tile_scene(scene, tiling, 0), **options)
+    for t in range(1, t_all):
+        gp.table_grids(tile_scene(scene, tiling, t), **options)
     if not variance:
         grids["var_dd_step"] = None
     check_int("tiles_per_device", tiles_per_device, minimum=1)
     sharding = tile_sharding(devices)
     per_call = (1 if sharding is None else sharding.mesh.size) * tiles_per_device
-    program = jax.jit(partial(_tiles_program, grids=grids, chunk=chunk, sharding=sharding))
+    # jitted once at module level, the grids static (a sorted tuple: hashable): a second
+    # fit of the same shapes reuses the compiled program
+    program = partial(
+        _tiles_program, grids=tuple(sorted(grids.items())), chunk=chunk, sharding=sharding
+    )
     calls = range(0, t_all, per_call)
     if progress:
         from tqdm.auto import tqdm
