@@ -264,7 +264,8 @@ def test_nuts_posterior_runs_and_brackets_the_point_estimate():
     x, r, nv, _ = _data(21, 4)
     fit = gp.fit(x, r, nv, SCENE)
     post = gp.fit_nuts(
-        x, r, nv, SCENE, key=jax.random.key(0), init=fit, num_warmup=30, num_samples=30
+        x, r, nv, SCENE, key=jax.random.key(0), init=fit, num_warmup=30, num_samples=30,
+        max_tree_depth=6,
     )
     assert post.cpo.shape == (30, 4) and all(v.shape == (30,) for v in post.params)
     assert all(bool(jnp.all(jnp.isfinite(v))) for v in post.params)

@@ -82,7 +82,8 @@ def test_a_device_resident_batch_never_touches_the_host(trained):
 @pytest.mark.slow  # compiles the whole program several times (40-100 s here)
 def test_rows_beyond_the_capacity_are_reported_then_run_again(trained):
     """min_mass above 1: every snapshot falls back to the whole region; a capacity of one
-    row fits one of them per program."""
+    row fits one of them per program, and the plain call re-runs the others through the
+    program the batch ran (no second program)."""
     _, off = trained
     x, r, _ = _labeled(6, seed=6)
     tight = pipeline.Locator.from_offline(
@@ -94,8 +95,11 @@ def test_rows_beyond_the_capacity_are_reported_then_run_again(trained):
     roomy = tight.replace(capacity=1.0)
     want = roomy(r)
     assert not bool(jnp.any(want.overflow)) and bool(jnp.all(want.fallback))
+    tight(r[:5])  # the bucket of 6 rows (16), compiled
+    before = pipeline.Locator.compiled_programs()
     got = tight(r)  # the checked shell runs the rows that did not fit
     assert not bool(jnp.any(got.overflow))
+    assert pipeline.Locator.compiled_programs() in (before, -1)
     assert _max_diff(got.x, want.x) < 1e-9
     assert float(np.max(np.linalg.norm(np.asarray(got.x) - np.asarray(x), axis=1))) < 1e-3
 

@@ -44,6 +44,7 @@ def fit_nuts(
     num_samples: int = 300,
     prior_scale: float = 2.0,
     init: GPFit | None = None,
+    max_tree_depth: int = 10,
     progress: bool = False,
 ) -> GPPosterior:
     r"""Hyperparameter inference by NUTS (numpyro), next to the point estimate of :func:`fit`.
@@ -52,7 +53,9 @@ def fit_nuts(
     start values (:func:`initial_params`, ``s = prior_scale``); CPOs
     :math:`\phi_i \sim \mathcal U[-\pi, \pi)` as latent variables; the likelihood is eq. (23)
     (tinygp), added with ``numpyro.factor``. The chain starts at the point estimate
-    (``init``, or a fresh :func:`fit`), which saves most of the warm-up.
+    (``init``, or a fresh :func:`fit`), which saves most of the warm-up. ``max_tree_depth``
+    is NUTS's (numpyro's default, 10: at most 1,023 leapfrog steps per draw, each a
+    likelihood and its gradient); a smaller depth bounds the cost of a short chain.
     """
     import numpyro
     import numpyro.distributions as dist
@@ -78,7 +81,9 @@ def fit_nuts(
 
     values = dict(zip(names, start.params, strict=True))
     values["cpo"] = jnp.clip(start.cpo, -jnp.pi + 1e-6, jnp.pi - 1e-6)
-    kernel = NUTS(model, init_strategy=init_to_value(values=values))
+    kernel = NUTS(
+        model, init_strategy=init_to_value(values=values), max_tree_depth=max_tree_depth
+    )
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, progress_bar=progress)
     mcmc.run(key, extra_fields=("diverging",))
     draws = mcmc.get_samples()

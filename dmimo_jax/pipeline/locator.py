@@ -9,7 +9,7 @@ whole region, a dense recheck) on a fixed capacity of rows, whose outcome is one
 :class:`~dmimo_jax.pipeline.rescues.Status` per row. ``Locator.__call__`` is the thin checked
 shell around it: it validates concrete snapshots, pads the batch to one of :data:`BUCKETS`
 (seven programs serve any batch), runs the program, and re-runs the rows that did not fit
-the capacity; traced (under ``jax.jit``, ``jax.vmap``) it skips the checks and reports
+the capacity through the same program (no new compile); traced (under ``jax.jit``, ``jax.vmap``) it skips the checks and reports
 those rows as ``overflow`` instead.
 
 So ``jax.jit(loc)``, ``jax.vmap(loc)`` over single snapshots,
@@ -42,7 +42,7 @@ from dmimo_jax.estimators.window import window_offsets
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel
-from dmimo_jax.pipeline.batches import padded_parts
+from dmimo_jax.pipeline.batches import BUCKETS, bucket_for, padded_parts
 from dmimo_jax.pipeline.gate import run_gate
 from dmimo_jax.pipeline.heal import HealReport, heal
 from dmimo_jax.pipeline.online import CandidateScreen
@@ -451,25 +451,33 @@ class Locator:
             out = _program(self, rb, self.capacity_for(rb.shape[0]))
         return jax.tree.map(lambda a: a[0], out) if single else out
 
-    def _bucketed(self, r: Array, every_row: bool = False) -> LocatorResult:
+    def _bucketed(self, r: Array) -> LocatorResult:
         """The program on concrete rows ``r`` (B, M) in :func:`padded_parts` (the padding
         takes no rescue and is dropped): batches of 1 to 4,096 rows run one of
-        ``len(BUCKETS)`` programs, each compiled once. ``every_row``: the capacity is the
-        whole part (no row can overflow: the re-run of those that did)."""
+        ``len(BUCKETS)`` programs, each compiled once."""
         parts = []
         for n, padded in padded_parts(r):
             size = padded.shape[0]
-            capacity = size if every_row else self.capacity_for(size)
-            out = _program(self, padded, capacity, jnp.int32(n))
+            out = _program(self, padded, self.capacity_for(size), jnp.int32(n))
             parts.append(jax.tree.map(lambda a, n=n: a[:n], out))
         return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
 
     def _rerun_overflow(self, r: Array, out: LocatorResult) -> LocatorResult:
+        """The rows of ``r`` that overflowed the capacity, run again through the program the
+        batch ran (its first part's bucket: no new compile), at most its capacity of them at
+        a time, the rest of the bucket padding: each then fits every rescue."""
         rows = np.flatnonzero(np.asarray(out.overflow))
         if rows.size == 0:
             return out
-        again = self._bucketed(r[rows], every_row=True)
-        return jax.tree.map(lambda a, b: a.at[rows].set(b), out, again)
+        size = bucket_for(min(r.shape[0], BUCKETS[-1]))
+        capacity = self.capacity_for(size)
+        for start in range(0, rows.size, capacity):
+            chunk = rows[start : start + capacity]
+            part = r[chunk]
+            padded = jnp.concatenate([part, jnp.repeat(part[-1:], size - chunk.size, axis=0)])
+            again = _program(self, padded, capacity, jnp.int32(chunk.size))
+            out = jax.tree.map(lambda a, b, c=chunk: a.at[c].set(b[: c.size]), out, again)
+        return out
 
     def _empty(self, dtype: Any) -> LocatorResult:
         z3, z, f = jnp.zeros((0, 3), dtype), jnp.zeros((0,), dtype), jnp.zeros((0,), bool)
