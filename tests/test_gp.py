@@ -266,7 +266,7 @@ def test_nuts_posterior_runs_and_brackets_the_point_estimate():
     post = gp.fit_nuts(
         x, r, nv, SCENE, key=jax.random.key(0), init=fit, num_warmup=30, num_samples=30,
         max_tree_depth=6,
-    )
+    )  # fmt: skip
     assert post.cpo.shape == (30, 4) and all(v.shape == (30,) for v in post.params)
     assert all(bool(jnp.all(jnp.isfinite(v))) for v in post.params)
     mix = gp.GPMixtureModel.from_posterior(post, x, r, nv, SCENE, num_draws=5)

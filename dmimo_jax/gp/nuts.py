@@ -81,9 +81,7 @@ def fit_nuts(
 
     values = dict(zip(names, start.params, strict=True))
     values["cpo"] = jnp.clip(start.cpo, -jnp.pi + 1e-6, jnp.pi - 1e-6)
-    kernel = NUTS(
-        model, init_strategy=init_to_value(values=values), max_tree_depth=max_tree_depth
-    )
+    kernel = NUTS(model, init_strategy=init_to_value(values=values), max_tree_depth=max_tree_depth)
     mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples, progress_bar=progress)
     mcmc.run(key, extra_fields=("diverging",))
     draws = mcmc.get_samples()
