@@ -38,6 +38,30 @@ class LMResult(NamedTuple):
     """With has_extra: the residual function's extra output at x."""
 
 
+def solve_damped(m: Array, b: Array) -> Array:
+    """``m^{-1} b`` for the damped normal matrix ``m`` (n, n), symmetric positive definite,
+    and ``b`` (n,): an unrolled Cholesky factorization and two triangular substitutions for
+    n <= 4 (straight-line code: no LU, no pivoting loop in the program; backward stable for
+    a positive definite ``m``), :func:`jax.numpy.linalg.solve` above. A matrix that is not
+    positive definite (rounding of a degenerate ``J^T J``) gives NaN, which the step's cost
+    test rejects."""
+    n = m.shape[-1]
+    if n > 4:
+        return jnp.linalg.solve(m, b)
+    low = [[None] * n for _ in range(n)]
+    for j in range(n):
+        low[j][j] = jnp.sqrt(m[j, j] - sum(low[j][k] ** 2 for k in range(j)))
+        for i in range(j + 1, n):
+            low[i][j] = (m[i, j] - sum(low[i][k] * low[j][k] for k in range(j))) / low[j][j]
+    y = [None] * n
+    for i in range(n):
+        y[i] = (b[i] - sum(low[i][k] * y[k] for k in range(i))) / low[i][i]
+    x = [None] * n
+    for i in reversed(range(n)):
+        x[i] = (y[i] - sum(low[k][i] * x[k] for k in range(i + 1, n))) / low[i][i]
+    return jnp.stack(x)
+
+
 def levenberg_marquardt(
     residual_fn: Callable[[Array, Any], Any],
     x0: Array,
@@ -101,7 +125,7 @@ def levenberg_marquardt(
         # a column of J that vanishes (a saturated parametrization) keeps a positive scale
         d = jnp.maximum(d, jnp.finfo(d.dtype).eps * jnp.max(d))
         m = jnp.where(first, jnp.eye(x.shape[0], dtype=a.dtype), a + lam * jnp.diag(d))
-        x_new = jnp.where(first, x, x + jnp.linalg.solve(m, -g))
+        x_new = jnp.where(first, x, x + solve_damped(m, -g))
         aux_new = aux_of(x_new)
         e_new, extra_new, a_new, g_new = evaluate(x_new, aux_new)
         cost_new = jnp.sum(e_new**2)
