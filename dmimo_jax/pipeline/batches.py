@@ -5,6 +5,7 @@ requests the same way)."""
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)
@@ -24,13 +25,16 @@ def bucket_for(n: int, sizes: tuple[int, ...] = BUCKETS) -> int:
     raise ValueError(f"n={n} rows exceed the largest batch size {sizes[-1]}: split them")
 
 
-def padded_parts(r: Array, sizes: tuple[int, ...] = BUCKETS):
+def padded_parts(r: Array | np.ndarray, sizes: tuple[int, ...] = BUCKETS):
     """``r`` (B, M) in parts of at most the largest of ``sizes``, each padded to the next
-    size by repeats of its last row: yields ``(n, padded)`` with ``n`` its real rows. What the Locator's call and a loaded export run, so a few programs serve any
-    batch."""
+    size by repeats of its last row: yields ``(n, padded)`` with ``n`` its real rows. What
+    the Locator's call and a loaded export run, so a few programs serve any batch. A NumPy
+    ``r`` is split and padded on the host (no device dispatch), a JAX array on its device;
+    a part that fills its size is yielded as it is."""
+    xp = np if isinstance(r, np.ndarray) else jnp
     top = sizes[-1]
     for start in range(0, r.shape[0], top):
         part = r[start : start + top]
         n = part.shape[0]
         pad = bucket_for(n, sizes) - n
-        yield n, jnp.concatenate([part, jnp.repeat(part[-1:], pad, axis=0)])
+        yield n, xp.concatenate([part, xp.repeat(part[-1:], pad, axis=0)]) if pad else part

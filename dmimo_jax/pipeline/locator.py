@@ -33,6 +33,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import (
     as_snapshot_batch,
+    check_phases,
     is_concrete,
 )
 from dmimo_jax.estimators import PhasorTable
@@ -434,35 +435,40 @@ class Locator:
         """
         single = np.ndim(r) == 1
         if is_concrete(r):
-            rb = self._snapshots(r)
+            rb = self._host_snapshots(r) if not isinstance(r, jax.Array) else self._snapshots(r)
             if rb.shape[0] == 0:
                 return self._empty(rb.dtype)
             out = self._bucketed(rb)
             if is_concrete(out.status):  # traced under a vmap over Locators: reported only
                 out = self._rerun_overflow(rb, out)
-        else:
-            if np.shape(r)[-1:] != (self.num_aps,) or np.ndim(r) not in (1, 2):
-                raise ValueError(
-                    f"r must have shape ({self.num_aps},) or (B, {self.num_aps}), got {np.shape(r)}"
-                )
-            rb = jnp.asarray(r).astype(jnp.result_type(float))
-            if single:  # jax.vmap(loc) of batches: one batched program (_locate_one)
-                return _locate_one(self, rb)
-            out = _program(self, rb, self.capacity_for(rb.shape[0]))
-        return jax.tree.map(lambda a: a[0], out) if single else out
+            return _first_row(out) if single else out
+        if np.shape(r)[-1:] != (self.num_aps,) or np.ndim(r) not in (1, 2):
+            raise ValueError(
+                f"r must have shape ({self.num_aps},) or (B, {self.num_aps}), got {np.shape(r)}"
+            )
+        rb = jnp.asarray(r).astype(jnp.result_type(float))
+        if single:  # jax.vmap(loc) of batches: one batched program (_locate_one)
+            return _locate_one(self, rb)
+        return _program(self, rb, self.capacity_for(rb.shape[0]))
 
-    def _bucketed(self, r: Array) -> LocatorResult:
+    def _host_snapshots(self, r: Any) -> np.ndarray:
+        """:meth:`_snapshots` for input on the host (NumPy, lists): checked the same way and
+        kept there as (B, M) NumPy, so padding and splitting cost no device dispatch."""
+        check_phases("r", r, self.num_aps)
+        return np.asarray(r, jnp.result_type(float)).reshape(-1, self.num_aps)
+
+    def _bucketed(self, r: Array | np.ndarray) -> LocatorResult:
         """The program on concrete rows ``r`` (B, M) in :func:`padded_parts` (the padding
         takes no rescue and is dropped): batches of 1 to 4,096 rows run one of
         ``len(BUCKETS)`` programs, each compiled once."""
         parts = []
         for n, padded in padded_parts(r):
             size = padded.shape[0]
-            out = _program(self, padded, self.capacity_for(size), jnp.int32(n))
-            parts.append(jax.tree.map(lambda a, n=n: a[:n], out))
+            out = _program(self, padded, self.capacity_for(size), np.int32(n))
+            parts.append(out if n == size else jax.tree.map(lambda a, n=n: a[:n], out))
         return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
 
-    def _rerun_overflow(self, r: Array, out: LocatorResult) -> LocatorResult:
+    def _rerun_overflow(self, r: Array | np.ndarray, out: LocatorResult) -> LocatorResult:
         """The rows of ``r`` that overflowed the capacity, run again through the program the
         batch ran (its first part's bucket: no new compile), at most its capacity of them at
         a time, the rest of the bucket padding: each then fits every rescue."""
@@ -473,9 +479,8 @@ class Locator:
         capacity = self.capacity_for(size)
         for start in range(0, rows.size, capacity):
             chunk = rows[start : start + capacity]
-            part = r[chunk]
-            padded = jnp.concatenate([part, jnp.repeat(part[-1:], size - chunk.size, axis=0)])
-            again = _program(self, padded, capacity, jnp.int32(chunk.size))
+            (_, padded), *_ = padded_parts(r[chunk], (size,))
+            again = _program(self, padded, capacity, np.int32(chunk.size))
             out = jax.tree.map(lambda a, b, c=chunk: a.at[c].set(b[: c.size]), out, again)
         return out
 
@@ -536,6 +541,8 @@ class Locator:
 
 
 _program = jax.jit(Locator.program, static_argnums=2)
+_first_row = jax.jit(partial(jax.tree.map, lambda a: a[0]))
+"""A batch of one's result without its batch axis: one dispatch for every leaf."""
 
 
 def _locate_one_plain(loc: Locator, r: Array) -> LocatorResult:
