@@ -9,8 +9,8 @@ whole region, a dense recheck) on a fixed capacity of rows, whose outcome is one
 :class:`~dmimo_jax.pipeline.rescues.Status` per row. ``Locator.__call__`` is the thin checked
 shell around it: it validates concrete snapshots, pads the batch to one of :data:`BUCKETS`
 (seven programs serve any batch), runs the program, and re-runs the rows that did not fit
-the capacity through the same program (no new compile); traced (under ``jax.jit``, ``jax.vmap``) it skips the checks and reports
-those rows as ``overflow`` instead.
+the capacity through the same program (no new compile); traced (under ``jax.jit``,
+``jax.vmap``) it skips the checks and reports those rows as ``overflow`` instead.
 
 So ``jax.jit(loc)``, ``jax.vmap(loc)`` over single snapshots,
 :func:`~dmimo_jax.pipeline.export.sharded` over every local device, and
