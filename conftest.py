@@ -4,7 +4,6 @@ Physics, bounds and estimation are tested in float64; implicit rank promotion is
 error so that a silent (M,) vs (M, 1) broadcast cannot hide a bug.
 """
 
-import json
 import os
 import pathlib
 
@@ -77,12 +76,9 @@ def _xla_optimized_if_marked(request):
 # and the next run starts the longest first: the test command (xdist `--dist loadfile`,
 # `--no-loadscope-reorder`: one file at a time, in collection order) by each file's sum,
 # the slow tier (`--dist load`) test by test. So a long file never starts last and keeps one
-# core busy after the other is idle. Where nothing is measured yet (a fresh clone, CI), the
-# seconds of tests/durations.json order them (a CI run's, committed; regenerate it from
-# .pytest_cache/v/dmimo_jax/durations after a CI run); a test in neither keeps its
-# collection order, last. A stale entry only costs balance, never a result.
+# core busy after the other is idle. Nothing measured yet (a fresh clone, CI): the
+# collection order. A stale entry only costs balance, never a result.
 DURATIONS_KEY = "dmimo_jax/durations"
-DURATIONS_FILE = pathlib.Path(__file__).parent / "tests" / "durations.json"
 
 
 def _file_of(nodeid):
@@ -91,8 +87,7 @@ def _file_of(nodeid):
 
 def pytest_collection_modifyitems(config, items):
     cache = getattr(config, "cache", None)
-    seconds = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.is_file() else {}
-    seconds.update(cache.get(DURATIONS_KEY, {}) if cache is not None else {})
+    seconds = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
     if config.getoption("markexpr", "") == "slow":
         key = lambda item: -seconds.get(item.nodeid, 0.0)  # noqa: E731
     else:
