@@ -479,7 +479,7 @@ class Locator:
         capacity = self.capacity_for(size)
         for start in range(0, rows.size, capacity):
             chunk = rows[start : start + capacity]
-            (_, padded), *_ = padded_parts(r[chunk], (size,))
+            _, padded = next(padded_parts(r[chunk], (size,)))  # one part: chunk <= size
             again = _program(self, padded, capacity, np.int32(chunk.size))
             out = jax.tree.map(lambda a, b, c=chunk: a.at[c].set(b[: c.size]), out, again)
         return out
