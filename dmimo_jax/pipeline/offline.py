@@ -389,44 +389,76 @@ def run_offline(
 
 
 def _offline_cells(folder, data_model, screen, scene, c, seed, progress, on_epoch_end):
-    """The cell classifier of settings ``c`` (its own synthetic set from ``data_model``,
-    cached under ``folder/cells-<hash of its settings>``) and the cell table of ``screen``."""
-    settings = dataclasses.asdict(c)
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    sub = folder / f"cells-{digest}"
+    """The cell classifier of settings ``c`` (:func:`train_cell_classifier` over the UE
+    region's cells) and the cell table of ``screen``."""
+    cells = cell_grid(scene, c.cell_size)
+    net, meta = train_cell_classifier(
+        folder, data_model, cells, c, seed=seed, progress=progress, on_epoch_end=on_epoch_end
+    )
+    table = cell_table(screen, cells)  # float64 corners
+    return net, meta, table
+
+
+def train_cell_classifier(
+    folder: str | pathlib.Path,
+    model: PhaseModel,
+    cells: Any,
+    settings: CellsPreset,
+    *,
+    seed: int = 0,
+    progress: bool = True,
+    on_epoch_end: Any = None,
+) -> tuple[CellClassifier, dict]:
+    """A :class:`~dmimo_jax.learning.CellClassifier` over the partition ``cells`` (a
+    :class:`~dmimo_jax.estimators.CellGrid`) of ``model``'s phases, trained on its own
+    synthetic set of ``settings.num_samples`` snapshots of ``model`` (eq. 26: positions
+    uniform in ``model.scene``'s UE region, random CPOs, the model's phase noise), cached
+    under ``folder/cells-<hash of settings and cells>``: a finished network is loaded, an
+    interrupted synthesis or training resumes.
+
+    Returns:
+        ``(network, meta)``: ``meta`` holds the training history, the validation top-K miss
+        rate (``val_top_k_miss``) and ``radius`` (the cell size).
+    """
+    record = dataclasses.asdict(settings)
+    if cells.shape != cell_grid(model.scene, settings.cell_size).shape or not np.allclose(
+        np.asarray(cells.low), np.asarray(model.scene.ue_low)
+    ):  # a grid of its own (e.g. the tiles of a building): part of the key
+        record["cells"] = dict(
+            low=np.asarray(cells.low, float).tolist(), size=cells.cell_size, shape=cells.shape
+        )
+    digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:10]
+    sub = pathlib.Path(folder) / f"cells-{digest}"
     sub.mkdir(parents=True, exist_ok=True)
-    (sub / "config.json").write_text(json.dumps(settings, indent=1))
+    (sub / "config.json").write_text(json.dumps(record, indent=1))
     out = sub / "model"
     if (out / "spec.json").is_file():
-        net, meta = load_model(out)
-    else:
-        # the classifier needs about a million samples: for the GP, its tabulated mean
-        # synthesizes ~100x faster than the exact GP (same mean to ~1e-5 rad)
-        data = make_training_set(
-            sub / "data",
-            jax.random.key(seed + 1),
-            data_model,
-            c.num_samples,
-            chunk_size=65536,
-            progress=progress,
-        )
-        net = CellClassifier(
-            scene.num_aps, c.network, cells=cell_grid(scene, c.cell_size), rngs=nnx.Rngs(seed)
-        )
-        res = train(
-            net,
-            data,
-            c.train,
-            checkpoint_dir=sub / "ckpt",
-            progress=progress,
-            on_epoch_end=on_epoch_end,
-        )
-        net = res.model
-        n_val = max(1, int(round(c.train.val_fraction * c.num_samples)))
-        xv = np.asarray(data.x[c.num_samples - n_val :])
-        rv = np.asarray(data.r[c.num_samples - n_val :])
-        miss = np.asarray(jit_method(net, "error", rv, xv))
-        meta = dict(history=res.history, val_top_k_miss=float(miss.mean()), radius=c.cell_size)
-        save_model(out, net, meta=meta)
-    table = cell_table(screen, cell_grid(scene, c.cell_size))  # float64 corners
-    return net, meta, table
+        return load_model(out)
+    c = settings
+    # the classifier needs about a million samples: for the GP, its tabulated mean
+    # synthesizes ~100x faster than the exact GP (same mean to ~1e-5 rad)
+    data = make_training_set(
+        sub / "data",
+        jax.random.key(seed + 1),
+        model,
+        c.num_samples,
+        chunk_size=65536,
+        progress=progress,
+    )
+    net = CellClassifier(model.num_aps, c.network, cells=cells, rngs=nnx.Rngs(seed))
+    res = train(
+        net,
+        data,
+        c.train,
+        checkpoint_dir=sub / "ckpt",
+        progress=progress,
+        on_epoch_end=on_epoch_end,
+    )
+    net = res.model
+    n_val = max(1, int(round(c.train.val_fraction * c.num_samples)))
+    xv = np.asarray(data.x[c.num_samples - n_val :])
+    rv = np.asarray(data.r[c.num_samples - n_val :])
+    miss = np.asarray(jit_method(net, "error", rv, xv))
+    meta = dict(history=res.history, val_top_k_miss=float(miss.mean()), radius=c.cell_size)
+    save_model(out, net, meta=meta)
+    return net, meta
