@@ -34,7 +34,9 @@ GP and trains, screens and refines under ``m``. :class:`Locator` is the one onli
 Modules: :mod:`~dmimo_jax.pipeline.offline` (steps 1-4), :mod:`~dmimo_jax.pipeline.online`
 (the online stages as functions), :mod:`~dmimo_jax.pipeline.locator` (the Locator, one
 program), :mod:`~dmimo_jax.pipeline.stages` (its coarse stages as pytrees),
-:mod:`~dmimo_jax.pipeline.cache` (where the offline work is kept and the key that names it).
+:mod:`~dmimo_jax.pipeline.cache` (where the offline work is kept and the key that names it),
+:mod:`~dmimo_jax.pipeline.tiled` (a building located tile by tile: :func:`run_offline_tiled`,
+:class:`TiledLocator`).
 """
 
 from dmimo_jax.estimators.rows import bucket_size
@@ -57,6 +59,7 @@ from dmimo_jax.pipeline.offline import (
     make_training_set,
     search_radius,
     stored_phase_model,
+    train_cell_classifier,
     train_estimator,
 )
 from dmimo_jax.pipeline.online import (
@@ -70,6 +73,14 @@ from dmimo_jax.pipeline.online import (
 from dmimo_jax.pipeline.rescues import Status
 from dmimo_jax.pipeline.settings import LocatorSettings
 from dmimo_jax.pipeline.stages import CellStage, WindowScreen, WindowStage
+from dmimo_jax.pipeline.tiled import (
+    TILE_CLASSIFIER,
+    TiledLocator,
+    TiledOffline,
+    TiledResult,
+    run_offline_tiled,
+    tile_grid,
+)
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.window_search`): kept here so the
@@ -80,6 +91,13 @@ from dmimo_jax.pipeline.locator import Locator  # noqa: F401
 from dmimo_jax.pipeline.offline import run_offline  # noqa: F401
 
 __all__ = [
+    "TILE_CLASSIFIER",
+    "TiledLocator",
+    "TiledOffline",
+    "TiledResult",
+    "run_offline_tiled",
+    "tile_grid",
+    "train_cell_classifier",
     "CACHE_ENV",
     "KINDS",
     "CandidateScreen",

@@ -1,0 +1,340 @@
+r"""The online stage over tiles (:mod:`dmimo_jax.tiles`): a building located tile by tile,
+each snapshot costing what a snapshot of one room costs.
+
+A building's UE region is split into tiles (:func:`~dmimo_jax.tiles.tile_aps`), each with
+the K APs that carry its information. The coarse stage is hierarchical:
+
+1. **The tile.** A :class:`~dmimo_jax.learning.CellClassifier` over all M APs whose cells
+   are the tiles (:func:`tile_grid`), trained on a whole-building phase model (the
+   surveyed two-ray model by default: a tile is metres wide, far coarser than a phase
+   model's errors).
+2. **Within the tile.** The tile's own :class:`~dmimo_jax.pipeline.Locator` on its K APs:
+   its cell classifier of fixed input (K APs) and output (the tile's cells), its screen,
+   fine stage and cost gate, all from :func:`~dmimo_jax.pipeline.run_offline` on the tile's
+   scene (:func:`~dmimo_jax.tiles.tile_scene`) under the tile's GP model
+   (:func:`~dmimo_jax.tiles.fit_tiles`).
+
+Tiles of one shape give Locators of one tree structure and shapes, so **one compiled
+program serves every tile** (:meth:`Locator.compiled_programs` counts it). A snapshot whose
+tile's answer the cost gate rejects is tried in the next most likely tile (``tries``): the
+gate, not the tile classifier, decides. Per snapshot: the tile classifier (O(M)) and one
+room-sized Locator call (O(K)), independent of the number of tiles.
+
+* :func:`run_offline_tiled` -> :class:`TiledOffline`: every tile's offline stage (cached and
+  resumable like :func:`~dmimo_jax.pipeline.run_offline`) and the tile classifier.
+* :class:`TiledLocator` -> :class:`TiledResult`: the online stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax import Array
+from jax.typing import ArrayLike
+
+from dmimo_jax._checks import check_int, check_phases
+from dmimo_jax.estimators import CellGrid
+from dmimo_jax.gp.kernel import check_training_data
+from dmimo_jax.learning.cells import CellClassifier, CellConfig
+from dmimo_jax.learning.nets import jit_method
+from dmimo_jax.learning.presets import CellsPreset, Preset
+from dmimo_jax.learning.train import TrainConfig
+from dmimo_jax.physics import PhaseModel, TwoRayModel
+from dmimo_jax.pipeline.cache import cache_key, default_cache_dir
+from dmimo_jax.pipeline.locator import Locator
+from dmimo_jax.pipeline.offline import Offline, run_offline, train_cell_classifier
+from dmimo_jax.pipeline.rescues import Status
+from dmimo_jax.pipeline.settings import checked_settings
+from dmimo_jax.pipeline.stages import Network
+from dmimo_jax.scene import Scene
+from dmimo_jax.tiles import TileModels, Tiling, tile_scene
+
+TILE_CLASSIFIER = CellsPreset(
+    CellConfig(top_k=2),
+    TrainConfig(epochs=2, batch_size=1024, peak_lr=1e-3, pct_start=0.05, val_fraction=0.01),
+    600_000,
+)
+"""The tile classifier's default settings (:func:`run_offline_tiled`): the ``"quick"``
+preset's cell classifier (1024 x 3 GELU, 600,000 samples, 2 epochs), its validation error
+the top-2 miss. On the 20 m hall of ``benchmarks/tiled_locator.py`` (16 tiles of 4.75 m),
+a (256, 256) network of 200,000 samples named the right tile first for 61% of the test
+snapshots, this one for 95% (docs/locality.md)."""
+
+
+def tile_grid(tiling: Tiling) -> tuple[CellGrid, np.ndarray]:
+    """The tiles of ``tiling`` as a :class:`~dmimo_jax.estimators.CellGrid` (one layer of
+    square cells, the tiles' edge) and the map from its flat cell index to the tile index
+    (``(grid, tile_of)``; :func:`~dmimo_jax.tiles.tile_boxes` numbers tiles row by row, the
+    grid in C order).
+
+    Raises:
+        ValueError: tiles that are not squares of one size on a regular grid.
+    """
+    low, high = np.asarray(tiling.low, float), np.asarray(tiling.high, float)
+    edge = high[:, :2] - low[:, :2]
+    size = float(edge[0, 0])
+    if not np.allclose(edge, size, rtol=1e-9, atol=1e-12):
+        raise ValueError(
+            f"tiling: the tile classifier needs square tiles of one size, got edges from "
+            f"{edge.min():.6g} to {edge.max():.6g} m (tile a square region, or choose a size "
+            "that divides both sides equally)"
+        )
+    origin = low.min(axis=0)
+    ij = np.rint((low[:, :2] - origin[:2]) / size).astype(int)
+    shape = (int(ij[:, 0].max()) + 1, int(ij[:, 1].max()) + 1, 1)
+    if shape[0] * shape[1] != tiling.num_tiles:
+        raise ValueError(f"tiling: {tiling.num_tiles} tiles do not form a {shape[:2]} grid")
+    tile_of = np.empty(tiling.num_tiles, int)
+    tile_of[ij[:, 0] * shape[1] + ij[:, 1]] = np.arange(tiling.num_tiles)
+    return CellGrid(jnp.asarray(origin), size, shape), tile_of
+
+
+class TiledOffline(NamedTuple):
+    """Output of :func:`run_offline_tiled`."""
+
+    tiling: Tiling
+    """The tiles and their APs."""
+    tiles: tuple[Offline, ...]
+    """Each tile's :func:`~dmimo_jax.pipeline.run_offline` (its K APs, its box)."""
+    classifier: CellClassifier
+    """The tile classifier over all M APs (its cells: :func:`tile_grid`)."""
+    tile_of: np.ndarray
+    """(T,) the tile of each of the classifier's cells."""
+    info: dict
+    """The tile classifier's training record (``val_top_k_miss``: the share of validation
+    snapshots whose tile is not among its ``top_k``)."""
+
+
+def run_offline_tiled(
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    scene: Scene,
+    tiling: Tiling,
+    models: TileModels,
+    *,
+    whole_model: PhaseModel | None = None,
+    preset: str | Preset = "quick",
+    cells: CellsPreset | None = None,
+    classifier: CellsPreset = TILE_CLASSIFIER,
+    cache_dir: str | pathlib.Path | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> TiledOffline:
+    """The offline stage of a tiled building (module docstring).
+
+    Tile t's stage is :func:`~dmimo_jax.pipeline.run_offline` (``kinds=("cells",)``) on its
+    scene, under its GP model ``models.tile(t)``, its labels those it was conditioned on
+    (``models.labels[t]``, their phases at its APs). The tile classifier
+    (:func:`~dmimo_jax.pipeline.train_cell_classifier` over :func:`tile_grid`) learns from
+    ``whole_model``'s snapshots. Everything is cached under ``cache_dir`` by what determines
+    it: a second call loads, an interrupted one resumes.
+
+    Args:
+        x: the L labeled positions (L, 3), m.
+        r: their wrapped phases at all M APs (L, M).
+        noise_var: their phase-noise variances (L, M).
+        scene: the building.
+        tiling: :func:`~dmimo_jax.tiles.tile_aps` of ``scene`` (square tiles).
+        models: :func:`~dmimo_jax.tiles.fit_tiles` of these labels and ``tiling``.
+        whole_model: the tile classifier's model of all M APs (default: ``scene``'s
+            two-ray model).
+        preset: the tiles' training preset (:func:`~dmimo_jax.pipeline.run_offline`).
+        cells: the tiles' cell classifier settings (default: the preset's).
+        classifier: the tile classifier's settings (:data:`TILE_CLASSIFIER`).
+        cache_dir: root of the cache.
+        seed: seeds the synthetic sets and initializations.
+        progress: tqdm bars.
+
+    Raises:
+        ValueError: bad labeled snapshots, a tiling or models of another scene, tiles that
+            are not squares of one size.
+    """
+    check_training_data(x, r, noise_var, scene.num_aps)
+    if not isinstance(tiling, Tiling) or int(tiling.aps.max()) >= scene.num_aps:
+        raise ValueError("tiling must be tile_aps' Tiling of this scene")
+    if not isinstance(models, TileModels) or models.labels.shape[0] != tiling.num_tiles:
+        raise ValueError(f"models must be fit_tiles' TileModels of these {tiling.num_tiles} tiles")
+    grid, tile_of = tile_grid(tiling)
+    x, r, noise_var = (np.asarray(v, float) for v in (x, r, noise_var))
+    steps = range(tiling.num_tiles)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, desc="tiles' offline stages", unit="tile")
+    offlines = []
+    for t in steps:
+        rows, aps = models.labels[t], tiling.aps[t]
+        offlines.append(
+            run_offline(
+                x[rows],
+                r[np.ix_(rows, aps)],
+                noise_var[np.ix_(rows, aps)],
+                tile_scene(scene, tiling, t),
+                model=models.tile(t),
+                kinds=("cells",),
+                preset=preset,
+                cells=cells,
+                cache_dir=cache_dir,
+                seed=seed,
+                progress=progress,
+            )  # fmt: skip
+        )
+    whole = TwoRayModel(scene) if whole_model is None else whole_model
+    if whole.num_aps != scene.num_aps:
+        raise ValueError(f"whole_model has {whole.num_aps} APs, the scene {scene.num_aps}")
+    root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
+    folder = root / cache_key(dict(tile_classifier=type(whole).__name__, seed=seed), whole)
+    net, meta = train_cell_classifier(folder, whole, grid, classifier, seed=seed, progress=progress)
+    return TiledOffline(tiling, tuple(offlines), net, tile_of, meta)
+
+
+class TiledResult(NamedTuple):
+    """Output of :class:`TiledLocator` (leading batch axis B)."""
+
+    x: Array
+    """(B, 3) the fine estimates, m."""
+    tile: np.ndarray
+    """(B,) int: the tile whose Locator answered."""
+    tried: np.ndarray
+    """(B,) int: how many tiles were tried (1: the classifier's first)."""
+    cost: Array
+    """(B,) the answer's ML cost (eq. 17) on its tile's APs."""
+    status: Array
+    """(B,) int32 :class:`~dmimo_jax.pipeline.rescues.Status` of the answering tile."""
+    excluded: np.ndarray
+    """(B, M) bool: APs left out as faulty (of all M)."""
+
+    @property
+    def rejected(self) -> Array:
+        """(B,) no tile tried brought the answer under its cost gate."""
+        return self.status == Status.REJECTED
+
+
+@dataclasses.dataclass(frozen=True)
+class TiledLocator:
+    """The online stage of a tiled building (module docstring): the tile classifier, then
+    the tile's :class:`~dmimo_jax.pipeline.Locator` on its K APs; a row its tile's cost
+    gate rejects tries the next most likely tile, up to ``tries`` tiles.
+
+    The grouping of rows by tile happens on the host, between calls of the one compiled
+    program that every tile shares; call it on concrete snapshots.
+    """
+
+    classifier: CellClassifier
+    """The tile classifier over all M APs."""
+    locators: tuple[Locator, ...]
+    """Each tile's Locator (on its K APs)."""
+    aps: np.ndarray
+    """(T, K) int: each tile's APs."""
+    tile_of: np.ndarray
+    """(T,) int: the tile of each of the classifier's cells."""
+    tries: int = 2
+    """The most tiles tried per snapshot (the classifier's most likely first)."""
+
+    @classmethod
+    def from_offline(cls, tiled: TiledOffline, *, tries: int = 2, **settings: Any) -> TiledLocator:
+        """Every tile's :meth:`Locator.from_offline` (``settings`` passed to each) and the
+        tile classifier of ``tiled``.
+
+        Raises:
+            ValueError: ``tiled`` not :func:`run_offline_tiled`'s, ``tries`` out of
+                [1, tiles], tiles whose Locators differ in structure (one program each).
+        """
+        if not isinstance(tiled, TiledOffline):
+            raise ValueError(
+                f"tiled must be run_offline_tiled's result, got {type(tiled).__name__}"
+            )
+        check_int("tries", tries, minimum=1, maximum=tiled.tiling.num_tiles)
+        locators = [Locator.from_offline(off, "cells", **settings) for off in tiled.tiles]
+        # the gate's noise-fit bound (a static setting) of every tile: the largest chance
+        # over the tiles, so each tile allows at most the exclusions its own bound allows
+        fits = [loc.settings.noise_fit for loc in locators]
+        if fits[0]:
+            worst = tuple(float(v) for v in np.max(np.asarray(fits), axis=0))
+            locators = [
+                dataclasses.replace(loc, settings=checked_settings(
+                    loc, {**loc.settings._asdict(), "noise_fit": worst}))
+                for loc in locators
+            ]  # fmt: skip
+        # the classifiers' graphs hold their cells' corner, which inference never reads
+        # (the screen's cells are the tile's CellTable): one graph for every tile
+        graph = locators[0].stage.network.graphdef
+        locators = [_with_graph(loc, graph) for loc in locators]
+        shapes = {
+            str(jax.tree.structure(loc)) + str([jnp.shape(a) for a in jax.tree.leaves(loc)])
+            for loc in locators
+        }
+        if len(shapes) > 1:
+            raise ValueError(
+                f"the tiles' Locators differ in structure or shapes ({len(shapes)} kinds): "
+                "tiles of one size and one K share one program"
+            )
+        return cls(
+            tiled.classifier, tuple(locators), np.asarray(tiled.tiling.aps), tiled.tile_of, tries
+        )
+
+    @property
+    def num_aps(self) -> int:
+        """M, the building's APs."""
+        return int(self.classifier.num_aps)
+
+    def ranked_tiles(self, r: ArrayLike) -> np.ndarray:
+        """(B, ``tries``) the tiles of snapshots ``r`` (B, M), most likely first."""
+        r = np.asarray(r, np.float32).reshape(-1, self.num_aps)
+        cells, _ = jit_method(self.classifier, "top_cells", r, k=self.tries)
+        return self.tile_of[np.asarray(cells)]
+
+    def __call__(self, r: ArrayLike) -> TiledResult:
+        """Locate snapshots ``r`` (B, M) of all M APs (module docstring).
+
+        Raises:
+            ValueError: ``r`` not (B, M) finite real phases.
+        """
+        check_phases("r", r, self.num_aps)
+        r = np.asarray(r, float).reshape(-1, self.num_aps)
+        b = r.shape[0]
+        ranked = self.ranked_tiles(r)
+        x = np.full((b, 3), np.nan)
+        cost = np.full(b, np.inf)
+        status = np.full(b, int(Status.REJECTED), np.int32)
+        tile = ranked[:, 0].copy()
+        tried = np.zeros(b, int)
+        excluded = np.zeros((b, self.num_aps), bool)
+        pending = np.ones(b, bool)
+        for k in range(self.tries):
+            for t in np.unique(ranked[pending, k]):
+                rows = np.flatnonzero(pending & (ranked[:, k] == t))
+                out = self.locators[t](r[np.ix_(rows, self.aps[t])])
+                ok = ~np.asarray(out.rejected)
+                better = ok | (k == 0)  # the first tile's answer stands until one passes
+                take = rows[better]
+                x[take] = np.asarray(out.x)[better]
+                cost[take] = np.asarray(out.cost)[better]
+                status[take] = np.asarray(out.status)[better]
+                tile[take] = t
+                excluded[take] = False
+                ex = np.asarray(out.excluded)[better]
+                excluded[np.ix_(take, self.aps[t])] = ex
+                tried[rows] = k + 1
+                pending[rows[ok]] = False
+            if not pending.any():
+                break
+        return TiledResult(x, tile, tried, cost, status, excluded)
+
+
+def _with_graph(loc: Locator, graph: Any) -> Locator:
+    """``loc`` with its classifier's graph ``graph`` where the two differ only in the
+    classifier's cell corner (``ValueError`` otherwise)."""
+    module = loc.stage.network.module
+    module.cell_low = nnx.merge(graph, loc.stage.network.state).cell_low
+    network = Network.of(module)
+    if network.graphdef != graph:
+        raise ValueError("the tiles' cell classifiers differ in architecture: one program each")
+    return dataclasses.replace(loc, stage=dataclasses.replace(loc.stage, network=network))

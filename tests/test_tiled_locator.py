@@ -1,0 +1,112 @@
+"""dmimo_jax.pipeline.tiled: the online stage over tiles (a tile classifier, then the tile's
+Locator on its K APs; one program for every tile; the cost gate decides the tile)."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+import dmimo_jax as dj
+from dmimo_jax import tiles
+from dmimo_jax.datasets import hall_scene
+from dmimo_jax.learning import CellConfig, TrainConfig
+from dmimo_jax.learning.presets import CellsPreset
+from dmimo_jax.pipeline import tiled
+from dmimo_jax.pipeline.rescues import Status
+from tests.helpers import LOCATOR_LIGHT
+from tests.test_offline_online import CELLS, TINY
+
+# a 4 m x 2 m x 0.2 m strip of a 20 m hall (68 APs): two tiles of 2 m, each with its 24
+# nearest APs; tiny networks (what is tested is the wiring and the gate, not accuracy)
+SCENE = hall_scene(20).replace(
+    ue_low=np.array([6.0, 8.0, 1.5]), ue_high=np.array([10.0, 10.0, 1.7])
+)
+TILE_NET = CellsPreset(
+    CellConfig(hidden=(64, 64), top_k=1),
+    TrainConfig(epochs=3, batch_size=200, peak_lr=3e-3, val_fraction=0.1),
+    6000,
+)
+
+
+def test_the_tile_grid_names_each_tile():
+    scene = hall_scene(20).replace(
+        ue_low=np.array([1.0, 2.0, 0.5]), ue_high=np.array([7.0, 6.0, 2.0])
+    )
+    tiling = tiles.tile_aps(scene, 2.0, rule="nearest", num_aps=8)  # 3 x 2 tiles
+    grid, tile_of = tiled.tile_grid(tiling)
+    assert grid.shape == (3, 2, 1) and grid.cell_size == pytest.approx(2.0)
+    centres = (tiling.low + tiling.high) / 2
+    np.testing.assert_array_equal(tile_of[np.asarray(grid.index(centres))], np.arange(6))
+    corners = tiling.low + 0.01  # just inside each tile's lower corner, at the floor of it
+    np.testing.assert_array_equal(tile_of[np.asarray(grid.index(corners))], np.arange(6))
+    oblong = scene.replace(ue_high=np.array([7.0, 5.0, 2.0]))  # 6 x 3 m: tiles 2 x 1.5 m
+    with pytest.raises(ValueError, match="square tiles"):
+        tiled.tile_grid(tiles.tile_aps(oblong, 2.0, rule="nearest", num_aps=8))
+
+
+@pytest.fixture(scope="module")
+def building(tmp_path_factory):
+    tiling = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=24)
+    lab = dj.measure.labeled_snapshots(jax.random.key(5), dj.TwoRayModel(SCENE), 60)
+    lam = float(SCENE.wavelength)
+    coarse = dict(dd_step=lam / 64, num_gamma=32, var_dd_step=lam / 16, var_num_gamma=16)
+    models = tiles.fit_tiles(
+        lab.x, lab.r, lab.variance, SCENE, tiling, num_labels=30, tabulate=coarse
+    )
+    off = tiled.run_offline_tiled(
+        lab.x, lab.r, lab.variance, SCENE, tiling, models, preset=TINY, cells=CELLS,
+        classifier=TILE_NET, cache_dir=tmp_path_factory.mktemp("cache"), progress=False,
+    )  # fmt: skip
+    loc = tiled.TiledLocator.from_offline(off, **LOCATOR_LIGHT)
+    return off, loc
+
+
+@pytest.mark.slow  # two tiles' offline stages and the Locator's program (~40 s)
+def test_tiles_share_one_program_and_locate_at_their_bound(building):
+    """Every tile's Locator is one tree of one shape: calling the second tile after the
+    first compiles nothing. The tiled answers are the answering tile's own Locator's on its
+    K APs, in the tile that holds the truth, within a few PEB of all the APs."""
+    off, loc = building
+    assert len(loc.locators) == 2 and loc.aps.shape == (2, 24)
+    truth = dj.TwoRayModel(SCENE)
+    test = dj.measure.labeled_snapshots(jax.random.key(7), truth, 32)
+    r, x = np.asarray(test.r), np.asarray(test.x)
+    loc.locators[0](r[:16][:, loc.aps[0]])
+    before = dj.Locator.compiled_programs()
+    loc.locators[1](r[:16][:, loc.aps[1]])
+    assert dj.Locator.compiled_programs() == before  # the second tile: no new program
+    out = loc(r)
+    assert out.x.shape == (32, 3) and out.excluded.shape == (32, SCENE.num_aps)
+    assert not np.any(out.rejected)
+    inside = np.all((x >= off.tiling.low[out.tile]) & (x <= off.tiling.high[out.tile]), axis=1)
+    assert inside.all()  # the answering tile holds the true position
+    err = np.linalg.norm(np.asarray(out.x) - x, axis=1)
+    peb = np.asarray(dj.peb_map(x, truth))
+    assert np.all(err < 10 * peb), np.max(err / peb)
+    for t in (0, 1):  # each row's answer is its tile's Locator's on the tile's APs
+        rows = np.flatnonzero(out.tile == t)
+        own = loc.locators[t](r[np.ix_(rows, loc.aps[t])])
+        np.testing.assert_allclose(np.asarray(out.x)[rows], np.asarray(own.x), atol=1e-9)
+
+
+@pytest.mark.slow  # shares the program of the test above
+def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building):
+    """A tile classifier that names the wrong tile first (its map swapped): that tile's cost
+    gate rejects every row (its search holds no position that explains the phases) and the
+    next tile answers, as the right map would; with one try the rows stay rejected."""
+    _, loc = building
+    test = dj.measure.labeled_snapshots(jax.random.key(8), dj.TwoRayModel(SCENE), 16)
+    r = np.asarray(test.r)
+    right = loc(r)
+    assert np.all(right.tried == 1) or not np.any(right.rejected)
+    swapped = dataclasses.replace(loc, tile_of=loc.tile_of[::-1].copy())
+    second = swapped(r)
+    np.testing.assert_array_equal(second.tried, 2)
+    np.testing.assert_array_equal(second.tile, right.tile)
+    np.testing.assert_allclose(np.asarray(second.x), np.asarray(right.x), atol=1e-9)
+    once = dataclasses.replace(swapped, tries=1)(r)
+    np.testing.assert_array_equal(np.asarray(once.status), int(Status.REJECTED))
+    assert np.all(once.tile != right.tile)
+    with pytest.raises(ValueError, match="r must"):
+        loc(r[:, :10])
