@@ -1,0 +1,204 @@
+"""The learned online stage over tiles: a hall of the paper's AP density located tile by tile
+(:class:`dmimo_jax.pipeline.tiled.TiledLocator`), its cost per snapshot next to one tile's
+Locator in the same run.
+
+Per world (:func:`dmimo_jax.datasets.hall_scene`, tiles of ``--tile`` m by the ``"bound"``
+rule at ``--factor``; labels at ``--labels-per-m2`` from the two-ray truth; each tile's GP by
+:func:`dmimo_jax.tiles.fit_tiles`; every tile's offline stage and the tile classifier by
+:func:`dmimo_jax.pipeline.tiled.run_offline_tiled` with a cell classifier of
+``--tile-samples`` samples per tile):
+
+* the offline stage's seconds (GP fits, the tiles' stages, the tile classifier) and peak RSS;
+* the bytes of the tiles' tables (phasor and cell tables: what the online stage holds);
+* on ``--num`` test snapshots of the truth: RMSE over the all-AP PEB (eq. 13) and over the
+  K-AP PEB of the answering tile (accepted rows), p99 over the PEB, the share within 5 PEB
+  (the right lobe), the share accepted by the cost gate and accepted beyond 5 PEB, the tile classifier's first tile right, rows
+  that tried a second tile;
+* ms per snapshot at batch 256 and batch 1 (median over single snapshots), of the tiled
+  stage and of one tile's Locator on the same rows at its K APs (the ratio: what tiling
+  adds), and the programs compiled (one for every tile per batch bucket).
+
+    python benchmarks/tiled_locator.py --sizes 20 --json out/tiled_locator.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+import tempfile
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+from _common import peak_rss_mb, print_table, write_json  # noqa: E402
+
+import dmimo_jax as dj  # noqa: E402
+from dmimo_jax import tiles  # noqa: E402
+from dmimo_jax.bounds import efim_from_variance, linearize, peb_from_fim  # noqa: E402
+from dmimo_jax.datasets import hall_scene  # noqa: E402
+from dmimo_jax.learning import get_preset  # noqa: E402
+from dmimo_jax.pipeline import tiled  # noqa: E402
+
+
+@jax.jit
+def subset_pebs(xs, model, excluded):
+    """The PEB of the APs not ``excluded`` (P, M) at each of ``xs`` (P, 3)."""
+
+    def one(x, out):
+        _, h, variance = linearize(x, model)
+        return peb_from_fim(
+            h.T @ efim_from_variance(jax.numpy.where(out, jax.numpy.inf, variance)) @ h
+        )
+
+    return jax.vmap(one)(xs, excluded)
+
+
+def median_single_ms(fn, r, count):
+    """The median of ``count`` single-snapshot calls (each another row), ms."""
+    fn(r[:1])  # compiled
+    times = []
+    for i in range(1, count + 1):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(r[i : i + 1]).x)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def batch_ms(fn, r):
+    """ms per snapshot of one call on the batch ``r`` (compiled first)."""
+    jax.block_until_ready(fn(r).x)
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(r).x)
+    return 1e3 * (time.perf_counter() - t0) / r.shape[0]
+
+
+def world_row(side, args):
+    scene = hall_scene(side, seed=args.seed)
+    truth = dj.TwoRayModel(scene)
+    area = float(np.prod(np.asarray(scene.ue_high - scene.ue_low)[:2]))
+    num_labels = int(round(args.labels_per_m2 * area))
+    tiling = tiles.tile_aps(scene, args.tile, factor=args.factor)
+    per_tile = int(np.ceil(args.labels_per_m2 * (args.tile + 2) ** 2))
+    per_tile = min(max(per_tile, 25), num_labels)
+    row = dict(side_m=side, num_aps=scene.num_aps, tiles=tiling.num_tiles, k=tiling.num_aps,
+               worst_ratio=float(tiling.ratio.max()), labels=num_labels)  # fmt: skip
+    lab = dj.measure.labeled_snapshots(jax.random.key(1000 + args.seed), truth, num_labels)
+    test = dj.measure.labeled_snapshots(jax.random.key(2000 + args.seed), truth, args.num)
+    t0 = time.perf_counter()
+    models = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, tiling, num_labels=per_tile,
+                             progress=args.progress)  # fmt: skip
+    jax.block_until_ready(models.models)
+    row["fit_s"] = time.perf_counter() - t0
+    cells = get_preset("quick").cells
+    cells = dataclasses.replace(cells, num_samples=args.tile_samples,
+                                network=dataclasses.replace(cells.network, hidden=args.hidden))  # fmt: skip
+    net = tiled.TILE_CLASSIFIER
+    net = dataclasses.replace(net, num_samples=args.net_samples,
+                              network=dataclasses.replace(net.network, hidden=args.net_hidden))  # fmt: skip
+    t0 = time.perf_counter()
+    off = tiled.run_offline_tiled(lab.x, lab.r, lab.variance, scene, tiling, models,
+                                  preset="quick", cells=cells, classifier=net, cache_dir=args.cache,
+                                  seed=args.seed, progress=args.progress)  # fmt: skip
+    row["offline_s"] = time.perf_counter() - t0
+    row["tile_net_miss"] = float(off.info["val_top_k_miss"])
+    row["tiles_cell_miss_mean"] = float(
+        np.mean([o.info["cells"]["val_top_k_miss"] for o in off.tiles])
+    )
+    loc = tiled.TiledLocator.from_offline(off, tries=args.tries)
+    leaves = [jax.tree.leaves((lc.table, lc.stage.cells)) for lc in loc.locators]
+    row["tables_mb"] = sum(a.nbytes for ls in leaves for a in ls) / 2**20
+    r, x = np.asarray(test.r), np.asarray(test.x)
+    before = dj.Locator.compiled_programs()
+    t0 = time.perf_counter()
+    out = loc(r)
+    row["first_call_s"] = time.perf_counter() - t0
+    row["programs"] = dj.Locator.compiled_programs() - before
+    err = np.linalg.norm(np.asarray(out.x) - x, axis=1)
+    peb = np.asarray(dj.peb_map(x, truth))
+    excluded = np.ones((len(x), scene.num_aps), bool)
+    for i, t in enumerate(out.tile):
+        excluded[i, tiling.aps[t]] = False
+    peb_k = np.asarray(subset_pebs(x, truth, excluded))
+    ok = ~np.asarray(out.rejected)
+    home = np.all((x[:, None, :2] >= tiling.low[None, :, :2]) &
+                  (x[:, None, :2] <= tiling.high[None, :, :2]), axis=2)  # fmt: skip
+    first = loc.ranked_tiles(r)[:, 0]
+    row.update(
+        rmse_over_peb=float(np.sqrt(np.mean(err[ok] ** 2)) / np.mean(peb[ok])),
+        rmse_over_k_peb=float(np.sqrt(np.mean(err[ok] ** 2)) / np.mean(peb_k[ok])),
+        p99_over_peb=float(np.quantile(err / peb, 0.99)),
+        right_lobe=float(np.mean(err < 5 * peb)),
+        accepted=float(np.mean(ok)),
+        accepted_wrong=float(np.mean(ok & (err >= 5 * peb))),
+        first_tile_right=float(np.mean(home[np.arange(len(x)), first])),
+        second_tile=float(np.mean(out.tried > 1)),
+    )
+    # cost per snapshot: the tiled stage against one tile's Locator on the same rows
+    # (the tile's own accepted rows, repeated to the batch: a room's Locator on its room)
+    t = int(np.bincount(out.tile[ok]).argmax())
+    one = loc.locators[t]
+    mine = np.resize(r[ok & (out.tile == t)][:, tiling.aps[t]], (len(r), len(tiling.aps[t])))
+    b = min(256, len(r))
+    row["tiled_ms_b256"] = batch_ms(loc, r[:b])
+    row["tile_ms_b256"] = batch_ms(one, mine[:b])
+    row["tiled_ms_b1"] = median_single_ms(loc, r, args.singles)
+    row["tile_ms_b1"] = median_single_ms(one, mine, args.singles)
+    row["peak_rss_mb"] = peak_rss_mb()
+    print(row, flush=True)
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=float, nargs="*", default=[20.0], help="hall sides, m")
+    ap.add_argument("--tile", type=float, default=5.0, help="tile side, m")
+    ap.add_argument("--factor", type=float, default=2.0, help="the tiles' bound factor")
+    ap.add_argument("--labels-per-m2", type=float, default=0.5)
+    ap.add_argument("--tile-samples", type=int, default=200_000, help="per tile's classifier")
+    ap.add_argument("--hidden", type=int, nargs="*", default=[512, 512, 512])
+    ap.add_argument("--tries", type=int, default=2, help="tiles tried per snapshot")
+    ap.add_argument("--net-samples", type=int, default=600_000, help="the tile classifier's")
+    ap.add_argument("--net-hidden", type=int, nargs="*", default=[1024, 1024, 1024])
+    ap.add_argument("--num", type=int, default=512, help="test snapshots")
+    ap.add_argument("--singles", type=int, default=20, help="single-snapshot calls timed")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", type=pathlib.Path, default=None, help="default: a temporary one")
+    ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    args.hidden, args.net_hidden = tuple(args.hidden), tuple(args.net_hidden)
+    if args.cache is None:
+        args.cache = pathlib.Path(tempfile.mkdtemp(prefix="tiled-"))
+    rows = [world_row(side, args) for side in args.sizes]
+    print_table(
+        rows,
+        [
+            ("side_m", "side m", ".0f"),
+            ("num_aps", "M", "d"),
+            ("tiles", "tiles", "d"),
+            ("k", "K", "d"),
+            ("offline_s", "offline s", ".0f"),
+            ("tables_mb", "tables MiB", ".0f"),
+            ("rmse_over_peb", "RMSE/PEB", ".2f"),
+            ("rmse_over_k_peb", "RMSE/K-PEB", ".2f"),
+            ("right_lobe", "<5 PEB", ".3f"),
+            ("accepted", "accepted", ".3f"),
+            ("accepted_wrong", "acc. >5 PEB", ".3f"),
+            ("first_tile_right", "tile right", ".3f"),
+            ("tiled_ms_b256", "tiled ms b256", ".2f"),
+            ("tile_ms_b256", "1 tile ms b256", ".2f"),
+            ("tiled_ms_b1", "tiled ms b1", ".2f"),
+            ("tile_ms_b1", "1 tile ms b1", ".2f"),
+            ("programs", "programs", "d"),
+            ("peak_rss_mb", "RSS MiB", ".0f"),
+        ],
+    )
+    write_json(args.json, dict(rows=rows, settings={k: str(v) for k, v in vars(args).items()}))
+
+
+if __name__ == "__main__":
+    main()
