@@ -40,7 +40,7 @@ program), :mod:`~dmimo_jax.pipeline.stages` (its coarse stages as pytrees),
 """
 
 from dmimo_jax.estimators.rows import bucket_size
-from dmimo_jax.pipeline.batches import BUCKETS, bucket_for
+from dmimo_jax.pipeline.batches import BUCKETS, bucket_for, snug_parts
 from dmimo_jax.pipeline.cache import (
     CACHE_ENV,
     COMPILATION_CACHE_ENV,
@@ -122,6 +122,7 @@ __all__ = [
     "default_cache_dir",
     "BUCKETS",
     "bucket_for",
+    "snug_parts",
     "Status",
     "use_compilation_cache",
     "COMPILATION_CACHE_ENV",

@@ -25,6 +25,37 @@ def bucket_for(n: int, sizes: tuple[int, ...] = BUCKETS) -> int:
     raise ValueError(f"n={n} rows exceed the largest batch size {sizes[-1]}: split them")
 
 
+def snug_parts(n: int, sizes: tuple[int, ...] = BUCKETS, waste: float = 0.25) -> list[int]:
+    """``n`` rows as parts that each run one of ``sizes``' programs with little padding: a
+    part of the largest size while more remain, else the rest when its size's padding is
+    at most ``waste`` of it, else the largest size that the rest fills. Where the Locator's
+    call pads a batch to the next size (5 rows run 16), a caller with many small batches
+    (a tiled building's tiles) runs ``[4, 1]``: the same programs, a fraction of the work.
+
+    Examples:
+        >>> snug_parts(5), snug_parts(11), snug_parts(63), snug_parts(70)
+        ([4, 1], [4, 4, 3], [63], [64, 4, 1, 1])
+
+    Raises:
+        ValueError: a negative ``n`` or a ``waste`` outside [0, 1).
+    """
+    if n < 0:
+        raise ValueError(f"n must be a row count >= 0, got {n}")
+    if not 0 <= waste < 1:
+        raise ValueError(f"waste must be in [0, 1), got {waste}")
+    parts = []
+    while n > 0:
+        if n >= sizes[-1]:
+            part = sizes[-1]
+        elif bucket_for(n, sizes) - n <= waste * bucket_for(n, sizes):
+            part = n
+        else:
+            part = max(s for s in sizes if s <= n)
+        parts.append(part)
+        n -= part
+    return parts
+
+
 def padded_parts(r: Array | np.ndarray, sizes: tuple[int, ...] = BUCKETS):
     """``r`` (B, M) in parts of at most the largest of ``sizes``, each padded to the next
     size by repeats of its last row: yields ``(n, padded)`` with ``n`` its real rows. What

@@ -15,10 +15,12 @@ the K APs that carry its information. The coarse stage is hierarchical:
    (:func:`~dmimo_jax.tiles.fit_tiles`).
 
 Tiles of one shape give Locators of one tree structure and shapes, so **one compiled
-program serves every tile** (:meth:`Locator.compiled_programs` counts it). A snapshot whose
-tile's answer the cost gate rejects is tried in the next most likely tile (``tries``): the
-gate, not the tile classifier, decides. Per snapshot: the tile classifier (O(M)) and one
-room-sized Locator call (O(K)), independent of the number of tiles.
+program serves every tile** (:meth:`Locator.compiled_programs` counts it; per batch size,
+one with the gate's rescues and one without). A snapshot whose tile's answer the cost gate
+rejects is tried in the next most likely tile (``tries``), first by the gate alone, then
+with its rescues: the gate, not the tile classifier, decides. Per snapshot: the tile
+classifier (O(M)) and one room-sized Locator call (O(K)), independent of the number of
+tiles.
 
 * :func:`run_offline_tiled` -> :class:`TiledOffline`: every tile's offline stage (cached and
   resumable like :func:`~dmimo_jax.pipeline.run_offline`) and the tile classifier.
@@ -46,6 +48,7 @@ from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.learning.presets import CellsPreset, Preset
 from dmimo_jax.learning.train import TrainConfig
 from dmimo_jax.physics import PhaseModel, TwoRayModel
+from dmimo_jax.pipeline.batches import snug_parts
 from dmimo_jax.pipeline.cache import cache_key, default_cache_dir
 from dmimo_jax.pipeline.locator import Locator
 from dmimo_jax.pipeline.offline import Offline, run_offline, train_cell_classifier
@@ -163,6 +166,13 @@ def run_offline_tiled(
         raise ValueError(f"models must be fit_tiles' TileModels of these {tiling.num_tiles} tiles")
     grid, tile_of = tile_grid(tiling)
     x, r, noise_var = (np.asarray(v, float) for v in (x, r, noise_var))
+    # the tile classifier first: its synthetic set is freed before the tiles' tables are held
+    whole = TwoRayModel(scene) if whole_model is None else whole_model
+    if whole.num_aps != scene.num_aps:
+        raise ValueError(f"whole_model has {whole.num_aps} APs, the scene {scene.num_aps}")
+    root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
+    folder = root / cache_key(dict(tile_classifier=type(whole).__name__, seed=seed), whole)
+    net, meta = train_cell_classifier(folder, whole, grid, classifier, seed=seed, progress=progress)
     steps = range(tiling.num_tiles)
     if progress:
         from tqdm.auto import tqdm
@@ -186,12 +196,6 @@ def run_offline_tiled(
                 progress=progress,
             )  # fmt: skip
         )
-    whole = TwoRayModel(scene) if whole_model is None else whole_model
-    if whole.num_aps != scene.num_aps:
-        raise ValueError(f"whole_model has {whole.num_aps} APs, the scene {scene.num_aps}")
-    root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
-    folder = root / cache_key(dict(tile_classifier=type(whole).__name__, seed=seed), whole)
-    net, meta = train_cell_classifier(folder, whole, grid, classifier, seed=seed, progress=progress)
     return TiledOffline(tiling, tuple(offlines), net, tile_of, meta)
 
 
@@ -202,8 +206,9 @@ class TiledResult(NamedTuple):
     """(B, 3) the fine estimates, m."""
     tile: np.ndarray
     """(B,) int: the tile whose Locator answered."""
-    tried: np.ndarray
-    """(B,) int: how many tiles were tried (1: the classifier's first)."""
+    rank: np.ndarray
+    """(B,) int: the answering tile's place in the tile classifier's ranking (0: its most
+    likely)."""
     cost: Array
     """(B,) the answer's ML cost (eq. 17) on its tile's APs."""
     status: Array
@@ -219,18 +224,29 @@ class TiledResult(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class TiledLocator:
-    """The online stage of a tiled building (module docstring): the tile classifier, then
-    the tile's :class:`~dmimo_jax.pipeline.Locator` on its K APs; a row its tile's cost
-    gate rejects tries the next most likely tile, up to ``tries`` tiles.
+    """The online stage of a tiled building (module docstring): the tile classifier ranks
+    the tiles, then the tiles' :class:`~dmimo_jax.pipeline.Locator` s answer on their K APs
+    in two passes:
 
-    The grouping of rows by tile happens on the host, between calls of the one compiled
-    program that every tile shares; call it on concrete snapshots.
+    1. **The tiles, by the gate alone**: each row in its most likely tile, with the cost
+       gate but none of its rescues (``quick``); a row the gate rejects goes on to the next
+       tile, up to ``tries`` tiles. A wrong tile's answer fails the gate and costs one
+       first answer, not a rescue.
+    2. **The rescues**: a row no tile passed is run again through the full Locators (the
+       gate's rescues: faulty APs left out, the tile searched whole, a dense recheck), its
+       ranked tiles in turn; one no tile passes is ``REJECTED`` with its first tile's answer.
+
+    The grouping of rows by tile happens on the host, between calls of the programs that
+    every tile shares (one with rescues, one without, per batch size); call it on concrete
+    snapshots.
     """
 
     classifier: CellClassifier
     """The tile classifier over all M APs."""
     locators: tuple[Locator, ...]
     """Each tile's Locator (on its K APs)."""
+    quick: tuple[Locator, ...]
+    """The same Locators without the gate's rescues (the first pass)."""
     aps: np.ndarray
     """(T, K) int: each tile's APs."""
     tile_of: np.ndarray
@@ -276,9 +292,9 @@ class TiledLocator:
                 f"the tiles' Locators differ in structure or shapes ({len(shapes)} kinds): "
                 "tiles of one size and one K share one program"
             )
-        return cls(
-            tiled.classifier, tuple(locators), np.asarray(tiled.tiling.aps), tiled.tile_of, tries
-        )
+        quick = tuple(loc.replace(rescues=()) for loc in locators)
+        aps = np.asarray(tiled.tiling.aps)
+        return cls(tiled.classifier, tuple(locators), quick, aps, tiled.tile_of, tries)
 
     @property
     def num_aps(self) -> int:
@@ -301,32 +317,56 @@ class TiledLocator:
         r = np.asarray(r, float).reshape(-1, self.num_aps)
         b = r.shape[0]
         ranked = self.ranked_tiles(r)
-        x = np.full((b, 3), np.nan)
-        cost = np.full(b, np.inf)
-        status = np.full(b, int(Status.REJECTED), np.int32)
-        tile = ranked[:, 0].copy()
-        tried = np.zeros(b, int)
-        excluded = np.zeros((b, self.num_aps), bool)
+        answer = dict(
+            x=np.full((b, 3), np.nan),
+            cost=np.full(b, np.inf),
+            status=np.full(b, int(Status.REJECTED), np.int32),
+            tile=ranked[:, 0].copy(),
+            rank=np.zeros(b, int),
+            excluded=np.zeros((b, self.num_aps), bool),
+        )
         pending = np.ones(b, bool)
-        for k in range(self.tries):
-            for t in np.unique(ranked[pending, k]):
-                rows = np.flatnonzero(pending & (ranked[:, k] == t))
-                out = self.locators[t](r[np.ix_(rows, self.aps[t])])
-                ok = ~np.asarray(out.rejected)
-                better = ok | (k == 0)  # the first tile's answer stands until one passes
-                take = rows[better]
-                x[take] = np.asarray(out.x)[better]
-                cost[take] = np.asarray(out.cost)[better]
-                status[take] = np.asarray(out.status)[better]
-                tile[take] = t
-                excluded[take] = False
-                ex = np.asarray(out.excluded)[better]
-                excluded[np.ix_(take, self.aps[t])] = ex
-                tried[rows] = k + 1
-                pending[rows[ok]] = False
+        for locators in (self.quick, self.locators):
+            for k in range(self.tries):
+                for t in np.unique(ranked[pending, k]):
+                    rows = np.flatnonzero(pending & (ranked[:, k] == t))
+                    out = self._tile_call(locators[t], r[np.ix_(rows, self.aps[t])])
+                    ok = ~np.asarray(out.rejected)
+                    # a passing answer is kept; else the first tile's with its rescues
+                    keep = ok | ((locators is self.locators) & (k == 0))
+                    _write(answer, rows[keep], out, keep, t, k, self.aps[t])
+                    pending[rows[ok]] = False
+                if not pending.any():
+                    break
             if not pending.any():
                 break
-        return TiledResult(x, tile, tried, cost, status, excluded)
+        return TiledResult(
+            answer["x"], answer["tile"], answer["rank"], answer["cost"], answer["status"],
+            answer["excluded"],
+        )  # fmt: skip
+
+    @staticmethod
+    def _tile_call(loc: Locator, r: np.ndarray) -> Any:
+        """A tile's Locator ``loc`` on its rows ``r`` (n, K), in :func:`snug_parts` (a
+        tile's rows are few: padding them to the next batch size would cost up to 4x)."""
+        outs, start = [], 0
+        for n in snug_parts(r.shape[0]):
+            outs.append(loc(r[start : start + n]))
+            start += n
+        return outs[0] if len(outs) == 1 else jax.tree.map(lambda *a: np.concatenate(a), *outs)
+
+
+def _write(
+    answer: dict, rows: np.ndarray, out: Any, keep: np.ndarray, t: int, k: int, aps: np.ndarray
+) -> None:
+    """Rows ``rows`` of ``answer`` (the host arrays of :class:`TiledResult`) from the
+    ``keep`` rows of tile ``t``'s result ``out`` (its ``k``-th ranked tile, APs ``aps``)."""
+    answer["x"][rows] = np.asarray(out.x)[keep]
+    answer["cost"][rows] = np.asarray(out.cost)[keep]
+    answer["status"][rows] = np.asarray(out.status)[keep]
+    answer["tile"][rows], answer["rank"][rows] = t, k
+    answer["excluded"][rows] = False
+    answer["excluded"][np.ix_(rows, aps)] = np.asarray(out.excluded)[keep]
 
 
 def _with_graph(loc: Locator, graph: Any) -> Locator:
