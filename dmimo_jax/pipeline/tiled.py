@@ -36,7 +36,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax import Array
 from jax.typing import ArrayLike
 
@@ -281,8 +280,8 @@ class TiledLocator:
             ]  # fmt: skip
         # the classifiers' graphs hold their cells' corner, which inference never reads
         # (the screen's cells are the tile's CellTable): one graph for every tile
-        graph = locators[0].stage.network.graphdef
-        locators = [_with_graph(loc, graph) for loc in locators]
+        first = locators[0].stage.network
+        locators = [_with_graph(loc, first.graphdef, first.module.cell_low) for loc in locators]
         shapes = {
             str(jax.tree.structure(loc)) + str([jnp.shape(a) for a in jax.tree.leaves(loc)])
             for loc in locators
@@ -369,11 +368,11 @@ def _write(
     answer["excluded"][np.ix_(rows, aps)] = np.asarray(out.excluded)[keep]
 
 
-def _with_graph(loc: Locator, graph: Any) -> Locator:
-    """``loc`` with its classifier's graph ``graph`` where the two differ only in the
-    classifier's cell corner (``ValueError`` otherwise)."""
+def _with_graph(loc: Locator, graph: Any, cell_low: tuple) -> Locator:
+    """``loc`` with its classifier's graph ``graph`` (whose cell corner is ``cell_low``)
+    where the two differ only in that corner (``ValueError`` otherwise)."""
     module = loc.stage.network.module
-    module.cell_low = nnx.merge(graph, loc.stage.network.state).cell_low
+    module.cell_low = cell_low
     network = Network.of(module)
     if network.graphdef != graph:
         raise ValueError("the tiles' cell classifiers differ in architecture: one program each")
