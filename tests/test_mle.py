@@ -154,3 +154,37 @@ def test_recheck_costly_searches_again_only_the_answers_whose_cost_is_wrong():
     # chunks of one answer: the same answers
     one, _ = dj.estimators.recheck_costly(test.r, truth, wrong, max_fraction=1.0, chunk=1, **window)
     np.testing.assert_allclose(one.x, out.x, atol=1e-9)
+
+
+@pytest.mark.parametrize("batch", [2, 12])  # 8 lanes: all starts at once; 48: one per pass
+def test_best_start_then_refine_equals_multistart_then_refine(batch):
+    """The one-call-site loop of the Locator's first answer gives refine_multistart's best
+    and refine_batch's fine answer from it, in both lane layouts, and under a second model
+    for the fine pass; a start whose cost is NaN never wins."""
+    from dmimo_jax.estimators.mle import WIDE_LANES, best_start_then_refine
+
+    assert (batch * 4 <= WIDE_LANES) == (batch == 2)
+    key = jax.random.key(5)
+    x = dj.sample_positions(key, batch, SCENE)
+    r = jax.vmap(lambda k, xi: dj.simulate_phases(k, SCENE, xi, 0.4))(
+        jax.random.split(key, batch), x
+    )
+    starts = x[:, None, :] + 0.04 * jax.random.normal(jax.random.key(6), (batch, 4, 3))
+    starts = starts.at[0, 0].set(jnp.nan)  # row 0's first start fails
+    other = dj.TwoRayModel(SCENE.replace(eps_r=1.3 * SCENE.eps_r))
+    for fine_model in (None, other):
+        screened, fine = jax.jit(best_start_then_refine, static_argnums=(3, 4))(
+            starts, r, MODEL, 2, 3, fine_model
+        )
+        best = est.mle.refine_multistart_unchecked(starts, r, MODEL, 2)
+        want = est.mle.refine_batch_unchecked(best.x, r, fine_model or MODEL, 3)
+        assert np.all(np.isfinite(np.asarray(screened)))
+        np.testing.assert_allclose(screened, best.x, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(fine.x, want.x, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(fine.cost, want.cost, rtol=1e-9)
+        np.testing.assert_array_equal(fine.num_accepted, want.num_accepted)
+    # a different fine model moves the fine answer (the second model is really used)
+    assert (
+        float(jnp.max(jnp.abs(fine.x - est.mle.refine_batch_unchecked(best.x, r, MODEL, 3).x)))
+        > 1e-6
+    )

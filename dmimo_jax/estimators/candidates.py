@@ -544,24 +544,18 @@ def k_min(k: int, per_cell: int) -> int:
     return -(-k // per_cell)
 
 
-def tiered_candidate_search(
+def tiered_candidate_starts(
     r: Array,
-    model: PhaseModel,
     table: CellTable,
     cells: Array,
     count: Array,
     k: int,
-    num_steps: int,
     by_cell: bool,
     tiers: tuple[int, ...] = (),
-) -> CandidateResult:
-    """:func:`candidate_search` with ``count[b]`` (B,) of the (B, K) ``cells`` screened per
-    row (traced, unchecked; ``k``, ``num_steps``, ``by_cell`` static: see
-    :func:`tiered_starts`). Rows with ``count`` 0 get meaningless answers (the caller
-    replaces them)."""
+) -> Array:
+    """The starts (B, k, 3) of :func:`candidate_search` with ``count[b]`` (B,) of the
+    (B, K) ``cells`` screened per row (``k``, ``by_cell`` static: see :func:`tiered_starts`),
+    kept above the floor (z >= 1 mm). Traced, unchecked; rows with ``count`` 0 get
+    meaningless starts (the caller replaces their answers)."""
     x0 = tiered_starts(r, table, cells, count, k, by_cell, tiers)
-    x0 = x0.at[..., 2].set(jnp.maximum(x0[..., 2], 1e-3))
-    fine = refine_multistart_unchecked(x0, r, model, num_steps)
-    start = jnp.take_along_axis(x0, fine.index[:, None, None], axis=1)[:, 0]
-    cost = ls_costs(r, jax.vmap(model.mean)(fine.x))
-    return CandidateResult(fine.x, cost, start)
+    return x0.at[..., 2].set(jnp.maximum(x0[..., 2], 1e-3))

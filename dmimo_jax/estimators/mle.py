@@ -269,6 +269,88 @@ def _refine_multistart(
     return MultiStartResult(x, jnp.take_along_axis(cost, j[:, None], axis=1)[:, 0], j)
 
 
+WIDE_LANES = 32
+""":func:`best_start_then_refine` refines all starts at once (one pass of the batch's
+``B * K`` lanes, then the fine pass on as many) when they are at most this many lanes, else
+one start at a time (``K + 1`` passes of ``B`` lanes): a small batch's cost is the passes'
+count, a large one's the lanes'."""
+
+
+def best_start_then_refine(
+    starts: Array,
+    r: Array,
+    model: PhaseModel,
+    screen_steps: int,
+    fine_steps: int,
+    fine_model: PhaseModel | None = None,
+    damping: float = 1e-3,
+) -> tuple[Array, RefineResult]:
+    """:func:`refine_multistart_unchecked` of ``starts`` (B, K, 3) and snapshots ``r``
+    (B, M) for ``screen_steps``, then :func:`refine_batch_unchecked` of each row's best
+    for ``fine_steps``, as one ``lax.fori_loop`` over passes with **one**
+    Levenberg-Marquardt call site (its step count traced): a program that holds the model's
+    linearization once instead of twice. Traced and unchecked; the same answers as the two
+    calls (the best start is the first of lowest finite cost; the fine pass starts from it
+    with the damping reset). A ``fine_model`` other than ``model`` (None: the same) refines
+    the fine pass under it (then two call sites, one per model). Returns
+    ``(screened, fine)``: the best screened point (B, 3) and the fine result (B,).
+
+    Lanes: at most :data:`WIDE_LANES` starts (``B * K``) are refined together in one pass
+    and the fine pass runs on as many lanes (the row's best repeated; lane 0 of each row
+    read); more run one start per pass (``K`` passes of ``B`` lanes, keeping each row's
+    best) and the fine pass on ``B``: the same Levenberg-Marquardt work as the two calls."""
+    batch, k, _ = starts.shape
+    starts = starts.astype(r.dtype)
+    wide = batch * k <= WIDE_LANES
+    passes = 2 if wide else k + 1
+    lanes = batch * k if wide else batch
+    rr = jnp.repeat(r, k, axis=0) if wide else r
+    dtype = r.dtype
+    blank = RefineResult(jnp.zeros((lanes, 3), dtype), jnp.zeros(lanes, dtype),
+                         jnp.full(lanes, jnp.inf, dtype), jnp.zeros(lanes, jnp.int32))  # fmt: skip
+
+    def run(x0: Array, steps: Array, screening: Array) -> RefineResult:
+        def under(m: PhaseModel) -> RefineResult:
+            one = lambda x, ri: refine_with_model(x, ri, m, steps, damping).fine
+            return jax.vmap(one)(x0, rr)
+
+        if fine_model is None or fine_model is model:
+            return under(model)
+        return jax.lax.cond(screening, lambda: under(model), lambda: under(fine_model))
+
+    def finite(cost: Array) -> Array:
+        return jnp.where(jnp.isfinite(cost), cost, jnp.inf)
+
+    def body(p: Array, carry: tuple) -> tuple:
+        best_x, best_cost, fine = carry
+        screening = p < passes - 1
+        if wide:
+            x0 = jnp.where(screening, starts.reshape(lanes, 3), jnp.repeat(best_x, k, axis=0))
+        else:
+            pick = jnp.minimum(p, k - 1)
+            x0 = jnp.where(screening, jax.lax.dynamic_index_in_dim(starts, pick, 1, False), best_x)
+        res = run(x0, jnp.where(screening, screen_steps, fine_steps), screening)
+        if wide:
+            cost = finite(res.cost).reshape(batch, k)
+            j = jnp.argmin(cost, axis=1)
+            x = jnp.take_along_axis(res.x.reshape(batch, k, 3), j[:, None, None], axis=1)[:, 0]
+            new_x, new_cost = x, jnp.take_along_axis(cost, j[:, None], axis=1)[:, 0]
+        else:  # the first start, then a later one only where strictly better
+            better = (p == 0) | (finite(res.cost) < best_cost)
+            new_x = jnp.where(better[:, None], res.x, best_x)
+            new_cost = jnp.where(better, finite(res.cost), best_cost)
+        best_x = jnp.where(screening, new_x, best_x)
+        best_cost = jnp.where(screening, new_cost, best_cost)
+        fine = jax.tree.map(lambda a, b: jnp.where(screening, b, a), res, fine)
+        return best_x, best_cost, fine
+
+    init = (jnp.zeros((batch, 3), dtype), jnp.full(batch, jnp.inf, dtype), blank)
+    best_x, _, fine = jax.lax.fori_loop(0, passes, body, init)
+    if wide:
+        fine = jax.tree.map(lambda a: a[::k], fine)
+    return best_x, fine
+
+
 def check_num_steps(num_steps: int) -> None:
     """``ValueError`` unless ``num_steps`` (Levenberg-Marquardt iterations) is an int >= 0."""
     check_int("num_steps", num_steps)

@@ -266,6 +266,14 @@ def coarse_to_fine(
     return coarse_to_fine_unchecked(r, model, table, num_starts, num_steps)
 
 
+def coarse_to_fine_starts(r: Array, table: PhasorTable, k: int) -> tuple[Array, Array]:
+    """The starts of :func:`coarse_to_fine_unchecked` before their refinement: the ``k``
+    most coherent grid points (B, k, 3) of ``table`` for snapshots ``r`` (B, M) and their
+    flat grid indices (B, k). Traced, ``k`` static."""
+    _, cand = screen(r, table, k)
+    return grid_points(table.grid, cand), cand
+
+
 @partial(jax.jit, static_argnames=("k", "num_steps"))
 def coarse_to_fine_unchecked(
     r: Array, model: PhaseModel, table: PhasorTable, k: int, num_steps: int
@@ -273,8 +281,7 @@ def coarse_to_fine_unchecked(
     """:func:`coarse_to_fine`'s jitted core, without input checks: ``r`` (B, M) float64,
     ``k`` starts, ``num_steps`` LM steps (both static)."""
     batch = r.shape[0]
-    _, cand = screen(r, table, k)
-    x0 = grid_points(table.grid, cand)  # (B, k, 3)
+    x0, cand = coarse_to_fine_starts(r, table, k)
     fine = refine_multistart_unchecked(x0, r, model, num_steps)
     start = jnp.take_along_axis(x0, fine.index[:, None, None], axis=1)[:, 0]
     return CoarseToFineResult(fine.x, fine.cost, start, cand.reshape(batch, k))

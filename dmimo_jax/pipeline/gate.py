@@ -16,6 +16,7 @@ from jax import Array
 from dmimo_jax.estimators.mle import Refined
 from dmimo_jax.estimators.rows import chunk_for
 from dmimo_jax.pipeline.rescues import (
+    Answer,
     Fit,
     GateState,
     Lanes,
@@ -43,26 +44,17 @@ def run_gate(loc: Locator, r: Array, state: GateState, capacity: int) -> GateSta
 
     def enter(i: Array, st: GateState) -> tuple[GateState, Array, Array]:
         """Rescue i's rows (its capacity of the pending rows it takes); overflow marked."""
-
-        def branch(k: int):
-            def take(st: GateState) -> tuple[GateState, Array, Array]:
-                rows = st.pending & rescues[k].takes(loc, st)
-                (idx,) = jnp.nonzero(rows, size=plan.slots, fill_value=batch)
-                idx = jnp.where(jnp.arange(plan.slots) < plan.rooms[k], idx, batch)
-                over = rows & (jnp.cumsum(rows.astype(jnp.int32)) > plan.rooms[k])
-                st = st._replace(
-                    pending=st.pending & ~over,
-                    status=jnp.where(over, jnp.int32(Status.OVERFLOW), st.status),
-                )
-                return (
-                    st,
-                    idx.astype(jnp.int32),
-                    jnp.minimum(jnp.sum(rows, dtype=jnp.int32), plan.rooms[k]),
-                )
-
-            return take
-
-        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
+        takes = [partial(lambda k, st: rescues[k].takes(loc, st), k) for k in range(len(rescues))]
+        rows = st.pending & jax.lax.switch(i, takes, st)
+        room = _at(plan.rooms, i)
+        (idx,) = jnp.nonzero(rows, size=plan.slots, fill_value=batch)
+        idx = jnp.where(jnp.arange(plan.slots) < room, idx, batch)
+        over = rows & (jnp.cumsum(rows.astype(jnp.int32)) > room)
+        st = st._replace(
+            pending=st.pending & ~over,
+            status=jnp.where(over, jnp.int32(Status.OVERFLOW), st.status),
+        )
+        return st, idx.astype(jnp.int32), jnp.minimum(jnp.sum(rows, dtype=jnp.int32), room)
 
     def seek(st: GateState, i: Array) -> tuple[GateState, Array, Array, Array]:
         """From rescue i on, the first that has rows (i = the number of rescues: none)."""
@@ -78,37 +70,44 @@ def run_gate(loc: Locator, r: Array, state: GateState, capacity: int) -> GateSta
         )
         return st, jnp.where(n > 0, i - 1, len(rescues)), idx, n
 
-    def job_rows(k: int, idx: Array, j: Array) -> Array:
-        return jax.lax.dynamic_slice(idx, (j * plan.rows[k],), (plan.rows[k],))
+    def job_rows(i: Array, idx: Array, j: Array) -> Array:
+        """The (most) rows of rescue i's job j: its own ``plan.rows[i]`` first, then rows
+        of the next job (a branch reads its first ``plan.rows[k]``)."""
+        padded = jnp.concatenate([idx, jnp.full(plan.most, batch, jnp.int32)])
+        return jax.lax.dynamic_slice(padded, (j * _at(plan.rows, i),), (plan.most,))
 
     def begin(i: Array, j: Array, idx: Array, st: GateState) -> Lanes:
+        rows = job_rows(i, idx, j)
+        safe = jnp.where(rows < batch, rows, jnp.minimum(rows[0], batch - 1))
+        answer = jax.tree.map(lambda a: a[safe], st.answer)
+
         def branch(k: int):
-            def lay_out(st: GateState) -> Lanes:
-                rows = job_rows(k, idx, j)
-                safe = jnp.where(rows < batch, rows, jnp.minimum(rows[0], batch - 1))
-                answer = jax.tree.map(lambda a: a[safe], st.answer)
-                return pad_lanes(rescues[k].begin(loc, r[safe], answer), plan.lanes)
+            def lay_out(rk: Array, answer: Answer) -> Lanes:
+                n = plan.rows[k]
+                own = jax.tree.map(lambda a: a[:n], answer)
+                return pad_lanes(rescues[k].begin(loc, rk[:n], own), plan.lanes)
 
             return lay_out
 
-        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
+        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], r[safe], answer)
 
     def finish(i: Array, j: Array, idx: Array, st: GateState, lanes: Lanes) -> GateState:
         def branch(k: int):
-            def write(st: GateState) -> GateState:
-                rows = job_rows(k, idx, j)
-                new = rescues[k].finish(loc, lanes)
-                put = lambda c, o: c.at[rows].set(o.astype(c.dtype), mode="drop")
-                answer = jax.tree.map(put, st.answer, new)
-                done = jnp.zeros(batch, bool).at[rows].set(True, mode="drop")
-                ok = loc.passes(answer.fine.cost, answer.excluded)
-                status = jnp.where(done & ok, jnp.int32(rescues[k].status), st.status)
-                return st._replace(answer=answer, pending=jnp.where(done, ~ok, st.pending),
-                                   status=status)  # fmt: skip
+            def read(lanes: Lanes) -> Answer:
+                return pad_lanes(rescues[k].finish(loc, lanes), plan.most)
 
-            return write
+            return read
 
-        return jax.lax.switch(i, [branch(k) for k in range(len(rescues))], st)
+        new = jax.lax.switch(i, [branch(k) for k in range(len(rescues))], lanes)
+        rows = job_rows(i, idx, j)
+        rows = jnp.where(jnp.arange(plan.most) < _at(plan.rows, i), rows, batch)
+        put = lambda c, o: c.at[rows].set(o.astype(c.dtype), mode="drop")
+        answer = jax.tree.map(put, st.answer, new)
+        done = jnp.zeros(batch, bool).at[rows].set(True, mode="drop")
+        ok = loc.passes(answer.fine.cost, answer.excluded)
+        status = jnp.where(done & ok, _at(plan.statuses, i), st.status)
+        return st._replace(answer=answer, pending=jnp.where(done, ~ok, st.pending),
+                           status=status)  # fmt: skip
 
     def step(c):
         st, i, idx, n, j, p, lanes = c
@@ -146,6 +145,8 @@ class _Plan:
 
     rooms: tuple[int, ...]  # each rescue's capacity (rows)
     rows: tuple[int, ...]  # each rescue's rows per job
+    most: int  # the most rows of a job (max of rows)
+    statuses: tuple[int, ...]  # each rescue's status
     lanes: int  # lanes of every job
     slots: int  # length of the row index of a rescue
     first: tuple[int, ...]  # each rescue's first phase
@@ -170,8 +171,9 @@ class _Plan:
                 if fit not in fits:
                     fits.append(fit)
                 phase_fit.append(fits.index(fit))
-        return cls(rooms, rows, lanes, slots, tuple(first), tuple(passes), tuple(fits),
-                   tuple(phase_fit))  # fmt: skip
+        statuses = tuple(int(x.status) for x in rescues)
+        return cls(rooms, rows, max(rows), statuses, lanes, slots, tuple(first), tuple(passes),
+                   tuple(fits), tuple(phase_fit))  # fmt: skip
 
     def run(self, loc: Locator, phase: Array, lanes: Lanes) -> Lanes:
         """Phase ``phase``'s pass on ``lanes``: its prepare, *the* refinement (one call

@@ -31,13 +31,9 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import (
-    as_snapshot_batch,
-    check_phases,
-    is_concrete,
-)
+from dmimo_jax._checks import as_snapshot_batch, check_phases, is_concrete
 from dmimo_jax.estimators import PhasorTable
-from dmimo_jax.estimators.mle import RefineResult, refine_batch_unchecked
+from dmimo_jax.estimators.mle import RefineResult, best_start_then_refine, refine_batch_unchecked
 from dmimo_jax.estimators.rows import MIN_CAPACITY, capacity_for, passes_gate
 from dmimo_jax.estimators.window import window_offsets
 from dmimo_jax.learning.cells import CellClassifier
@@ -364,24 +360,26 @@ class Locator:
             return self._empty(r.dtype)
         r = self.corrected(r)  # healed offsets (:meth:`heal`); 0: untouched
         coarse = self.stage.coarse(self, r)
-        found, _ = self.stage.screen(self, r, coarse, capacity, whole=False)
-        fine = self.refine(r, found.x)
-        unsure = jnp.zeros(r.shape[0], bool)
-        if isinstance(found, CandidateScreen):
-            unsure = found.fallback
+        starts, unsure = self.stage.starts(self, r, coarse)
+        screened, fine = self.first_answer(r, starts)
         count = jnp.int32(r.shape[0]) if count is None else count
-        answer = Answer(found.x, fine, jnp.zeros(r.shape, bool))
+        answer = Answer(screened, fine, jnp.zeros(r.shape, bool))
         state = run_gate(self, r, initial_state(self, answer, unsure, count), capacity)
-        a = state.answer
-        return LocatorResult(
-            a.fine.x,
-            self.stage.position(coarse),
-            a.screened,
-            a.fine.cost,
-            a.fine.cpo,
-            a.excluded,
-            final_status(self, state),
-            unsure,
+        a, status = state.answer, final_status(self, state)
+        position = self.stage.position(coarse)
+        fine = a.fine
+        return LocatorResult(fine.x, position, a.screened, fine.cost, fine.cpo, a.excluded,
+                             status, unsure)  # fmt: skip
+
+    def first_answer(self, r: Array, starts: Array) -> tuple[Array, RefineResult]:
+        """The screen's refinement of ``starts`` (B, num_starts, 3) under
+        :attr:`screen_model`, then the fine stage from each row's best under
+        :attr:`fine_model` (:func:`~dmimo_jax.estimators.mle.best_start_then_refine`):
+        ``(screened, fine)``. Traced."""
+        s = self.settings
+        fine = None if s.fine == "screen" else self.fine_model
+        return best_start_then_refine(
+            starts, r, self.screen_model, s.screen_steps, s.fine_steps, fine
         )
 
     def refine(self, r: Array, screened: Array) -> RefineResult:

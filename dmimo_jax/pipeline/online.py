@@ -34,8 +34,9 @@ from dmimo_jax.estimators import (
 )
 from dmimo_jax.estimators.candidates import (
     check_cell_table,
-    tiered_candidate_search,
+    tiered_candidate_starts,
 )
+from dmimo_jax.estimators.mle import refine_multistart_unchecked
 from dmimo_jax.estimators.rows import on_rows
 from dmimo_jax.estimators.search import coarse_to_fine_unchecked
 from dmimo_jax.learning.nets import jit_method
@@ -250,7 +251,7 @@ def cell_screen(
 
     Each row screens its first ``settings.first_cells`` cells when they hold
     ``first_mass`` (confident), all K when they hold ``min_mass``, in one search over the
-    batch (:func:`~dmimo_jax.estimators.candidates.tiered_candidate_search`: cell by cell
+    batch (:func:`~dmimo_jax.estimators.candidates.tiered_candidate_starts`: cell by cell
     for a batch of at least :data:`BY_CELL_BATCH` rows, else row by row); the unsure rows
     (less than ``min_mass`` in all K) screen the whole region on at most ``capacity`` rows
     (:func:`~dmimo_jax.pipeline.program.on_rows`).
@@ -259,29 +260,35 @@ def cell_screen(
         ``(screen, overflow)``: the :class:`CandidateScreen` and the (B,) mask of unsure
         rows beyond the capacity (their ``x`` is meaningless: run them again).
     """
-    first_cells, first_mass, min_mass, num_starts, screen_steps = settings
+    starts, narrow, fallback, mass = cell_starts(r, cells, probs, table, settings)
+    xs = refine_multistart_unchecked(starts, r, screen, settings.screen_steps).x
+    overflow = jnp.zeros(r.shape[0], bool)
+    if fallback_table is not None:
+        whole = lambda ri: whole_region_screen_unchecked(ri, screen, fallback_table)
+        xs, overflow = on_rows(fallback, capacity, whole, xs, r)
+    return CandidateScreen(xs, narrow, fallback, mass), overflow
+
+
+def cell_starts(
+    r: Array, cells: Array, probs: Array, table: CellTable, settings: ScreenSettings
+) -> tuple[Array, Array, Array, Array]:
+    """The starts of :func:`cell_screen` before their refinement, traced and unchecked:
+    ``(starts, narrow, fallback, mass)``, the (B, num_starts, 3) most coherent points of
+    each row's screened cells (its first ``first_cells`` when they hold ``first_mass``,
+    all K when they hold ``min_mass``; the unsure rows, ``fallback``, screen none and their
+    starts are meaningless), whether a row screened only its first cells, whether it is
+    unsure, and the probability mass of its K cells (B,)."""
+    first_cells, first_mass, min_mass, num_starts, _ = settings
     num_cells = cells.shape[1]
     p = probs.astype(r.dtype)
     mass = p.sum(axis=-1)
     fallback = ~(mass >= min_mass)
     narrow = ~fallback & (p[:, :first_cells].sum(axis=-1) >= first_mass)
     count = jnp.where(fallback, 0, jnp.where(narrow, first_cells, num_cells))
-    xs = tiered_candidate_search(
-        r,
-        screen,
-        table,
-        cells,
-        count,
-        num_starts,
-        screen_steps,
-        r.shape[0] >= BY_CELL_BATCH,
-        (first_cells, num_cells),
-    ).x
-    overflow = jnp.zeros(r.shape[0], bool)
-    if fallback_table is not None:
-        whole = lambda ri: whole_region_screen_unchecked(ri, screen, fallback_table)
-        xs, overflow = on_rows(fallback, capacity, whole, xs, r)
-    return CandidateScreen(xs, narrow, fallback, mass), overflow
+    by_cell = r.shape[0] >= BY_CELL_BATCH
+    tiers = (first_cells, num_cells)
+    starts = tiered_candidate_starts(r, table, cells, count, num_starts, by_cell, tiers)
+    return starts, narrow, fallback, mass
 
 
 BY_CELL_BATCH = 32

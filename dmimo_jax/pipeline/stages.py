@@ -18,11 +18,11 @@ from jax import Array
 
 from dmimo_jax.estimators import CellTable, window_covers_table
 from dmimo_jax.estimators.hyperbola import estimate as hyperbola_estimate
-from dmimo_jax.estimators.search import coarse_to_fine_unchecked
-from dmimo_jax.estimators.window import window_offsets, window_search_unchecked
+from dmimo_jax.estimators.search import coarse_to_fine_starts, coarse_to_fine_unchecked
+from dmimo_jax.estimators.window import window_offsets, window_search_unchecked, window_starts
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.learning.hi import HIEstimator
-from dmimo_jax.pipeline.online import CandidateScreen, cell_screen, check_candidates
+from dmimo_jax.pipeline.online import CandidateScreen, cell_screen, cell_starts, check_candidates
 from dmimo_jax.pytree import pytree_dataclass, static_field
 
 if TYPE_CHECKING:
@@ -85,6 +85,16 @@ class CellStage:
             loc.settings.screen,
             capacity,
         )
+
+    def starts(self, loc: Locator, r: Array, coarse: Any) -> tuple[Array, Array]:
+        """The screen's starts (B, num_starts, 3) before their refinement and the unsure
+        rows (B,) (:func:`~dmimo_jax.pipeline.online.cell_starts`: the cost gate's
+        whole-region search takes those)."""
+        cells, probs = coarse
+        x0, _, unsure, _ = cell_starts(
+            r, cells.astype(jnp.int32), probs, self.cells, loc.settings.screen
+        )
+        return x0, unsure
 
     def position(self, coarse: Any) -> Array:
         """The most likely cell's centre (B, 3)."""
@@ -176,6 +186,17 @@ class WindowStage:
             )
         none = jnp.zeros(r.shape[0], bool)
         return WindowScreen(xs, jnp.full(r.shape[0], self.whole)), none
+
+    def starts(self, loc: Locator, r: Array, coarse: Array) -> tuple[Array, Array]:
+        """The screen's starts (B, num_starts, 3) before their refinement (the phasor
+        table's most coherent points when the window spans it, else the window's points of
+        lowest LS cost) and no unsure row."""
+        k = loc.settings.num_starts
+        if self.whole:
+            x0 = coarse_to_fine_starts(r, loc.table, k)[0]
+        else:
+            x0 = window_starts(r, loc.screen_model, coarse, self.offsets, self.low, self.high, k)
+        return x0, jnp.zeros(r.shape[0], bool)
 
     def position(self, coarse: Array) -> Array:
         return coarse
