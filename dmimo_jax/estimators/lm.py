@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 
 
@@ -121,10 +122,12 @@ def levenberg_marquardt(
     def step(i, carry):
         x, lam, accepted, aux, cost, extra, a, g = carry  # all at x
         first = i == 0  # the start's evaluation, accepted as it is
-        d = jnp.diag(a)
+        n = x.shape[0]
+        eye = np.eye(n, dtype=bool)  # static: the diagonal by slices, not a gather
+        d = jnp.stack([a[k, k] for k in range(n)])
         # a column of J that vanishes (a saturated parametrization) keeps a positive scale
         d = jnp.maximum(d, jnp.finfo(d.dtype).eps * jnp.max(d))
-        m = jnp.where(first, jnp.eye(x.shape[0], dtype=a.dtype), a + lam * jnp.diag(d))
+        m = jnp.where(first, jnp.asarray(eye, a.dtype), jnp.where(eye, a + lam * d[:, None], a))
         x_new = jnp.where(first, x, x + solve_damped(m, -g))
         aux_new = aux_of(x_new)
         e_new, extra_new, a_new, g_new = evaluate(x_new, aux_new)
