@@ -145,7 +145,6 @@ class _Plan:
 
     rooms: tuple[int, ...]  # each rescue's capacity (rows)
     rows: tuple[int, ...]  # each rescue's rows per job
-    most: int  # the most rows of a job (max of rows)
     statuses: tuple[int, ...]  # each rescue's status
     lanes: int  # lanes of every job
     slots: int  # length of the row index of a rescue
@@ -172,8 +171,13 @@ class _Plan:
                     fits.append(fit)
                 phase_fit.append(fits.index(fit))
         statuses = tuple(int(x.status) for x in rescues)
-        return cls(rooms, rows, max(rows), statuses, lanes, slots, tuple(first), tuple(passes),
-                   tuple(fits), tuple(phase_fit))  # fmt: skip
+        return cls(rooms, rows, statuses, lanes, slots, tuple(first), tuple(passes), tuple(fits),
+                   tuple(phase_fit))  # fmt: skip
+
+    @property
+    def most(self) -> int:
+        """The most rows of a job (the largest of ``rows``)."""
+        return max(self.rows)
 
     def run(self, loc: Locator, phase: Array, lanes: Lanes) -> Lanes:
         """Phase ``phase``'s pass on ``lanes``: its prepare, *the* refinement (one call
