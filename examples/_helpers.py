@@ -189,7 +189,7 @@ class Candidates:
             narrow_fraction=float(np.mean(np.asarray(found.narrow))),
             recovered_fraction=float(np.mean(recovered)),
         )
-        cells = loc.stage.cells.cells
+        cells = loc.stage.cells
         if x_true is not None:
             true_cell = np.asarray(cells.index(jnp.asarray(x_true)))
             hit = np.any(np.asarray(coarse[0]) == true_cell[:, None], axis=1)

@@ -539,14 +539,15 @@ def test_the_candidate_check_refuses_what_are_not_probabilities(probs, match):
         check_candidates(R[None], jnp.array([[0, 1]]), probs, table)
 
 
-def test_cells_of_a_nan_position_and_a_negative_margin_are_refused():
+def test_cells_of_a_nan_position_and_a_spacing_that_is_no_length_are_refused():
     from dmimo_jax.estimators import cell_table
 
     cells, _ = _cell_stage()
     with pytest.raises(ValueError, match="x must be finite"):
         cells.index(jnp.array([np.nan, 1.0, 1.0]))
-    with pytest.raises(ValueError, match="margin must be >= 0"):
-        cell_table(SCENE, cells, spacing=1.0, margin=-0.2)
+    for spacing in (0.0, -0.2, np.nan):
+        with pytest.raises(ValueError, match="spacing"):
+            cell_table(SCENE, cells, spacing=spacing)
 
 
 def test_the_cell_stage_names_a_classifier_where_positions_are_expected():

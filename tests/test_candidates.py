@@ -80,11 +80,36 @@ def test_candidate_search_bad_input(small_table):
         est.candidate_search(jnp.zeros((2, 16)), MODEL, small_table, jnp.zeros((2, 4), int))
     with pytest.raises(ValueError, match="finite"):
         est.candidate_search(jnp.full((2, 17), jnp.nan), MODEL, small_table, jnp.zeros((2, 4), int))
-    ragged = est.CellTable(small_table.cells, small_table.offsets[:-1], small_table.data[:, :-1])
-    with pytest.raises(ValueError, match="n x n x n"):
-        est.candidate_search(r, MODEL, ragged, jnp.zeros((2, 4), int))
+    misaligned = est.CellTable(small_table.cells, small_table.table, small_table.per_edge + 1)
+    with pytest.raises(ValueError, match="not aligned"):
+        est.candidate_search(r, MODEL, misaligned, jnp.zeros((2, 4), int))
     with pytest.raises(ValueError, match="must be a CellTable"):
-        est.candidate_search(r, MODEL, small_table.data, jnp.zeros((2, 4), int))
+        est.candidate_search(r, MODEL, small_table.table, jnp.zeros((2, 4), int))
+
+
+def test_a_cells_rows_are_the_model_at_its_points_of_the_shared_table():
+    """A cell's rows, gathered from the aligned grid's phasor table, are the model's
+    phasors at the cell's corner plus each offset: the cell widened by half a spacing on
+    every face, its points one spacing apart (at most lambda/4), C order."""
+    scene = _tiny_scene().replace(ue_high=jnp.array([5.4, 5.6, 1.9]))  # 2 x 3 x 2 cells
+    cells = est.cell_grid(scene, 0.2)
+    table = est.cell_table(MODEL, cells)
+    lam = float(scene.wavelength)
+    assert table.spacing <= lam / 4 and table.per_edge * table.spacing == pytest.approx(0.2)
+    n = table.points_per_side
+    offsets = np.asarray(table.offsets)
+    assert offsets[0] == pytest.approx([-table.spacing / 2] * 3)  # half a spacing below
+    assert offsets[-1] == pytest.approx([0.2 + table.spacing / 2] * 3)  # and above
+    assert offsets[1, 2] - offsets[0, 2] == pytest.approx(table.spacing)  # z fastest
+    assert offsets[n, 1] - offsets[0, 1] == pytest.approx(table.spacing)
+    for c in (0, 5, 7, cells.num_cells - 1):
+        x = np.asarray(cells.corner(c))[None, :] + offsets
+        want = np.concatenate([np.cos(theta := np.asarray(jax.vmap(MODEL.mean)(x))),
+                               np.sin(theta)], axis=1)  # fmt: skip
+        np.testing.assert_allclose(np.asarray(table.rows(jnp.int32(c))), want, atol=2e-6)
+    # neighbours along z share the two layers of their common face
+    rows = np.asarray(table.rows(jnp.arange(2))).reshape(2, n, n, n, -1)
+    np.testing.assert_array_equal(rows[0, :, :, -2:], rows[1, :, :, :2])
 
 
 def test_cell_major_screen_picks_the_starts_of_the_snapshot_major_one():

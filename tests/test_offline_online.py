@@ -253,6 +253,11 @@ def test_locator_refuses_a_cell_table_of_other_cells(trained):
         pipeline.Locator.from_offline(off._replace(cells=other), "cells", num_cells=2)
     with pytest.raises(ValueError, match="table: none"):
         pipeline.Locator.from_offline(off._replace(cells=None), "cells", num_cells=2)
+    # the region's table is the cells' (one copy); a table of another grid is refused
+    assert off.table is off.cells.table
+    region = dj.estimators.phasor_table(off.screen, dj.estimators.search_grid(SCENE, 0.1, "ue"))
+    with pytest.raises(ValueError, match="not aligned with its"):
+        pipeline.Locator.from_offline(off._replace(table=region), "cells", num_cells=2)
 
 
 def test_the_estimator_kinds_are_declared_once_by_their_networks():

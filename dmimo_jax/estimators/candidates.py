@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,12 +33,13 @@ from dmimo_jax._checks import (
     check_num_aps,
     check_scalar,
     check_table_aps,
+    is_concrete,
 )
+from dmimo_jax.estimators.grid import Grid, PhasorTable, phasor_table
 from dmimo_jax.estimators.mle import check_num_steps, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import (
     coherence_weights,
     cube_offsets,
-    phasor_rows,
     squared_coherence,
 )
 from dmimo_jax.estimators.rows import bucket_size
@@ -102,33 +103,66 @@ def cell_grid(scene: Scene | PhaseModel, cell_size: float = 1.0) -> CellGrid:
 
 @pytree_dataclass
 class CellTable:
-    """Model phasors of every cell: ``data[c, p] = [cos theta(x_cp), sin theta(x_cp)]``.
+    """Model phasors of every cell, read from one phasor table of a grid aligned with the
+    cells (:func:`cell_table`), so the cell screen and the whole-region screen share one
+    table.
+
+    The table's grid has ``per_edge`` spacings s per cell edge and starts half a spacing
+    below the cells' corner: its points are ``cells.low - s/2 + i s`` and cell ``c``'s are
+    the n x n x n block (n = ``per_edge`` + 2) from its corner minus s/2 to its far corner
+    plus s/2, the cell widened by half a spacing on every face (a UE just outside a
+    candidate cell is still next to a screened point). Neighbouring cells share the two
+    layers of points of their common face.
 
     Attributes:
         cells: the :class:`CellGrid`.
-        offsets: (P, 3) point offsets from a cell's lower corner, m: an n x n x n grid of
-            one spacing, C order (:func:`cell_table`).
-        data: (num_cells, P, 2M) float32.
+        table: the :class:`~dmimo_jax.estimators.PhasorTable` of the aligned grid:
+            ``[cos theta, sin theta]`` float32 rows.
+        per_edge: grid spacings per cell edge (static).
     """
 
     cells: CellGrid
-    offsets: Array
-    data: Array
+    table: PhasorTable
+    per_edge: int = static_field()
 
     @property
     def num_aps(self) -> int:
         """The number of APs, M."""
-        return self.data.shape[-1] // 2
-
-    @property
-    def points_per_cell(self) -> int:
-        """Grid points per cell."""
-        return self.offsets.shape[0]
+        return self.table.num_aps
 
     @property
     def points_per_side(self) -> int:
-        """n of the n x n x n grid of each cell."""
-        return round(self.points_per_cell ** (1 / 3))
+        """n of the n x n x n points of each cell."""
+        return self.per_edge + 2
+
+    @property
+    def points_per_cell(self) -> int:
+        """Points per cell, n**3."""
+        return self.points_per_side**3
+
+    @property
+    def spacing(self) -> float:
+        """The points' spacing, m (the cell edge over ``per_edge``)."""
+        return self.table.grid.spacing
+
+    @property
+    def offsets(self) -> Array:
+        """(P, 3) the points' offsets from a cell's lower corner, m, C order."""
+        s = self.spacing
+        return jnp.asarray(
+            cube_offsets(s * (np.arange(self.points_per_side) - 0.5)), self.cells.low.dtype
+        )
+
+    def rows(self, cell: Array) -> Array:
+        """The phasor rows (..., P, 2M) of the points of cells ``cell`` (...,), in the
+        order of :attr:`offsets` (a gather from the shared table; traced)."""
+        n, m = self.points_per_side, self.per_edge
+        shape = self.table.grid.shape
+        ijk = jnp.unravel_index(jnp.asarray(cell, jnp.int32), self.cells.shape)
+        first = jnp.ravel_multi_index(tuple(i * m for i in ijk), shape, mode="clip")
+        a, b, c = np.unravel_index(np.arange(n**3), (n, n, n))
+        block = jnp.asarray((a * shape[1] + b) * shape[2] + c, jnp.int32)  # (P,) static
+        return self.table.data[first[..., None] + block.reshape((1,) * first.ndim + (-1,))]
 
 
 def cell_table(
@@ -136,72 +170,66 @@ def cell_table(
     cells: CellGrid,
     *,
     spacing: float | None = None,
-    margin: float | None = None,
+    devices: Any = None,
     max_bytes: float = 8 * 2**30,
 ) -> CellTable:
-    r"""Tabulate ``model``'s phasors on a ``spacing`` grid of every cell widened by ``margin``.
+    r"""Tabulate ``model``'s phasors on a grid aligned with ``cells`` (:class:`CellTable`):
+    the largest spacing at most ``spacing`` that divides the cell edge, the grid half a
+    spacing past the cells on every side. Its :attr:`CellTable.table` is a phasor table of
+    the whole UE region as well (the region screens read it).
 
     Args:
         model: the (cheap) PhaseModel of the screen.
         cells: the partition.
-        spacing: point spacing (default :math:`\lambda/4`, as the safeguard's window).
-        margin: how far the points reach past each face (default half a spacing), so a
-            UE just outside a candidate cell is still next to a screened point.
+        spacing: the largest point spacing (default :math:`\lambda/4`, as the safeguard's
+            window).
+        devices: devices to shard the table's rows over
+            (:func:`~dmimo_jax.estimators.phasor_table`).
         max_bytes: refuse, before allocating, a table larger than this.
 
     Raises:
-        ValueError: bad ``spacing`` or ``margin``, a table above ``max_bytes``.
+        ValueError: bad ``spacing``, a table above ``max_bytes``.
     """
     model = as_phase_model(model)
     lam = float(model.scene.wavelength)
-    spacing = lam / 4 if spacing is None else float(spacing)
-    margin = 0.5 * spacing if margin is None else float(margin)
+    spacing = lam / 4 if spacing is None else spacing
     check_scalar("spacing", spacing, positive=True)
-    check_scalar("margin", margin)
-    if margin < 0:
-        raise ValueError(
-            f"margin must be >= 0 (m): a negative margin leaves the faces of every cell "
-            f"unscreened, got {margin}"
-        )
-    n = int(np.ceil((cells.cell_size + 2 * margin) / spacing)) + 1
+    per_edge = int(np.ceil(cells.cell_size / float(spacing) - 1e-9))
+    s = cells.cell_size / per_edge
+    shape = tuple(int(c) * per_edge + 2 for c in cells.shape)
+    grid = Grid(cells.low - s, s, shape)
     check_scalar("max_bytes", max_bytes, positive=True)
-    nbytes = cells.num_cells * n**3 * 2 * model.num_aps * 4
+    nbytes = grid.size * 2 * model.num_aps * 4
     if nbytes > max_bytes:
         raise ValueError(
-            f"the cell table ({cells.num_cells} cells x {n**3} points x {2 * model.num_aps} "
-            f"float32) needs {nbytes / 2**30:.2f} GiB > max_bytes = {max_bytes / 2**30:.2f} "
-            "GiB: a coarser spacing, fewer APs per table (dmimo_jax.tiles) or a smaller "
-            "region shrinks it; max_bytes raises the limit"
+            f"the cell table ({grid.size} points of {cells.num_cells} cells x "
+            f"{2 * model.num_aps} float32) needs {nbytes / 2**30:.2f} GiB > max_bytes = "
+            f"{max_bytes / 2**30:.2f} GiB: a coarser spacing, fewer APs per table "
+            "(dmimo_jax.tiles) or a smaller region shrinks it; max_bytes raises the limit"
         )
-    offsets = jnp.asarray(cube_offsets(-margin + spacing * np.arange(n)), cells.low.dtype)
-    data = _cell_rows(model, cells, offsets)
-    return CellTable(cells, offsets, data)
-
-
-@jax.jit
-def _cell_rows(model: PhaseModel, cells: CellGrid, offsets: Array) -> Array:
-    def one(c):
-        pts = jnp.broadcast_to(cells.corner(c)[None, :], offsets.shape) + offsets
-        pts = pts.at[:, 2].set(jnp.maximum(pts[:, 2], 1e-3))  # keep above the ground
-        # phases from a loop of sub-batches, then phasors (see estimators.grid's table)
-        theta = jax.lax.map(model.mean, pts, batch_size=max(pts.shape[0] // 4, 1))
-        return phasor_rows(theta)
-
-    return jax.lax.map(one, jnp.arange(cells.num_cells))
+    table = phasor_table(model, grid, devices=devices, max_bytes=max(max_bytes, 2 * nbytes))
+    return CellTable(cells, table, per_edge)
 
 
 def check_cell_table(table: CellTable, model: PhaseModel) -> None:
     """``ValueError`` unless ``table`` is a :class:`CellTable` of ``model``'s AP count whose
-    points form each cell's n x n x n grid (what :func:`cell_table` builds)."""
+    phasor table's grid is aligned with its cells (what :func:`cell_table` builds)."""
     if not isinstance(table, CellTable):
         raise ValueError(
             f"table must be a CellTable (estimators.cell_table), got {type(table).__name__}"
         )
     check_table_aps(table, model)
-    if table.points_per_side**3 != table.points_per_cell:
+    grid, cells, m = table.table.grid, table.cells, table.per_edge
+    aligned = grid.shape == tuple(c * m + 2 for c in cells.shape) and math.isclose(
+        grid.spacing * m, cells.cell_size, rel_tol=1e-9
+    )
+    if aligned and is_concrete(grid.low, cells.low):
+        aligned = np.allclose(np.asarray(grid.low) + grid.spacing, np.asarray(cells.low))
+    if not aligned:
         raise ValueError(
-            f"table's {table.points_per_cell} points per cell are not an n x n x n grid "
-            "(build it with estimators.cell_table)"
+            f"table's grid ({grid.shape} points of {grid.spacing:.4g} m) is not aligned with "
+            f"its {cells.shape} cells of {cells.cell_size} m (build it with "
+            "estimators.cell_table)"
         )
 
 
@@ -361,7 +389,7 @@ def starts_by_snapshot(r: Array, table: CellTable, cells: Array, k: int, chunk: 
 
     def starts(args):  # (k, 3) most coherent screened points of one snapshot
         ri, ci = args
-        rows = table.data[ci].reshape(-1, table.data.shape[-1])  # (K P, 2M) [cos, sin]
+        rows = table.rows(ci).reshape(-1, 2 * table.num_aps)  # (K P, 2M) [cos, sin]
         score = squared_coherence(rows, coherence_weights(ri[None, :]))[0]  # (K P,)
         _, idx = jax.lax.top_k(score, k)
         slot, point = idx // per_cell, idx % per_cell
@@ -384,7 +412,7 @@ def starts_by_cell(r: Array, table: CellTable, cells: Array, k: int, groups: Cel
 
     def best(args):  # (G, per_cell) best points of one cell for the item's snapshots
         c, who = args
-        score = squared_coherence(table.data[c], jnp.concatenate([real[:, who], imag[:, who]], 1))
+        score = squared_coherence(table.rows(c), jnp.concatenate([real[:, who], imag[:, who]], 1))
         top, point = jax.lax.top_k(score, per_cell)
         return top, point, subgrid_shift(table, score, point)
 
@@ -412,7 +440,7 @@ def subgrid_shift(table: CellTable, score: Array, point: Array) -> Array:
     amp = jnp.sqrt(jnp.maximum(score, 0.0))
     at = lambda i: jnp.take_along_axis(amp, i, axis=-1)
     centre = at(point)
-    spacing = table.offsets[1, 2] - table.offsets[0, 2]
+    spacing = table.spacing
     index = jnp.unravel_index(point, (n, n, n))
     shifts = []
     for axis, stride in enumerate((n * n, n, 1)):
@@ -423,7 +451,7 @@ def subgrid_shift(table: CellTable, score: Array, point: Array) -> Array:
         ok = inside & (curvature < 0)
         shift = jnp.where(ok, 0.5 * (below - above) / jnp.where(ok, curvature, -1.0), 0.0)
         shifts.append(jnp.clip(shift, -0.5, 0.5))
-    return spacing.astype(score.dtype) * jnp.stack(shifts, axis=-1)
+    return jnp.asarray(spacing, score.dtype) * jnp.stack(shifts, axis=-1)
 
 
 # ----------------------------------------------------------------------------- traced tiers
@@ -488,7 +516,7 @@ def tiered_starts(
 
             def screen(n):
                 def run(_):
-                    rows = table.data[ci[:n]].reshape(-1, table.data.shape[-1])
+                    rows = table.rows(ci[:n]).reshape(-1, 2 * table.num_aps)
                     score = squared_coherence(rows, coherence_weights(ri[None, :]))[0]
                     _, idx = jax.lax.top_k(score, k)
                     slot, point = idx // per_cell, idx % per_cell
@@ -514,7 +542,7 @@ def tiered_starts(
         c, who = args
 
         def run(_):
-            s = squared_coherence(table.data[c], jnp.concatenate([real[:, who], imag[:, who]], 1))
+            s = squared_coherence(table.rows(c), jnp.concatenate([real[:, who], imag[:, who]], 1))
             top, point = jax.lax.top_k(s, per)
             return top, point, subgrid_shift(table, s, point)
 

@@ -113,10 +113,13 @@ def search_grid(scene: Any, spacing: float, region: str = "room") -> Grid:
 
 
 def grid_points(grid: Grid, index: ArrayLike) -> Array:
-    """Positions (..., 3) of flat grid indices (C order)."""
+    """Positions (..., 3) of flat grid indices (C order), none below z = 1 mm (the points
+    of a grid that reaches below the ground are kept on it: :func:`~dmimo_jax.estimators.cell_table`'s
+    grid widens the cells by half a spacing)."""
     ijk = jnp.stack(jnp.unravel_index(jnp.asarray(index), grid.shape), axis=-1)
     low = grid.low.reshape((1,) * (ijk.ndim - 1) + (3,))
-    return low + (ijk.astype(grid.low.dtype) + 0.5) * grid.spacing
+    x = low + (ijk.astype(grid.low.dtype) + 0.5) * grid.spacing
+    return x.at[..., 2].max(1e-3)  # a grid reaching below the ground: its points on it
 
 
 # ----------------------------------------------------------------------------- devices

@@ -311,10 +311,10 @@ class Locator:
         if not isinstance(table, PhasorTable):
             raise ValueError(f"table must be a PhasorTable, got {type(table).__name__}")
         own = self.table
-        if table.num_aps != self.num_aps or table.grid.size != own.grid.size:
+        if table.num_aps != self.num_aps or table.grid.shape != own.grid.shape:
             raise ValueError(
-                f"table must tabulate this Locator's {self.num_aps} APs on its {own.grid.size} "
-                f"grid points, got {table.num_aps} APs on {table.grid.size}"
+                f"table must tabulate this Locator's {self.num_aps} APs on its grid of "
+                f"{own.grid.shape} points, got {table.num_aps} APs on {table.grid.shape}"
             )
         return self._with(table=table)
 

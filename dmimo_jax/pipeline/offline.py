@@ -183,7 +183,9 @@ class Offline(NamedTuple):
     screen: PhaseModel
     """The screens' model: the GP's tables (eq. 27), or the given model."""
     table: PhasorTable
-    """The lambda/4 phasor table of ``screen`` over the UE region (wide windows)."""
+    """The phasor table of ``screen`` over the UE region (wide windows, the region screens):
+    with the "cells" estimator, its cell table's (``cells.table``, a grid aligned with the
+    cells at most lambda/4 apart, held once); else a lambda/4 grid of the region."""
     estimators: dict
     """kind -> coarse estimator (POPT / MLP network, HIEstimator)."""
     radii: dict
@@ -342,7 +344,6 @@ def run_offline(
         cell_data_model = screen.without_variance()  # the GP mean + the LoS phase noise
     else:
         fine = screen = cell_data_model = model
-    table = phasor_table(screen, search_grid(scene, float(scene.wavelength) / 4, region="ue"))
     estimators, radii, info = {}, {}, {}
     cell_corners = None
     if "cells" in kinds:
@@ -351,6 +352,9 @@ def run_offline(
             folder, cell_data_model, screen, scene, settings, seed, progress, on_epoch_end
         )
         estimators["cells"], radii["cells"], info["cells"] = net, float(meta["radius"]), meta
+        table = cell_corners.table  # the region screens read the cells' table: one copy
+    else:
+        table = phasor_table(screen, search_grid(scene, float(scene.wavelength) / 4, region="ue"))
     if not [k for k in kinds if k != "cells"]:
         return Offline(fine, screen, table, estimators, radii, info, folder, cell_corners)
     data = make_training_set(folder / "data", jax.random.key(seed), fine, num, progress=progress)
@@ -395,7 +399,7 @@ def _offline_cells(folder, data_model, screen, scene, c, seed, progress, on_epoc
     net, meta = train_cell_classifier(
         folder, data_model, cells, c, seed=seed, progress=progress, on_epoch_end=on_epoch_end
     )
-    table = cell_table(screen, cells)  # float64 corners
+    table = cell_table(screen, cells)  # float64 corners; the region's table as well
     return net, meta, table
 
 

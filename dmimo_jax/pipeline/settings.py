@@ -85,12 +85,12 @@ def checked_settings(loc: Locator, s: dict) -> LocatorSettings:
         )
     _check_exclusions(loc, s)
     if isinstance(loc.stage, CellStage):
-        own = loc.stage.cells.cells.num_cells
+        own = loc.stage.cells.num_cells
         if s["num_cells"] > own:
             raise ValueError(f"num_cells={s['num_cells']} exceeds the classifier's {own} cells")
         checked = check_screen_settings(
             loc.screen_model,
-            loc.stage.cells,
+            loc.stage.cell_table(loc),
             s["num_cells"],
             first_cells=s["first_cells"],
             first_mass=s["first_mass"],

@@ -16,7 +16,8 @@ import numpy as np
 from flax import nnx
 from jax import Array
 
-from dmimo_jax.estimators import CellTable, window_covers_table
+from dmimo_jax.estimators import CellGrid, CellTable, window_covers_table
+from dmimo_jax.estimators.candidates import check_cell_table as check_aligned_table
 from dmimo_jax.estimators.hyperbola import estimate as hyperbola_estimate
 from dmimo_jax.estimators.search import coarse_to_fine_starts, coarse_to_fine_unchecked
 from dmimo_jax.estimators.window import window_offsets, window_search_unchecked, window_starts
@@ -60,11 +61,18 @@ class Network:
 class CellStage:
     """The coarse stage of a cell classifier: its ``num_cells`` most likely cells and their
     probabilities, then the two-tier candidate screen
-    (:func:`~dmimo_jax.pipeline.cell_screen`) of its cell table."""
+    (:func:`~dmimo_jax.pipeline.cell_screen`) of the cells' points in the Locator's phasor
+    table (a grid aligned with the cells: :func:`~dmimo_jax.estimators.cell_table`)."""
 
     network: Network
-    cells: CellTable
+    cells: CellGrid
+    per_edge: int = static_field()
+    """The table's grid spacings per cell edge."""
     defaults: ClassVar[dict] = {"num_starts": 4, "screen_steps": 2, "fine_steps": 3}
+
+    def cell_table(self, loc: Locator) -> CellTable:
+        """The cell table of the Locator's phasor table (a view: no copy)."""
+        return CellTable(self.cells, loc.table, self.per_edge)
 
     def coarse(self, loc: Locator, r: Array) -> tuple[Array, Array]:
         return self.network.module.top_cells(r.astype(jnp.float32), loc.settings.num_cells)
@@ -80,7 +88,7 @@ class CellStage:
             cells.astype(jnp.int32),
             probs,
             loc.screen_model,
-            self.cells,
+            self.cell_table(loc),
             loc.table if whole else None,
             loc.settings.screen,
             capacity,
@@ -92,17 +100,17 @@ class CellStage:
         whole-region search takes those)."""
         cells, probs = coarse
         x0, _, unsure, _ = cell_starts(
-            r, cells.astype(jnp.int32), probs, self.cells, loc.settings.screen
+            r, cells.astype(jnp.int32), probs, self.cell_table(loc), loc.settings.screen
         )
         return x0, unsure
 
     def position(self, coarse: Any) -> Array:
         """The most likely cell's centre (B, 3)."""
-        return self.cells.cells.centre(coarse[0][:, 0])
+        return self.cells.centre(coarse[0][:, 0])
 
     def check_coarse(self, loc: Locator, r: Array, coarse: Any) -> Any:
         """A user's ``(cells, probs)``, checked (:func:`~dmimo_jax.pipeline.online.check_candidates`)."""
-        cells, p = check_candidates(r, *coarse, self.cells)
+        cells, p = check_candidates(r, *coarse, self.cell_table(loc))
         if cells.shape[1] != loc.settings.num_cells:
             raise ValueError(
                 f"cells: expected {loc.settings.num_cells} per snapshot, got {cells.shape[1]}"
@@ -222,7 +230,9 @@ def coarse_stage(offline: Any, kind: str, estimator: Any) -> CellStage | WindowS
         ValueError: not a trained network of the package.
     """
     if isinstance(estimator, CellClassifier):
-        return CellStage(Network.of(estimator), offline.cells)
+        tab = offline.cells
+        check_aligned_table(CellTable(tab.cells, offline.table, tab.per_edge), offline.screen)
+        return CellStage(Network.of(estimator), tab.cells, tab.per_edge)
     if isinstance(estimator, HIEstimator):
         clf = estimator.classifier
         coarse = Hyperbolas(
