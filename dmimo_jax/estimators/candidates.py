@@ -207,7 +207,8 @@ def cell_table(
             f"{max_bytes / 2**30:.2f} GiB: a coarser spacing, fewer APs per table "
             "(dmimo_jax.tiles) or a smaller region shrinks it; max_bytes raises the limit"
         )
-    table = phasor_table(model, grid, devices=devices, max_bytes=max(max_bytes, 2 * nbytes))
+    # checked above by its points: the table's padding to whole chunks adds under one chunk
+    table = phasor_table(model, grid, devices=devices, max_bytes=math.inf)
     return CellTable(cells, table, per_edge)
 
 
