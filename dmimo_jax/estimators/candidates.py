@@ -158,8 +158,8 @@ class CellTable:
         order of :attr:`offsets` (a gather from the shared table; traced)."""
         n, m = self.points_per_side, self.per_edge
         shape = self.table.grid.shape
-        ijk = jnp.unravel_index(jnp.asarray(cell, jnp.int32), self.cells.shape)
-        first = jnp.ravel_multi_index(tuple(i * m for i in ijk), shape, mode="clip")
+        i, j, k = jnp.unravel_index(jnp.asarray(cell, jnp.int32), self.cells.shape)
+        first = ((i * shape[1] + j) * shape[2] + k) * m  # its first point, flat
         a, b, c = np.unravel_index(np.arange(n**3), (n, n, n))
         block = jnp.asarray((a * shape[1] + b) * shape[2] + c, jnp.int32)  # (P,) static
         return self.table.data[first[..., None] + block.reshape((1,) * first.ndim + (-1,))]
