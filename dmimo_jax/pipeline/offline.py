@@ -345,18 +345,18 @@ def run_offline(
     else:
         fine = screen = cell_data_model = model
     estimators, radii, info = {}, {}, {}
-    cell_corners = None
+    cells_table = None
     if "cells" in kinds:
         settings = p.cells if cells is None else cells
-        net, meta, cell_corners = _offline_cells(
+        net, meta, cells_table = _offline_cells(
             folder, cell_data_model, screen, scene, settings, seed, progress, on_epoch_end
         )
         estimators["cells"], radii["cells"], info["cells"] = net, float(meta["radius"]), meta
-        table = cell_corners.table  # the region screens read the cells' table: one copy
+        table = cells_table.table  # the region screens read the cells' table: one copy
     else:
         table = phasor_table(screen, search_grid(scene, float(scene.wavelength) / 4, region="ue"))
     if not [k for k in kinds if k != "cells"]:
-        return Offline(fine, screen, table, estimators, radii, info, folder, cell_corners)
+        return Offline(fine, screen, table, estimators, radii, info, folder, cells_table)
     data = make_training_set(folder / "data", jax.random.key(seed), fine, num, progress=progress)
     n_val = max(1, int(round(p.train.val_fraction * num)))
     val = slice(num - min(n_val, 4096), num)
@@ -389,7 +389,7 @@ def run_offline(
         estimators[kind] = ESTIMATORS[kind].as_estimator(net, scene)
         radii[kind] = float(meta["radius"])
         info[kind] = meta
-    return Offline(fine, screen, table, estimators, radii, info, folder, cell_corners)
+    return Offline(fine, screen, table, estimators, radii, info, folder, cells_table)
 
 
 def _offline_cells(folder, data_model, screen, scene, c, seed, progress, on_epoch_end):
