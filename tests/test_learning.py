@@ -20,7 +20,7 @@ from dmimo_jax.learning.io import load_model, save_model
 from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
 from dmimo_jax.learning.nets import differential_inputs, functional, jit_method
 from dmimo_jax.learning.popt import POPT, POPTConfig
-from dmimo_jax.learning.train import TrainConfig, train
+from dmimo_jax.learning.train import TrainConfig, train, train_many
 from tests.helpers import run_on_host_devices
 
 SCENE = dj.paper_scene()
@@ -298,6 +298,92 @@ def test_data_parallel_training_matches_one_device():
     # normalized steps carry into the parameters at the 1e-4 level
     rel_params, rel_losses = map(float, out.split("result")[1].split())
     assert rel_params < 1e-3 and rel_losses < 1e-4, (rel_params, rel_losses)
+
+
+def _cells_net(seed=0, hidden=(32, 32)):
+    grid = cell_grid(SCENE, 3.0)
+    return CellClassifier(17, CellConfig(hidden=hidden, top_k=2), cells=grid, rngs=nnx.Rngs(seed))
+
+
+def _flat(model):
+    return np.concatenate([np.ravel(p) for p in _params(model)])
+
+
+def test_train_many_is_a_loop_of_train_in_one_program(tmp_path):
+    """Three networks on three data sets, trained as one vmapped program, end where three
+    train calls end (float32 rounding: a vmapped product sums in another order), each with
+    its own history; a killed run resumes from its checkpoint to the same parameters."""
+    datas = [_data(360, seed=s) for s in (1, 2, 3)]
+    cfg = TrainConfig(epochs=2, batch_size=40, val_fraction=0.125, peak_lr=3e-3)
+    loops = [train(_cells_net(), d, cfg, progress=False) for d in datas]
+    many = train_many([_cells_net() for _ in datas], datas, cfg, progress=False)
+    for one, res in zip(loops, many, strict=True):
+        a, b = _flat(one.model), _flat(res.model)  # 2e-8 here; another data order: 3e-2
+        assert np.linalg.norm(a - b) / np.linalg.norm(a) < 1e-6
+        for h1, h2 in zip(one.history, res.history, strict=True):
+            assert h2["epoch"] == h1["epoch"] and h2["lr"] == pytest.approx(h1["lr"], rel=1e-6)
+            for key in ("loss", "val_loss", "val_error"):
+                assert h2[key] == pytest.approx(h1[key], rel=1e-6), (key, h1, h2)
+    # the networks learned different things (their own data), not one copy
+    assert np.linalg.norm(_flat(many[0].model) - _flat(many[1].model)) > 1e-2
+
+    def kill_after_first_epoch(epoch, rows):
+        assert len(rows) == 3 and rows[0]["epoch"] == epoch + 1
+        if epoch == 0:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_many([_cells_net() for _ in datas], datas, cfg, checkpoint_dir=tmp_path,
+                   progress=False, on_epoch_end=kill_after_first_epoch)  # fmt: skip
+    fresh = [_cells_net(seed=7) for _ in datas]  # another init: the checkpoint's must win
+    resumed = train_many(fresh, datas, cfg, checkpoint_dir=tmp_path, progress=False)
+    for res, again in zip(many, resumed, strict=True):
+        assert [h["epoch"] for h in again.history] == [1, 2]
+        np.testing.assert_array_equal(_flat(res.model), _flat(again.model))
+
+
+def test_train_many_refuses_networks_of_two_graphs_and_data_of_two_sizes():
+    cfg = TrainConfig(epochs=1, batch_size=40, val_fraction=0.125)
+    d = _data(200)
+    with pytest.raises(ValueError, match="one graph"):
+        train_many([_cells_net(), _cells_net(hidden=(16, 16))], [d, d], cfg, progress=False)
+    with pytest.raises(ValueError, match="one size"):
+        train_many([_cells_net(), _cells_net()], [d, _data(240)], cfg, progress=False)
+    with pytest.raises(ValueError, match="one length"):
+        train_many([_cells_net(), _cells_net()], [d], cfg, progress=False)
+    with pytest.raises(ValueError, match="non-empty"):
+        train_many([], [], cfg, progress=False)
+
+
+@pytest.mark.slow
+def test_train_many_sharded_over_devices_matches_one_device():
+    """Forced 4 CPU devices: three networks (padded to four) sharded along the network
+    axis end where one device leaves them."""
+    script = textwrap.dedent(
+        """
+        import jax, numpy as np
+        from flax import nnx
+        import dmimo_jax as dj
+        from dmimo_jax.estimators import cell_grid
+        from dmimo_jax.learning import synthesize
+        from dmimo_jax.learning.cells import CellClassifier, CellConfig
+        from dmimo_jax.learning.train import train_many, TrainConfig
+        assert jax.device_count() == 4
+        scene = dj.paper_scene()
+        datas = [synthesize(jax.random.key(s), dj.TwoRayModel(scene), 360) for s in (1, 2, 3)]
+        cfg = TrainConfig(epochs=2, batch_size=40, val_fraction=0.125)
+        out = []
+        for devices in (jax.devices()[:1], jax.devices()):
+            nets = [CellClassifier(17, CellConfig(hidden=(32, 32), top_k=2), cells=cell_grid(scene, 3.0),
+                                   rngs=nnx.Rngs(0)) for _ in datas]
+            train_many(nets, datas, cfg, devices=devices, progress=False)
+            out.append([np.concatenate([np.ravel(p) for p in jax.tree.leaves(nnx.state(n, nnx.Param))])
+                        for n in nets])
+        print("result", max(np.linalg.norm(a - b) / np.linalg.norm(a) for a, b in zip(*out)))
+        """
+    )
+    rel = float(run_on_host_devices(script).split("result")[1])
+    assert rel < 1e-4, rel
 
 
 def test_a_truncated_cached_set_is_refused_not_read_as_zeros(tmp_path):

@@ -45,6 +45,41 @@ def test_the_tile_grid_names_each_tile():
         tiled.tile_grid(tiles.tile_aps(oblong, 2.0, rule="nearest", num_aps=8))
 
 
+@pytest.mark.slow  # four tiny classifiers trained (~10 s of CPU)
+def test_tiles_classifiers_trained_together_are_those_trained_one_by_one(tmp_path):
+    """Two tiles' cell classifiers (grids of one shape, 2 m apart) trained as one vmapped
+    program: each in its own folder with its own corner, and each the network that
+    train_cell_classifier trains alone (logits to float32 rounding); a later call loads
+    them; grids of two shapes are refused."""
+    from dmimo_jax.estimators import cell_grid
+
+    scenes = [SCENE.replace(ue_low=np.array([6.0 + 2 * t, 8.0, 1.5]),
+                            ue_high=np.array([8.0 + 2 * t, 10.0, 1.7])) for t in (0, 1)]  # fmt: skip
+    models = [dj.TwoRayModel(s) for s in scenes]
+    grids = [cell_grid(s, CELLS.cell_size) for s in scenes]
+    both = dj.pipeline.train_cell_classifiers([tmp_path / "a", tmp_path / "b"], models, grids, CELLS,
+                                        progress=False)  # fmt: skip
+    r = np.asarray(dj.measure.labeled_snapshots(jax.random.key(3), models[1], 64).r)
+    for t in (0, 1):
+        net, meta = both[t]
+        np.testing.assert_allclose(net.cell_low, np.asarray(grids[t].low), rtol=1e-12)
+        alone, meta_alone = dj.pipeline.train_cell_classifier(
+            tmp_path / f"alone{t}", models[t], grids[t], CELLS, progress=False
+        )
+        np.testing.assert_allclose(net(r), alone(r), rtol=1e-4, atol=1e-4)
+        assert meta["val_top_k_miss"] == pytest.approx(meta_alone["val_top_k_miss"], abs=0.01)
+        x = (np.asarray(grids[t].low) + 0.05)[None]  # a point in each tile's first cell
+        assert int(net.labels(x)[0]) == 0
+    again = dj.pipeline.train_cell_classifiers([tmp_path / "a", tmp_path / "b"], models, grids, CELLS,
+                                         progress=False)  # fmt: skip
+    for (net, _), (net2, _) in zip(both, again, strict=True):
+        np.testing.assert_array_equal(net(r), net2(r))  # loaded, not retrained
+    wide = cell_grid(scenes[1].replace(ue_high=np.array([10.4, 10.0, 1.7])), CELLS.cell_size)
+    with pytest.raises(ValueError, match="one shape"):
+        dj.pipeline.train_cell_classifiers([tmp_path / "c", tmp_path / "d"], models, [grids[0], wide],
+                                     CELLS, progress=False)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def building(tmp_path_factory):
     tiling = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=24)
@@ -56,7 +91,8 @@ def building(tmp_path_factory):
     )
     off = tiled.run_offline_tiled(
         lab.x, lab.r, lab.variance, SCENE, tiling, models, preset=TINY, cells=CELLS,
-        classifier=TILE_NET, cache_dir=tmp_path_factory.mktemp("cache"), progress=False,
+        classifier=TILE_NET, cache_dir=tmp_path_factory.mktemp("cache"), together=2,
+        progress=False,
     )  # fmt: skip
     loc = tiled.TiledLocator.from_offline(off, **LOCATOR_LIGHT)
     return off, loc
@@ -69,6 +105,11 @@ def test_tiles_share_one_program_and_locate_at_their_bound(building):
     K APs, in the tile that holds the truth, within a few PEB of all the APs."""
     off, loc = building
     assert len(loc.locators) == 2 and loc.aps.shape == (2, 24)
+    # the two tiles' classifiers were trained together, and each tile's run_offline loaded its own
+    for tile in off.tiles:
+        (cells,) = tile.cache.glob("cells-*")
+        assert (cells / "model" / "spec.json").is_file() and not (cells / "ckpt").exists()
+    assert len(list(off.tiles[0].cache.glob("cells-*/ckpt-together-*"))) == 1
     truth = dj.TwoRayModel(SCENE)
     test = dj.measure.labeled_snapshots(jax.random.key(7), truth, 32)
     r, x = np.asarray(test.r), np.asarray(test.x)

@@ -5,7 +5,8 @@ benchmarks, one training loop, presets and model files.
 * :mod:`~dmimo_jax.learning.nets`: shared pieces (standardizer, inputs, pure apply);
 * :mod:`~dmimo_jax.learning.popt`: POPT; :mod:`~dmimo_jax.learning.mlp`: the MLP benchmark;
 * :mod:`~dmimo_jax.learning.hi`: the HI benchmark (classifier + estimator);
-* :mod:`~dmimo_jax.learning.train`: the loop; :mod:`~dmimo_jax.learning.presets`;
+* :mod:`~dmimo_jax.learning.train`: the loop (one network, or many of one graph at once:
+  ``train_many``); :mod:`~dmimo_jax.learning.presets`;
   :mod:`~dmimo_jax.learning.io`: model files.
 """
 
@@ -23,7 +24,7 @@ from dmimo_jax.learning.io import (
 from dmimo_jax.learning.mlp import MLPConfig, MLPRegressor
 from dmimo_jax.learning.popt import POPT, POPTConfig
 from dmimo_jax.learning.presets import PRESETS, Preset, get_preset
-from dmimo_jax.learning.train import TrainConfig, TrainResult, train
+from dmimo_jax.learning.train import TrainConfig, TrainResult, train, train_many
 
 __all__ = [
     "ESTIMATORS",
@@ -49,5 +50,6 @@ __all__ = [
     "save_model",
     "synthesize",
     "train",
+    "train_many",
     "write_dataset",
 ]

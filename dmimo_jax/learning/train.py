@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -128,13 +128,14 @@ def _optimizer(config: TrainConfig, total_steps: int) -> tuple[Any, Callable]:
     return optax.adamw(lr, weight_decay=config.weight_decay), lr
 
 
-def _step_functions(graphdef: Any, rest: Any, opt: Any) -> tuple[Callable, Callable]:
-    """The jitted training step ``(params, opt_state, r, x, key) -> (params, opt_state,
-    loss)`` and the jitted evaluation ``(params, r, x) -> (errors, loss)`` of one network
-    structure (pure functions of their arguments)."""
+def _step_functions(graphdef: Any, opt: Any) -> tuple[Callable, Callable]:
+    """The jitted training step ``(params, rest, opt_state, r, x, key) -> (params, opt_state,
+    loss)`` and the jitted evaluation ``(params, rest, r, x) -> (errors, loss)`` of one network
+    structure (pure functions of their arguments; ``rest`` is the network's state other than
+    its parameters)."""
 
     @jax.jit
-    def step(params, opt_state, r, x, key):
+    def step(params, rest, opt_state, r, x, key):
         def loss_fn(p):
             return nnx.merge(graphdef, p, rest).loss(r, x, key)
 
@@ -143,14 +144,14 @@ def _step_functions(graphdef: Any, rest: Any, opt: Any) -> tuple[Callable, Calla
         return optax.apply_updates(params, updates), opt_state, loss
 
     @jax.jit
-    def evaluate(params, r, x):
+    def evaluate(params, rest, r, x):
         m = nnx.merge(graphdef, params, rest)
         return m.error(r, x), m.loss(r, x, None)
 
     return step, evaluate
 
 
-def _scan_steps(step: Callable, key: jax.Array, sharding: Any) -> Callable:
+def _scan_steps(step: Callable, rest: Any, key: jax.Array, sharding: Any) -> Callable:
     """Jitted ``(params, opt_state, r_dev, x_dev, idx, g) -> (params, opt_state, losses)``:
     ``step`` over the minibatches ``r_dev[idx[i]]`` of the device-resident set in one
     ``lax.scan``, the dropout key of global step ``g[i]`` folded in as the host loop does."""
@@ -160,7 +161,7 @@ def _scan_steps(step: Callable, key: jax.Array, sharding: Any) -> Callable:
             i, gi = inp
             rb = jax.lax.with_sharding_constraint(r_dev[i], sharding)
             xb = jax.lax.with_sharding_constraint(x_dev[i], sharding)
-            p, o, loss = step(*carry, rb, xb, jax.random.fold_in(key, gi))
+            p, o, loss = step(carry[0], rest, carry[1], rb, xb, jax.random.fold_in(key, gi))
             return (p, o), loss
 
         (params, opt_state), losses = jax.lax.scan(body, (params, opt_state), (idx, g))
@@ -276,7 +277,7 @@ def train(
 
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     state = jax.device_put({"params": params, "opt_state": opt.init(params)}, replicated)
-    step, evaluate = _step_functions(graphdef, rest, opt)
+    step, evaluate = _step_functions(graphdef, opt)
     history: list[dict] = []
     start_epoch = 0
     checkpoints = None if checkpoint_dir is None else _Checkpoints(checkpoint_dir)
@@ -295,7 +296,7 @@ def train(
     if resident:
         r_dev = jax.device_put(np.asarray(r_all[:n_tr], np.float32), replicated)
         x_dev = jax.device_put(np.asarray(x_all[:n_tr], np.float32), replicated)
-        scan = _scan_steps(step, key, batch_sharding)
+        scan = _scan_steps(step, rest, key, batch_sharding)
     bar = tqdm(
         total=total,
         initial=start_epoch * steps_per_epoch,
@@ -324,6 +325,7 @@ def train(
                     g = epoch * steps_per_epoch + i
                     params, opt_state, loss = step(
                         params,
+                        rest,
                         opt_state,
                         put(r_all, idx),
                         put(x_all, idx),
@@ -334,7 +336,9 @@ def train(
                     if i % 50 == 0:
                         bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.4f}")
             jax.block_until_ready(params)
-            val_error, val_loss = _validation(evaluate, params, x_all, r_all, n_tr)
+            val_error, val_loss = _validation(
+                lambda p, r, x: evaluate(p, rest, r, x), params, x_all, r_all, n_tr
+            )
             row = dict(
                 epoch=epoch + 1,
                 loss=float(np.mean(np.concatenate(jax.device_get(losses)))),
@@ -354,3 +358,179 @@ def train(
             checkpoints.close()
     nnx.update(model, jax.device_get(params))
     return TrainResult(model, history)
+
+
+def train_many(
+    models: Sequence[nnx.Module],
+    datas: Sequence[Any],
+    config: TrainConfig = TrainConfig(),
+    *,
+    checkpoint_dir: str | pathlib.Path | None = None,
+    devices: list | None = None,
+    progress: bool = True,
+    on_epoch_end: Callable[[int, list[dict]], None] | None = None,
+    vmap_width: int | None = None,
+) -> list[TrainResult]:
+    """Train G networks of one architecture, each on its own data set of one size, as one
+    program: every step is :func:`train`'s step of each network, the network axis sharded
+    over ``devices`` (``jax.shard_map``: each device steps G / D of the networks; G is padded
+    to a multiple of D with copies of the last network, trained and dropped) and, on each
+    device, its networks stepped ``vmap_width`` at a time (``jax.lax.map``: a ``vmap``
+    inside a loop). The networks of a tiled building's tiles
+    (:func:`~dmimo_jax.pipeline.train_cell_classifiers`) train this way.
+
+    Each network takes the steps :func:`train`'s host loop gives it on its own data (the
+    same minibatch order, dropout keys and one-cycle schedule: functions of ``config``'s
+    seed, the epoch and the step), so each ends where :func:`train` would, to float32
+    rounding (a vmapped product may sum in another order, and Adam's normalized steps carry
+    that rounding on). What it buys: one compiled step and one dispatch per step for every
+    network, the networks spread over the devices, and on an accelerator G small networks
+    that fill it where one leaves it idle.
+
+    Args:
+        models: the G networks (one graph: the same class, widths and static attributes;
+            updated in place).
+        datas: their data sets (``.x`` (N, 3), ``.r`` (N, M); memmaps fine), of one N and M.
+        config: :class:`TrainConfig` (one for all).
+        checkpoint_dir: one orbax checkpoint of every network per epoch; a killed run
+            resumes from its last finished epoch, as :func:`train`'s does.
+        devices: the devices the network axis is sharded over (default ``jax.devices()``).
+        progress: a tqdm bar.
+        on_epoch_end: called as ``fn(epoch, rows)`` (a history row per network) after each
+            epoch's checkpoint.
+        vmap_width: how many of a device's networks step at once (``jax.lax.map``'s
+            ``batch_size``: a ``vmap`` of that many inside a loop over the rest). Default:
+            all of them on an accelerator; 1 on a CPU, where XLA's batched matrix
+            products run slower per network than one network's (docs/locality.md).
+
+    Returns:
+        One :class:`TrainResult` per network, in order.
+
+    Raises:
+        ValueError: no networks, ``datas`` of another length or of other sizes, networks
+            of different graphs, malformed data, a checkpoint of other networks.
+    """
+    models, datas = list(models), list(datas)
+    if not models or len(datas) != len(models):
+        raise ValueError(
+            f"models and datas must be non-empty and of one length, got {len(models)} and "
+            f"{len(datas)}"
+        )
+    arrays = [_as_arrays(d) for d in datas]
+    n, m = arrays[0][0].shape[0], arrays[0][1].shape[1]
+    for i, (x, r) in enumerate(arrays):
+        if x.shape[0] != n or r.shape[1] != m:
+            raise ValueError(
+                f"datas must be of one size: datas[0] has {n} samples of {m} APs, datas[{i}] "
+                f"{x.shape[0]} of {r.shape[1]}"
+            )
+    splits = [nnx.split(model, nnx.Param, ...) for model in models]
+    graphdef = splits[0][0]
+    for i, (g, _, _) in enumerate(splits):
+        if g != graphdef:
+            raise ValueError(
+                f"models must share one graph (class, widths, static attributes): models[{i}] "
+                "differs from models[0]"
+            )
+    devices = list(devices or jax.devices())
+    n_tr, _ = _split_sizes(n, config, devices[:1])
+    count = len(models)
+    slots = list(range(count)) + [count - 1] * (-count % len(devices))  # padded to D's multiple
+    steps_per_epoch = n_tr // config.batch_size
+    total = steps_per_epoch * config.epochs
+    opt, lr = _optimizer(config, total)
+    step, evaluate = _step_functions(graphdef, opt)
+    mesh = jax.sharding.Mesh(np.array(devices), ("net",))
+    sharded = NamedSharding(mesh, P("net"))
+    local = len(slots) // len(devices)
+    if vmap_width is None:
+        vmap_width = 1 if devices[0].platform == "cpu" else local
+    check_width = isinstance(vmap_width, int) and vmap_width >= 1
+    if not check_width:
+        raise ValueError(f"vmap_width must be a positive int or None, got {vmap_width!r}")
+
+    def device_step(params, rests, opt_state, r, x, key):  # a device's networks
+        def one(a):
+            return step(*a, key)
+
+        return jax.lax.map(one, (params, rests, opt_state, r, x), batch_size=min(vmap_width, local))
+
+    spec = P("net")
+    vstep = jax.jit(
+        jax.shard_map(device_step, mesh=mesh, in_specs=(spec,) * 5 + (P(),), out_specs=spec,
+                      check_vma=False)
+    )  # fmt: skip
+
+    def stacked(trees: list) -> Any:
+        return jax.tree.map(lambda *a: np.stack([np.asarray(v) for v in a]), *trees)
+
+    params = stacked([splits[i][1] for i in slots])
+    rests = jax.device_put(stacked([splits[i][2] for i in slots]), sharded)
+    state = {"params": params, "opt_state": jax.vmap(opt.init)(params)}
+    state = jax.device_put(state, sharded)
+    histories: list[list[dict]] = [[] for _ in range(count)]
+    start_epoch = 0
+    checkpoints = None if checkpoint_dir is None else _Checkpoints(checkpoint_dir)
+    if checkpoints is not None and (found := checkpoints.restore(state)) is not None:
+        state, histories, start_epoch = found
+        state = jax.device_put(state, sharded)
+    params, opt_state = state["params"], state["opt_state"]
+
+    def put(which: int, idx: np.ndarray) -> jax.Array:
+        return jax.device_put(
+            np.stack([np.asarray(arrays[i][which][idx], np.float32) for i in slots]), sharded
+        )
+
+    key = jax.random.key(config.seed)
+    bar = tqdm(
+        total=total,
+        initial=start_epoch * steps_per_epoch,
+        disable=None if progress else True,
+        desc=f"train {count} x {type(models[0]).__name__}",
+        unit="step",
+    )
+    try:
+        for epoch in range(start_epoch, config.epochs):
+            perm = np.random.default_rng([config.seed, epoch]).permutation(n_tr)
+            losses = []
+            for i, idx in enumerate(_batches(perm, config.batch_size)):
+                g = epoch * steps_per_epoch + i
+                params, opt_state, loss = vstep(
+                    params, rests, opt_state, put(1, idx), put(0, idx), jax.random.fold_in(key, g)
+                )
+                losses.append(loss)
+                bar.update(1)
+            losses = np.asarray(jax.device_get(losses))  # (steps, slots)
+            for j in range(count):
+                p_j, rest_j = (jax.tree.map(lambda a, j=j: a[j], t) for t in (params, rests))
+                val_error, val_loss = _validation(
+                    lambda p, r, x, rest_j=rest_j: evaluate(p, rest_j, r, x),
+                    p_j,
+                    arrays[j][0],
+                    arrays[j][1],
+                    n_tr,
+                )
+                histories[j].append(
+                    dict(
+                        epoch=epoch + 1,
+                        loss=float(np.mean(losses[:, j])),
+                        val_loss=val_loss,
+                        val_error=val_error,
+                        lr=float(lr((epoch + 1) * steps_per_epoch - 1)),
+                    )
+                )
+            bar.set_postfix(epoch=epoch + 1, loss=f"{float(np.mean(losses[-1])):.4f}")
+            if checkpoints is not None:
+                checkpoints.save(epoch, {"params": params, "opt_state": opt_state}, histories)
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, [h[-1] for h in histories])
+    finally:
+        bar.close()
+        if checkpoints is not None:
+            checkpoints.close()
+    params = jax.device_get(params)
+    results = []
+    for j, model in enumerate(models):
+        nnx.update(model, jax.tree.map(lambda a, j=j: a[j], params))
+        results.append(TrainResult(model, histories[j]))
+    return results

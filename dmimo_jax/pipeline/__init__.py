@@ -57,9 +57,11 @@ from dmimo_jax.pipeline.offline import (
     calibrated_model,
     fit_phase_model,
     make_training_set,
+    offline_folder,
     search_radius,
     stored_phase_model,
     train_cell_classifier,
+    train_cell_classifiers,
     train_estimator,
 )
 from dmimo_jax.pipeline.online import (
@@ -98,6 +100,8 @@ __all__ = [
     "run_offline_tiled",
     "tile_grid",
     "train_cell_classifier",
+    "train_cell_classifiers",
+    "offline_folder",
     "CACHE_ENV",
     "KINDS",
     "CandidateScreen",

@@ -11,6 +11,8 @@ import hashlib
 import json
 import pathlib
 import warnings
+from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import jax
@@ -39,7 +41,7 @@ from dmimo_jax.learning.mlp import MLPConfig
 from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.learning.popt import POPTConfig
 from dmimo_jax.learning.presets import CellsPreset, Preset, get_preset
-from dmimo_jax.learning.train import TrainConfig, train
+from dmimo_jax.learning.train import TrainConfig, train, train_many
 from dmimo_jax.physics import PhaseModel
 from dmimo_jax.pipeline.cache import cache_key, default_cache_dir
 from dmimo_jax.pipeline.online import coarse_estimate
@@ -259,6 +261,43 @@ def _check_model(model: Any, scene: Scene, num_aps: int) -> None:
         )
 
 
+def offline_folder(
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    scene: Scene,
+    *,
+    model: str | PhaseModel = "gp",
+    preset: str | Preset = "cpu",
+    num_samples: int | None = None,
+    cache_dir: str | pathlib.Path | None = None,
+    seed: int = 0,
+) -> pathlib.Path:
+    """The cache folder of :func:`run_offline` with these arguments (created, its
+    ``config.json`` written): ``cache_dir/<key>``, the key
+    (:func:`~dmimo_jax.pipeline.cache.cache_key`) of the labeled snapshots, every leaf of
+    ``scene`` and ``model``, the preset, the sample count and the seed. What a caller that
+    prepares part of the stage itself (the tiles' classifiers trained together,
+    :func:`~dmimo_jax.pipeline.tiled.run_offline_tiled`) writes into, for
+    :func:`run_offline` to find."""
+    p = get_preset(preset)
+    config = dict(
+        model=model if isinstance(model, str) else type(model).__name__,
+        preset=p.name,
+        num_samples=p.num_samples if num_samples is None else int(num_samples),
+        seed=seed,
+        train=dataclasses.asdict(p.train),
+        popt=dataclasses.asdict(p.popt),
+    )
+    x, r, noise_var = (jnp.asarray(v) for v in (x, r, noise_var))
+    trees = (scene, x, r, noise_var) + (() if isinstance(model, str) else (model,))
+    root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
+    folder = root / cache_key(config, *trees)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder
+
+
 def run_offline(
     x: ArrayLike,
     r: ArrayLike,
@@ -325,19 +364,8 @@ def run_offline(
     _check_model(model, scene, np.shape(r)[1])
     num = p.num_samples if num_samples is None else int(num_samples)
     x, r, noise_var = (jnp.asarray(v) for v in (x, r, noise_var))
-    config = dict(
-        model=model if isinstance(model, str) else type(model).__name__,
-        preset=p.name,
-        num_samples=num,
-        seed=seed,
-        train=dataclasses.asdict(p.train),
-        popt=dataclasses.asdict(p.popt),
-    )
-    trees = (scene, x, r, noise_var) + (() if isinstance(model, str) else (model,))
-    root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
-    folder = root / cache_key(config, *trees)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    folder = offline_folder(x, r, noise_var, scene, model=model, preset=p, num_samples=num,
+                            cache_dir=cache_dir, seed=seed)  # fmt: skip
     if isinstance(model, str):
         fine = stored_phase_model(folder / "gp.npz", x, r, noise_var, scene)
         screen = gp.TabulatedGPModel.from_model(fine)
@@ -403,6 +431,45 @@ def _offline_cells(folder, data_model, screen, scene, c, seed, progress, on_epoc
     return net, meta, table
 
 
+def _cells_folder(
+    folder: Any, model: PhaseModel, cells: Any, settings: CellsPreset
+) -> pathlib.Path:
+    """``folder/cells-<hash of settings and cells>`` (created, its config written)."""
+    record = dataclasses.asdict(settings)
+    if cells.shape != cell_grid(model.scene, settings.cell_size).shape or not np.allclose(
+        np.asarray(cells.low), np.asarray(model.scene.ue_low)
+    ):  # a grid of its own (e.g. the tiles of a building): part of the key
+        record["cells"] = dict(
+            low=np.asarray(cells.low, float).tolist(), size=cells.cell_size, shape=cells.shape
+        )
+    digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:10]
+    sub = pathlib.Path(folder) / f"cells-{digest}"
+    sub.mkdir(parents=True, exist_ok=True)
+    (sub / "config.json").write_text(json.dumps(record, indent=1))
+    return sub
+
+
+def _cells_data(sub: pathlib.Path, model: PhaseModel, settings: CellsPreset, seed: int, progress):
+    # the classifier needs about a million samples: for the GP, its tabulated mean
+    # synthesizes ~100x faster than the exact GP (same mean to ~1e-5 rad)
+    key = jax.random.key(seed + 1)
+    return make_training_set(
+        sub / "data", key, model, settings.num_samples, chunk_size=65536, progress=progress
+    )
+
+
+def _save_cells(sub: pathlib.Path, net: CellClassifier, history: list, data: Any, c: CellsPreset):
+    """The trained ``net``'s record (its validation top-K miss on ``data``'s held-out
+    samples), saved to ``sub/model``: ``(net, meta)``."""
+    n_val = max(1, int(round(c.train.val_fraction * c.num_samples)))
+    xv = np.asarray(data.x[c.num_samples - n_val :])
+    rv = np.asarray(data.r[c.num_samples - n_val :])
+    miss = np.asarray(jit_method(net, "error", rv, xv))
+    meta = dict(history=history, val_top_k_miss=float(miss.mean()), radius=c.cell_size)
+    save_model(sub / "model", net, meta=meta)
+    return net, meta
+
+
 def train_cell_classifier(
     folder: str | pathlib.Path,
     model: PhaseModel,
@@ -424,45 +491,91 @@ def train_cell_classifier(
         ``(network, meta)``: ``meta`` holds the training history, the validation top-K miss
         rate (``val_top_k_miss``) and ``radius`` (the cell size).
     """
-    record = dataclasses.asdict(settings)
-    if cells.shape != cell_grid(model.scene, settings.cell_size).shape or not np.allclose(
-        np.asarray(cells.low), np.asarray(model.scene.ue_low)
-    ):  # a grid of its own (e.g. the tiles of a building): part of the key
-        record["cells"] = dict(
-            low=np.asarray(cells.low, float).tolist(), size=cells.cell_size, shape=cells.shape
-        )
-    digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:10]
-    sub = pathlib.Path(folder) / f"cells-{digest}"
-    sub.mkdir(parents=True, exist_ok=True)
-    (sub / "config.json").write_text(json.dumps(record, indent=1))
-    out = sub / "model"
-    if (out / "spec.json").is_file():
-        return load_model(out)
-    c = settings
-    # the classifier needs about a million samples: for the GP, its tabulated mean
-    # synthesizes ~100x faster than the exact GP (same mean to ~1e-5 rad)
-    data = make_training_set(
-        sub / "data",
-        jax.random.key(seed + 1),
-        model,
-        c.num_samples,
-        chunk_size=65536,
-        progress=progress,
-    )
-    net = CellClassifier(model.num_aps, c.network, cells=cells, rngs=nnx.Rngs(seed))
+    sub = _cells_folder(folder, model, cells, settings)
+    if (sub / "model" / "spec.json").is_file():
+        return load_model(sub / "model")
+    data = _cells_data(sub, model, settings, seed, progress)
+    net = CellClassifier(model.num_aps, settings.network, cells=cells, rngs=nnx.Rngs(seed))
     res = train(
         net,
         data,
-        c.train,
+        settings.train,
         checkpoint_dir=sub / "ckpt",
         progress=progress,
         on_epoch_end=on_epoch_end,
     )
-    net = res.model
-    n_val = max(1, int(round(c.train.val_fraction * c.num_samples)))
-    xv = np.asarray(data.x[c.num_samples - n_val :])
-    rv = np.asarray(data.r[c.num_samples - n_val :])
-    miss = np.asarray(jit_method(net, "error", rv, xv))
-    meta = dict(history=res.history, val_top_k_miss=float(miss.mean()), radius=c.cell_size)
-    save_model(out, net, meta=meta)
-    return net, meta
+    return _save_cells(sub, res.model, res.history, data, settings)
+
+
+def train_cell_classifiers(
+    folders: Sequence[str | pathlib.Path],
+    models: Sequence[PhaseModel],
+    cells: Sequence[Any],
+    settings: CellsPreset,
+    *,
+    seed: int = 0,
+    devices: list | None = None,
+    progress: bool = True,
+) -> list[tuple[CellClassifier, dict]]:
+    """:func:`train_cell_classifier` of each ``(folders[i], models[i], cells[i])`` (the same
+    folders, synthetic sets and files: a later :func:`train_cell_classifier` or
+    :func:`run_offline` loads what this one trained), with the networks not yet finished
+    trained **together** by :func:`~dmimo_jax.learning.train_many`: one vmapped program, the
+    networks sharded over ``devices``. The models must have one number of APs and the cell
+    grids one shape and cell size (the tiles of a building,
+    :func:`~dmimo_jax.pipeline.tiled.run_offline_tiled`).
+
+    A network's labels are the index of a position's cell, which moves with the grid: every
+    network trains in the first pending grid's frame (its positions moved by the offset
+    between the grids, so the networks share one graph) and then takes its own grid's
+    corner. Each ends where :func:`train_cell_classifier` would, to float32 rounding.
+
+    Returns:
+        ``(network, meta)`` per entry, in order.
+
+    Raises:
+        ValueError: sequences of different lengths, models of different numbers of APs or
+            grids of different shapes or cell sizes.
+    """
+    folders, models, cells = list(folders), list(models), list(cells)
+    if not (len(folders) == len(models) == len(cells)):
+        raise ValueError(
+            f"folders, models and cells must have one length, got {len(folders)}, "
+            f"{len(models)} and {len(cells)}"
+        )
+    subs = [
+        _cells_folder(f, m, c, settings) for f, m, c in zip(folders, models, cells, strict=True)
+    ]
+    todo = [i for i, sub in enumerate(subs) if not (sub / "model" / "spec.json").is_file()]
+    if todo:
+        first = cells[todo[0]]
+        for i in todo:
+            if models[i].num_aps != models[todo[0]].num_aps:
+                raise ValueError(
+                    f"models must have one number of APs: models[{i}] has {models[i].num_aps}, "
+                    f"models[{todo[0]}] {models[todo[0]].num_aps}"
+                )
+            if cells[i].shape != first.shape or cells[i].cell_size != first.cell_size:
+                raise ValueError(
+                    f"cells must have one shape and cell size: cells[{i}] is {cells[i].shape} "
+                    f"of {cells[i].cell_size} m, cells[{todo[0]}] {first.shape} of "
+                    f"{first.cell_size} m"
+                )
+        datas = [_cells_data(subs[i], models[i], settings, seed, progress) for i in todo]
+        moved = [
+            SimpleNamespace(x=np.asarray(d.x) + np.asarray(first.low - cells[i].low), r=d.r)
+            for d, i in zip(datas, todo, strict=True)
+        ]
+        nets = [
+            CellClassifier(models[i].num_aps, settings.network, cells=first, rngs=nnx.Rngs(seed))
+            for i in todo
+        ]
+        # one checkpoint of the pending networks together (a killed run resumes the group)
+        names = ",".join(str(subs[i].resolve()) for i in todo)
+        group = hashlib.sha256(names.encode()).hexdigest()[:10]
+        results = train_many(nets, moved, settings.train, devices=devices, progress=progress,
+                             checkpoint_dir=subs[todo[0]] / f"ckpt-together-{group}")  # fmt: skip
+        for i, data, res in zip(todo, datas, results, strict=True):
+            res.model.cell_low = tuple(float(v) for v in np.asarray(cells[i].low))
+            _save_cells(subs[i], res.model, res.history, data, settings)
+    return [load_model(sub / "model") for sub in subs]

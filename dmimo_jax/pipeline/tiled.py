@@ -40,17 +40,23 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_int, check_phases
-from dmimo_jax.estimators import CellGrid
+from dmimo_jax.estimators import CellGrid, cell_grid
 from dmimo_jax.gp.kernel import check_training_data
 from dmimo_jax.learning.cells import CellClassifier, CellConfig
 from dmimo_jax.learning.nets import jit_method
-from dmimo_jax.learning.presets import CellsPreset, Preset
+from dmimo_jax.learning.presets import CellsPreset, Preset, get_preset
 from dmimo_jax.learning.train import TrainConfig
 from dmimo_jax.physics import PhaseModel, TwoRayModel
 from dmimo_jax.pipeline.batches import snug_parts
 from dmimo_jax.pipeline.cache import cache_key, default_cache_dir
 from dmimo_jax.pipeline.locator import Locator
-from dmimo_jax.pipeline.offline import Offline, run_offline, train_cell_classifier
+from dmimo_jax.pipeline.offline import (
+    Offline,
+    offline_folder,
+    run_offline,
+    train_cell_classifier,
+    train_cell_classifiers,
+)
 from dmimo_jax.pipeline.rescues import Status
 from dmimo_jax.pipeline.settings import checked_settings
 from dmimo_jax.pipeline.stages import Network
@@ -127,6 +133,8 @@ def run_offline_tiled(
     classifier: CellsPreset = TILE_CLASSIFIER,
     cache_dir: str | pathlib.Path | None = None,
     seed: int = 0,
+    together: int | None = None,
+    devices: list | None = None,
     progress: bool = True,
 ) -> TiledOffline:
     """The offline stage of a tiled building (module docstring).
@@ -152,12 +160,22 @@ def run_offline_tiled(
         classifier: the tile classifier's settings (:data:`TILE_CLASSIFIER`).
         cache_dir: root of the cache.
         seed: seeds the synthetic sets and initializations.
+        together: the tiles' cell classifiers train this many at a time as one program
+            (:func:`~dmimo_jax.pipeline.train_cell_classifiers`: sharded over ``devices``,
+            vmapped on an accelerator); 1: one after another
+            (:func:`~dmimo_jax.pipeline.train_cell_classifier`). Default: 16 on an
+            accelerator, 1 on a CPU (where one after another is as fast or faster:
+            docs/locality.md).
+        devices: the devices the tiles' classifiers are sharded over (default: all).
         progress: tqdm bars.
 
     Raises:
         ValueError: bad labeled snapshots, a tiling or models of another scene, tiles that
-            are not squares of one size.
+            are not squares of one size, ``together`` below 1.
     """
+    if together is None:
+        together = 1 if (devices or jax.devices())[0].platform == "cpu" else 16
+    check_int("together", together, minimum=1)
     check_training_data(x, r, noise_var, scene.num_aps)
     if not isinstance(tiling, Tiling) or int(tiling.aps.max()) >= scene.num_aps:
         raise ValueError("tiling must be tile_aps' Tiling of this scene")
@@ -172,20 +190,32 @@ def run_offline_tiled(
     root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
     folder = root / cache_key(dict(tile_classifier=type(whole).__name__, seed=seed), whole)
     net, meta = train_cell_classifier(folder, whole, grid, classifier, seed=seed, progress=progress)
+
+    def tile_args(t: int) -> tuple:
+        rows, aps = models.labels[t], tiling.aps[t]
+        pick = np.ix_(rows, aps)
+        return x[rows], r[pick], noise_var[pick], tile_scene(scene, tiling, t)
+
+    settings = get_preset(preset).cells if cells is None else cells
+    # the tiles' classifiers first, ``together`` at a time, into the folders run_offline reads
+    groups = range(0, tiling.num_tiles, together) if together > 1 else ()
+    for start in groups:
+        group = range(start, min(start + together, tiling.num_tiles))
+        folders = [offline_folder(*tile_args(t), model=models.tile(t), preset=preset,
+                                  cache_dir=cache_dir, seed=seed) for t in group]  # fmt: skip
+        grids = [cell_grid(tile_args(t)[3], settings.cell_size) for t in group]
+        train_cell_classifiers(folders, [models.tile(t) for t in group], grids, settings,
+                               seed=seed, devices=devices, progress=progress)  # fmt: skip
     steps = range(tiling.num_tiles)
     if progress:
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, desc="tiles' offline stages", unit="tile")
     offlines = []
-    for t in steps:
-        rows, aps = models.labels[t], tiling.aps[t]
+    for t in steps:  # each tile's classifier trained above is loaded from its folder
         offlines.append(
             run_offline(
-                x[rows],
-                r[np.ix_(rows, aps)],
-                noise_var[np.ix_(rows, aps)],
-                tile_scene(scene, tiling, t),
+                *tile_args(t),
                 model=models.tile(t),
                 kinds=("cells",),
                 preset=preset,
@@ -193,7 +223,7 @@ def run_offline_tiled(
                 cache_dir=cache_dir,
                 seed=seed,
                 progress=progress,
-            )  # fmt: skip
+            )
         )
     return TiledOffline(tiling, tuple(offlines), net, tile_of, meta)
 
