@@ -175,7 +175,7 @@ def test_receiver_jacobian_benchmark_quick(tmp_path, monkeypatch):
     """Both Jacobians reach the same fit (the compressed one is autodiff's to rounding)."""
     out = tmp_path / "jac.json"
     _run("benchmarks/receiver_jacobian.py", ["--quick", "--json", str(out)], monkeypatch)
-    (row,) = read_rows(out)
+    (row,) = read_rows(out)["rows"]
     assert row["auto_status"] == row["autodiff_status"] == "converged"
     assert row["max_position_difference_m"] < 1e-9 and row["speedup"] > 0
 
@@ -185,7 +185,7 @@ def test_calibration_batch_benchmark_quick(tmp_path, monkeypatch):
     """calibrate_many reaches the loop's calibrations (every deployment converged)."""
     out = tmp_path / "batch.json"
     _run("benchmarks/calibration_batch.py", ["--quick", "--json", str(out)], monkeypatch)
-    (row,) = read_rows(out)
+    (row,) = read_rows(out)["rows"]
     assert row["deployments"] == row["converged"] == 4 and row["same_status"]
     assert row["max_position_difference_m"] < 1e-9 and row["speedup"] > 0
 
@@ -215,6 +215,17 @@ def test_gp_table_benchmark_quick(tmp_path, monkeypatch):
     ]
     assert all(r["median_s"] > 0 and r["training_inputs"] == 4 * 17 for r in rows)
     assert rows[0]["max_abs_diff_rad"] < 1e-9  # the factorized table is the node-by-node one
+
+
+@pytest.mark.slow  # two tiny classifiers trained twice (~10 s)
+def test_tile_training_benchmark_smoke(tmp_path, monkeypatch):
+    out = tmp_path / "tiles.json"
+    argv = ["--tiles", "2", "--samples", "3000", "--hidden", "32", "32", "--repeats", "1",
+            "--json", str(out)]  # fmt: skip
+    _run("benchmarks/tile_training.py", argv, monkeypatch)
+    (row,) = read_rows(out)["rows"]
+    assert row["tiles"] == 2 and row["one_by_one_s"] > 0 and row["together_s"] > 0
+    assert row["speedup"] == pytest.approx(row["one_by_one_s"] / row["together_s"])
 
 
 @pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
