@@ -185,6 +185,22 @@ def _validation(evaluate: Callable, params: Any, x_all: Any, r_all: Any, start: 
     return float(np.sqrt(np.mean(err**2))), float(np.sum(losses) / (n - start))
 
 
+def _bar(total: int, initial: int, progress: bool, desc: str) -> Any:
+    """The training loop's tqdm bar (quiet when ``progress`` is False or stderr is not a
+    terminal)."""
+    return tqdm(total=total, initial=initial, disable=None if progress else True, desc=desc,
+                unit="step")  # fmt: skip
+
+
+def _row(epoch: int, loss: float, validation: tuple, lr: Callable, steps_per_epoch: int) -> dict:
+    """One history row: the epoch (from 1), its mean training loss, the validation (error,
+    loss) and the learning rate of its last step."""
+    val_error, val_loss = validation
+    last = (epoch + 1) * steps_per_epoch - 1
+    return dict(epoch=epoch + 1, loss=loss, val_loss=val_loss, val_error=val_error,
+                lr=float(lr(last)))  # fmt: skip
+
+
 class _Checkpoints:
     """Per-epoch orbax checkpoints of ``{"params", "opt_state"}`` and the history rows."""
 
@@ -227,6 +243,17 @@ class _Checkpoints:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def _resume(directory: Any, state: dict, sharding: Any, history: list) -> tuple:
+    """``(checkpoints, state, history, first epoch)``: the checkpoints of ``directory`` (None
+    without one) and, when one is there, its state (put with ``sharding``), history and next
+    epoch; else ``state``, ``history`` and epoch 0."""
+    checkpoints = None if directory is None else _Checkpoints(directory)
+    if checkpoints is not None and (found := checkpoints.restore(state)) is not None:
+        state, history, start = found
+        return checkpoints, jax.device_put(state, sharding), history, start
+    return checkpoints, state, history, 0
 
 
 def train(
@@ -278,12 +305,7 @@ def train(
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     state = jax.device_put({"params": params, "opt_state": opt.init(params)}, replicated)
     step, evaluate = _step_functions(graphdef, opt)
-    history: list[dict] = []
-    start_epoch = 0
-    checkpoints = None if checkpoint_dir is None else _Checkpoints(checkpoint_dir)
-    if checkpoints is not None and (found := checkpoints.restore(state)) is not None:
-        state, history, start_epoch = found
-        state = jax.device_put(state, replicated)
+    checkpoints, state, history, start_epoch = _resume(checkpoint_dir, state, replicated, [])
     params, opt_state = state["params"], state["opt_state"]
 
     def put(a: Any, idx: np.ndarray) -> jax.Array:
@@ -297,13 +319,7 @@ def train(
         r_dev = jax.device_put(np.asarray(r_all[:n_tr], np.float32), replicated)
         x_dev = jax.device_put(np.asarray(x_all[:n_tr], np.float32), replicated)
         scan = _scan_steps(step, rest, key, batch_sharding)
-    bar = tqdm(
-        total=total,
-        initial=start_epoch * steps_per_epoch,
-        disable=None if progress else True,
-        desc=f"train {type(model).__name__}",
-        unit="step",
-    )
+    bar = _bar(total, start_epoch * steps_per_epoch, progress, f"train {type(model).__name__}")
     try:
         for epoch in range(start_epoch, config.epochs):
             perm = np.random.default_rng([config.seed, epoch]).permutation(n_tr)
@@ -336,18 +352,13 @@ def train(
                     if i % 50 == 0:
                         bar.set_postfix(epoch=epoch + 1, loss=f"{float(loss):.4f}")
             jax.block_until_ready(params)
-            val_error, val_loss = _validation(
+            validation = _validation(
                 lambda p, r, x: evaluate(p, rest, r, x), params, x_all, r_all, n_tr
             )
-            row = dict(
-                epoch=epoch + 1,
-                loss=float(np.mean(np.concatenate(jax.device_get(losses)))),
-                val_loss=val_loss,
-                val_error=val_error,
-                lr=float(lr((epoch + 1) * steps_per_epoch - 1)),
-            )
+            loss = float(np.mean(np.concatenate(jax.device_get(losses))))
+            row = _row(epoch, loss, validation, lr, steps_per_epoch)
             history.append(row)
-            bar.set_postfix(epoch=epoch + 1, loss=f"{row['loss']:.4f}", val=f"{val_error:.4g}")
+            bar.set_postfix(epoch=epoch + 1, loss=f"{loss:.4f}", val=f"{row['val_error']:.4g}")
             if checkpoints is not None:
                 checkpoints.save(epoch, {"params": params, "opt_state": opt_state}, history)
             if on_epoch_end is not None:
@@ -468,12 +479,8 @@ def train_many(
     rests = jax.device_put(stacked([splits[i][2] for i in slots]), sharded)
     state = {"params": params, "opt_state": jax.vmap(opt.init)(params)}
     state = jax.device_put(state, sharded)
-    histories: list[list[dict]] = [[] for _ in range(count)]
-    start_epoch = 0
-    checkpoints = None if checkpoint_dir is None else _Checkpoints(checkpoint_dir)
-    if checkpoints is not None and (found := checkpoints.restore(state)) is not None:
-        state, histories, start_epoch = found
-        state = jax.device_put(state, sharded)
+    empty: list[list[dict]] = [[] for _ in range(count)]
+    checkpoints, state, histories, start_epoch = _resume(checkpoint_dir, state, sharded, empty)
     params, opt_state = state["params"], state["opt_state"]
 
     def put(which: int, idx: np.ndarray) -> jax.Array:
@@ -482,13 +489,8 @@ def train_many(
         )
 
     key = jax.random.key(config.seed)
-    bar = tqdm(
-        total=total,
-        initial=start_epoch * steps_per_epoch,
-        disable=None if progress else True,
-        desc=f"train {count} x {type(models[0]).__name__}",
-        unit="step",
-    )
+    desc = f"train {count} x {type(models[0]).__name__}"
+    bar = _bar(total, start_epoch * steps_per_epoch, progress, desc)
     try:
         for epoch in range(start_epoch, config.epochs):
             perm = np.random.default_rng([config.seed, epoch]).permutation(n_tr)
@@ -503,22 +505,15 @@ def train_many(
             losses = np.asarray(jax.device_get(losses))  # (steps, slots)
             for j in range(count):
                 p_j, rest_j = (jax.tree.map(lambda a, j=j: a[j], t) for t in (params, rests))
-                val_error, val_loss = _validation(
+                validation = _validation(
                     lambda p, r, x, rest_j=rest_j: evaluate(p, rest_j, r, x),
                     p_j,
                     arrays[j][0],
                     arrays[j][1],
                     n_tr,
                 )
-                histories[j].append(
-                    dict(
-                        epoch=epoch + 1,
-                        loss=float(np.mean(losses[:, j])),
-                        val_loss=val_loss,
-                        val_error=val_error,
-                        lr=float(lr((epoch + 1) * steps_per_epoch - 1)),
-                    )
-                )
+                loss = float(np.mean(losses[:, j]))
+                histories[j].append(_row(epoch, loss, validation, lr, steps_per_epoch))
             bar.set_postfix(epoch=epoch + 1, loss=f"{float(np.mean(losses[-1])):.4f}")
             if checkpoints is not None:
                 checkpoints.save(epoch, {"params": params, "opt_state": opt_state}, histories)
