@@ -412,7 +412,7 @@ def train_many(
         vmap_width: how many of a device's networks step at once (``jax.lax.map``'s
             ``batch_size``: a ``vmap`` of that many inside a loop over the rest). Default:
             all of them on an accelerator; 1 on a CPU, where XLA's batched matrix
-            products run slower per network than one network's (docs/locality.md).
+            products run slower per network than one network's (docs/locality_measurements.md).
 
     Returns:
         One :class:`TrainResult` per network, in order.

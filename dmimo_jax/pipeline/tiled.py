@@ -72,7 +72,7 @@ TILE_CLASSIFIER = CellsPreset(
 preset's cell classifier (1024 x 3 GELU, 600,000 samples, 2 epochs), its validation error
 the top-2 miss. On the 20 m hall of ``benchmarks/tiled_locator.py`` (16 tiles of 4.75 m),
 a (256, 256) network of 200,000 samples named the right tile first for 61% of the test
-snapshots, this one for 95% (docs/locality.md)."""
+snapshots, this one for 95% (docs/locality_measurements.md)."""
 
 
 def tile_grid(tiling: Tiling) -> tuple[CellGrid, np.ndarray]:
@@ -165,7 +165,7 @@ def run_offline_tiled(
             vmapped on an accelerator); 1: one after another
             (:func:`~dmimo_jax.pipeline.train_cell_classifier`). Default: 16 on an
             accelerator, 1 on a CPU (where one after another is as fast or faster:
-            docs/locality.md).
+            docs/locality_measurements.md).
         devices: the devices the tiles' classifiers are sharded over (default: all).
         progress: tqdm bars.
 

@@ -157,7 +157,7 @@ def fit_tiles(
         rtol: its relative stopping tolerance.
         variance: tabulate the GP's predictive variance too (eq. 27; over the 10, 20 and
             40 m halls of two seeds the tiled search's RMSE was 2.7-4.8 times the PEB with
-            it and 6.0-13.3 without, docs/locality.md).
+            it and 6.0-13.3 without, docs/locality_measurements.md).
         tabulate: more keyword arguments of
             :meth:`~dmimo_jax.gp.TabulatedGPModel.from_model` (the tables' spacings); by
             default the variance's grid is lambda/16 x 32 nodes (a weight: 16 times fewer
