@@ -175,7 +175,7 @@ def test_receiver_jacobian_benchmark_quick(tmp_path, monkeypatch):
     """Both Jacobians reach the same fit (the compressed one is autodiff's to rounding)."""
     out = tmp_path / "jac.json"
     _run("benchmarks/receiver_jacobian.py", ["--quick", "--json", str(out)], monkeypatch)
-    (row,) = read_rows(out)["rows"]
+    (row,) = read_rows(out)
     assert row["auto_status"] == row["autodiff_status"] == "converged"
     assert row["max_position_difference_m"] < 1e-9 and row["speedup"] > 0
 
@@ -185,7 +185,7 @@ def test_calibration_batch_benchmark_quick(tmp_path, monkeypatch):
     """calibrate_many reaches the loop's calibrations (every deployment converged)."""
     out = tmp_path / "batch.json"
     _run("benchmarks/calibration_batch.py", ["--quick", "--json", str(out)], monkeypatch)
-    (row,) = read_rows(out)["rows"]
+    (row,) = read_rows(out)
     assert row["deployments"] == row["converged"] == 4 and row["same_status"]
     assert row["max_position_difference_m"] < 1e-9 and row["speedup"] > 0
 
