@@ -353,6 +353,8 @@ def test_train_many_refuses_networks_of_two_graphs_and_data_of_two_sizes():
         train_many([_cells_net(), _cells_net()], [d], cfg, progress=False)
     with pytest.raises(ValueError, match="non-empty"):
         train_many([], [], cfg, progress=False)
+    with pytest.raises(ValueError, match="vmap_width"):
+        train_many([_cells_net()], [d], cfg, progress=False, vmap_width=0)
 
 
 @pytest.mark.slow

@@ -42,6 +42,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
+from dmimo_jax._checks import check_int
+
 #: the largest float32 training set (bytes of ``x`` and ``r``) that ``resident=None`` keeps
 #: in device memory
 RESIDENT_BYTES = 2**31
@@ -422,6 +424,8 @@ def train_many(
             of different graphs, malformed data, a checkpoint of other networks.
     """
     models, datas = list(models), list(datas)
+    if vmap_width is not None:
+        check_int("vmap_width", vmap_width, minimum=1)
     if not models or len(datas) != len(models):
         raise ValueError(
             f"models and datas must be non-empty and of one length, got {len(models)} and "
@@ -456,9 +460,6 @@ def train_many(
     local = len(slots) // len(devices)
     if vmap_width is None:
         vmap_width = 1 if devices[0].platform == "cpu" else local
-    check_width = isinstance(vmap_width, int) and vmap_width >= 1
-    if not check_width:
-        raise ValueError(f"vmap_width must be a positive int or None, got {vmap_width!r}")
 
     def device_step(params, rests, opt_state, r, x, key):  # a device's networks
         def one(a):

@@ -201,11 +201,12 @@ def run_offline_tiled(
     groups = range(0, tiling.num_tiles, together) if together > 1 else ()
     for start in groups:
         group = range(start, min(start + together, tiling.num_tiles))
-        folders = [offline_folder(*tile_args(t), model=models.tile(t), preset=preset,
-                                  cache_dir=cache_dir, seed=seed) for t in group]  # fmt: skip
-        grids = [cell_grid(tile_args(t)[3], settings.cell_size) for t in group]
-        train_cell_classifiers(folders, [models.tile(t) for t in group], grids, settings,
-                               seed=seed, devices=devices, progress=progress)  # fmt: skip
+        args, tile_models = [tile_args(t) for t in group], [models.tile(t) for t in group]
+        folders = [offline_folder(*a, model=mt, preset=preset, cache_dir=cache_dir, seed=seed)
+                   for a, mt in zip(args, tile_models, strict=True)]  # fmt: skip
+        grids = [cell_grid(a[3], settings.cell_size) for a in args]
+        train_cell_classifiers(folders, tile_models, grids, settings, seed=seed,
+                               devices=devices, progress=progress)  # fmt: skip
     steps = range(tiling.num_tiles)
     if progress:
         from tqdm.auto import tqdm
