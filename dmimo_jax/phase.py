@@ -37,6 +37,12 @@ def wrap(angle: ArrayLike) -> Array:
     angle = jnp.asarray(angle)
     if not jnp.issubdtype(angle.dtype, jnp.floating):
         angle = angle.astype(jnp.result_type(float))
+    return _wrap(angle)
+
+
+# one program per shape and dtype outside jit (instead of an eager dispatch per operation)
+@jax.jit
+def _wrap(angle: Array) -> Array:
     two_pi = jnp.asarray(2 * jnp.pi, angle.dtype)
     pi = jnp.asarray(jnp.pi, angle.dtype)
     wrapped = jnp.mod(angle + pi, two_pi) - pi

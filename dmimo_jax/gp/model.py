@@ -296,6 +296,7 @@ class TabulatedGPModel:
         return TabulatedGPModel(self.scene, self.values, self.lower, self.step)
 
 
+@partial(jax.jit, static_argnames=("cubic",))  # one program per shape outside jit
 def interpolate(
     values: Array, lower: Array, step: Array, f: Array, *, cubic: bool = False
 ) -> Array:

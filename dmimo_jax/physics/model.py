@@ -177,6 +177,7 @@ class PhasorSumModel:
         self._check_x(x)
         return self._amplitude(x)
 
+    @jax.jit
     def _amplitude(self, x: ArrayLike) -> Array:
         d1, s = self._ratio(x)
         return self.scene.wavelength / (4 * jnp.pi * d1) * safe_abs(s)

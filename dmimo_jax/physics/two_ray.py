@@ -75,6 +75,7 @@ def safe_norm(v: Array, axis: int = -1) -> Array:
     return jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, sq, 1.0)), 0.0)
 
 
+@jax.jit  # one program per scene and shape outside jit; inlined inside a jitted caller
 def geometry(x: ArrayLike, scene: Scene) -> Geometry:
     """LoS/NLoS path lengths and the incidence angle cosine for UE ``x`` (3,)."""
     x = jnp.asarray(x, scene.ap_positions.dtype)
@@ -160,6 +161,9 @@ def relative_reflection(x: ArrayLike, scene: Scene) -> tuple[Geometry, Array]:
     return geo, rho
 
 
+# compiled as one program per scene and shape when called outside jit (a script, an eager
+# vmap) instead of an eager dispatch per operation; inlined inside a jitted caller
+@jax.jit
 def _phasor_sum(x: ArrayLike, scene: Scene) -> tuple[Geometry, Array]:
     r"""``(geometry, s)``: the channel relative to the isotropic LoS phasor (offset excluded),
     :math:`s_m = F^{(1)}_m + F^{(2)}_m\rho_m` (:math:`1 + \rho_m` for isotropic APs)."""

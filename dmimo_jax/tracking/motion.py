@@ -29,6 +29,7 @@ snapshot (the paper's model) or a CPO that drifts as a random walk.
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -252,6 +253,9 @@ def simulate_trajectory(
     return _simulate(key, motion, x0, v0, num_steps, jnp.asarray(dt, low.dtype))
 
 
+# one program per motion model and length outside jit (a script, an eager vmap), instead
+# of an eager dispatch per operation; inlined inside a jitted caller
+@partial(jax.jit, static_argnames=("num_steps",))
 def _simulate(key, motion, x0, v0, num_steps, dt) -> Trajectory:
     f, q = motion.transition(dt), motion.process_noise(dt)
     # Q's square root by eigendecomposition: Q is singular for constant velocity
