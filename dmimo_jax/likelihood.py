@@ -8,10 +8,15 @@ them and the metrics score a phase model with them, all from here.
 Shapes: ``r`` is one snapshot (M,) of wrapped phases (or a batch (..., M) where a function
 says so); ``x`` one position (3,). The costs take a **PhaseModel** (or a Scene, meaning its
 two-ray model).
+
+The unchecked functions of residuals are jitted: called outside ``jax.jit`` (a script, an
+eager ``jax.vmap``) each is one program per shape instead of a dispatch per operation;
+inside a jitted caller they are inlined.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import Array
 from jax.typing import ArrayLike
@@ -31,6 +36,7 @@ __all__ = [
 ]
 
 
+@jax.jit
 def wrap_corrected_residuals(r: ArrayLike, mean: ArrayLike) -> Array:
     r"""Residuals :math:`\varepsilon_m` with the wrap correction of eq. (16).
 
@@ -54,6 +60,7 @@ def wrap_corrected_residuals(r: ArrayLike, mean: ArrayLike) -> Array:
     return e + two_pi * (neg & (n_pos > n_neg)) - two_pi * (pos & (n_pos < n_neg))
 
 
+@jax.jit
 def cpo_estimate(r: ArrayLike, mean: ArrayLike, variance: ArrayLike | None = None) -> Array:
     r"""CPO estimate :math:`\hat\phi = \sum_m \varepsilon_m\sigma_m^{-2} / \sum_m\sigma_m^{-2}`, eq. (15).
 
@@ -72,6 +79,7 @@ def cpo_estimate(r: ArrayLike, mean: ArrayLike, variance: ArrayLike | None = Non
     return jnp.sum(w * e, axis=-1) / jnp.sum(w, axis=-1)
 
 
+@jax.jit
 def compressed_residuals(r: ArrayLike, mean: ArrayLike, variance: ArrayLike | None = None) -> Array:
     r"""Residuals with the CPO compressed away: :math:`\mathrm{wrap}(r_m - \theta_m - \hat\phi)`.
 
@@ -83,6 +91,7 @@ def compressed_residuals(r: ArrayLike, mean: ArrayLike, variance: ArrayLike | No
     return wrap(r - mean - phi[..., None])
 
 
+@jax.jit
 def ls_costs(r: ArrayLike, theta: ArrayLike) -> Array:
     r"""LS costs of eq. (18), :math:`\sum_m \mathrm{wrap}(r_m - \theta_m - \hat\phi)^2`, of
     snapshots ``r`` (..., M) against model phases ``theta`` (..., M), broadcast: (...,).

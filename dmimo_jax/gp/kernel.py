@@ -126,12 +126,14 @@ def build_kernel(params: GPParams, wavelength: ArrayLike) -> kernels.Kernel:
     return transforms.Subspace(0, k_dd) * transforms.Subspace(1, k_gamma)
 
 
+@jax.jit  # one program per shape outside jit; inlined inside a jitted caller
 def residuals(x: ArrayLike, r: ArrayLike, cpo: ArrayLike, scene: Scene) -> Array:
     r""":math:`\upsilon_{m,i} = \mathrm{wrap}(r_{m,i} - 2\pi d^{(1)}_{m,i}/\lambda - \phi_i)`, eq. (24a), (L, M)."""
     los = jax.vmap(los_phase, in_axes=(0, None))(x, scene)
     return wrap(jnp.asarray(r) - los - jnp.asarray(cpo)[:, None])
 
 
+@jax.jit  # one program per shape outside jit; inlined inside a jitted caller
 def flat_features(x: ArrayLike, scene: Scene) -> Array:
     """Features of L positions (L, 3) flattened UE-major: (L M, 2), row q = i M + m."""
     return jax.vmap(features, in_axes=(0, None))(x, scene).reshape(-1, 2)

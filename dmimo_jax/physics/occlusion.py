@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
@@ -81,6 +82,7 @@ class _Seen(NamedTuple):
     margin: Array
 
 
+@jax.jit  # one program per shape outside jit; inlined inside a jitted caller
 def _seen(p: Array, st: StackedFaces) -> _Seen:
     lead = (1,) * (p.ndim - 1)
     h = jnp.einsum("...d,fd->...f", p, st.n) - jnp.sum(st.q * st.n, axis=-1).reshape(lead + (-1,))
