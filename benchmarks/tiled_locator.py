@@ -65,7 +65,10 @@ def batch_ms(fn, r):
     return 1e3 * (time.perf_counter() - t0) / r.shape[0]
 
 
-def world_row(side, args):
+def hall_offline(side, args):
+    """The hall of side ``side`` m, its tiles, labels, test snapshots and tiled offline stage
+    (cached under ``args.cache``): ``(scene, tiling, test, off, row)``, ``row`` the world's
+    columns so far (sizes, GP fit and offline seconds)."""
     scene = hall_scene(side, seed=args.seed)
     truth = dj.TwoRayModel(scene)
     area = float(np.prod(np.asarray(scene.ue_high - scene.ue_low)[:2]))
@@ -93,6 +96,36 @@ def world_row(side, args):
                                   preset="quick", cells=cells, classifier=net, cache_dir=args.cache,
                                   seed=args.seed, progress=args.progress)  # fmt: skip
     row["offline_s"] = time.perf_counter() - t0
+    return scene, tiling, test, off, row
+
+
+def hall_arguments(ap):
+    """The options that name a hall and its offline stage (``benchmarks/tiles_one_program.py``
+    takes them too); ``--cache`` defaults to a temporary folder."""
+    ap.add_argument("--tile", type=float, default=5.0, help="tile side, m")
+    ap.add_argument("--factor", type=float, default=2.0, help="the tiles' bound factor")
+    ap.add_argument("--labels-per-m2", type=float, default=0.5)
+    ap.add_argument("--tile-samples", type=int, default=200_000, help="per tile's classifier")
+    ap.add_argument("--hidden", type=int, nargs="*", default=[512, 512, 512])
+    ap.add_argument("--net-samples", type=int, default=600_000, help="the tile classifier's")
+    ap.add_argument("--net-hidden", type=int, nargs="*", default=[1024, 1024, 1024])
+    ap.add_argument("--num", type=int, default=512, help="test snapshots")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cache", type=pathlib.Path, default=None, help="default: a temporary one")
+    ap.add_argument("--progress", action="store_true")
+
+
+def hall_settings(args):
+    """``args`` completed: tuples of widths, a temporary cache folder if none was named."""
+    args.hidden, args.net_hidden = tuple(args.hidden), tuple(args.net_hidden)
+    if args.cache is None:
+        args.cache = pathlib.Path(tempfile.mkdtemp(prefix="tiled-"))
+    return args
+
+
+def world_row(side, args):
+    scene, tiling, test, off, row = hall_offline(side, args)
+    truth = dj.TwoRayModel(scene)
     row["offline_rss_mb"] = peak_rss_mb()
     row["tile_net_miss"] = float(off.info["val_top_k_miss"])
     row["tiles_cell_miss_mean"] = float(
@@ -148,25 +181,12 @@ def world_row(side, args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=float, nargs="*", default=[20.0], help="hall sides, m")
-    ap.add_argument("--tile", type=float, default=5.0, help="tile side, m")
-    ap.add_argument("--factor", type=float, default=2.0, help="the tiles' bound factor")
-    ap.add_argument("--labels-per-m2", type=float, default=0.5)
-    ap.add_argument("--tile-samples", type=int, default=200_000, help="per tile's classifier")
-    ap.add_argument("--hidden", type=int, nargs="*", default=[512, 512, 512])
+    hall_arguments(ap)
     ap.add_argument("--tries", type=int, default=2, help="tiles tried per snapshot")
-    ap.add_argument("--net-samples", type=int, default=600_000, help="the tile classifier's")
-    ap.add_argument("--net-hidden", type=int, nargs="*", default=[1024, 1024, 1024])
-    ap.add_argument("--num", type=int, default=512, help="test snapshots")
     ap.add_argument("--singles", type=int, default=20, help="single-snapshot calls timed")
     ap.add_argument("--big-batch", type=int, default=4096, help="the large batch timed")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cache", type=pathlib.Path, default=None, help="default: a temporary one")
-    ap.add_argument("--progress", action="store_true")
     ap.add_argument("--json", default=None)
-    args = ap.parse_args(argv)
-    args.hidden, args.net_hidden = tuple(args.hidden), tuple(args.net_hidden)
-    if args.cache is None:
-        args.cache = pathlib.Path(tempfile.mkdtemp(prefix="tiled-"))
+    args = hall_settings(ap.parse_args(argv))
     rows = [world_row(side, args) for side in args.sizes]
     print_table(
         rows,
