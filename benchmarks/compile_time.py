@@ -4,7 +4,8 @@ compiled in the same run.
 The quickstart's world (the paper's scene, concrete, -10 dBm, L = 50, the ``quick`` cell
 classifier, cached; ``--tiny``: a 0.6 m region and a small classifier, for a smoke run). For
 each batch size of the Locator's buckets: the StableHLO lines of ``Locator.program`` (with
-and without fault exclusion), the trace+lower time, XLA's compile time, the first call and
+and without fault exclusion; compiled with the package's ``PROGRAM_COMPILER_OPTIONS`` and,
+where those are not empty, also with XLA's defaults), the trace+lower time, XLA's compile time, the first call and
 the steady call per snapshot; the reference is ``peb_map`` over 256 points, lowered and
 compiled in the same process (these machines are noisy: compare the ratio). Then a sweep of
 every batch size 1..``--sweep`` through ``loc(r)``: how many programs it compiled and the
@@ -56,9 +57,12 @@ def offline_world(tiny: bool):
     return off, scene
 
 
-def compile_row(loc, r, capacity, label):
-    """StableHLO lines, lower and compile seconds of ``loc.program`` at ``r``'s shape."""
-    fn = jax.jit(pipeline.Locator.program, static_argnums=2)
+def compile_row(loc, r, capacity, label, options=True):
+    """StableHLO lines, lower and compile seconds of ``loc.program`` at ``r``'s shape,
+    compiled as the package compiles it (``options``: :func:`pipeline.program_jit`) or with
+    XLA's defaults."""
+    jit = pipeline.program_jit if options else jax.jit
+    fn = jit(pipeline.Locator.program, static_argnums=2)
     t0 = time.perf_counter()
     lowered = fn.lower(loc, r, capacity, jnp.int32(r.shape[0]))
     t1 = time.perf_counter()
@@ -136,11 +140,12 @@ def main(argv=None):
     test = dj.measure.labeled_snapshots(jax.random.key(10_000), scene, max(args.batches))
     for b in args.batches:
         r = test.r[:b]
-        for label, lo in (
-            ("Locator", loc),
-            ("Locator, max_excluded=0", loc.replace(max_excluded=0)),
-        ):
-            rows.append(compile_row(lo, r, lo.capacity_for(b), label))
+        programs = [("Locator", loc, True),
+                    ("Locator, max_excluded=0", loc.replace(max_excluded=0), True)]  # fmt: skip
+        if pipeline.PROGRAM_COMPILER_OPTIONS:  # the package's options against XLA's defaults
+            programs.append(("Locator, XLA's default options", loc, False))
+        for label, lo, options in programs:
+            rows.append(compile_row(lo, r, lo.capacity_for(b), label, options))
             ref = rows[0]["compile_s"]
             rows[-1]["compile_over_reference"] = rows[-1]["compile_s"] / ref
             print(rows[-1])

@@ -208,9 +208,10 @@ def test_export_runs_in_a_fresh_process_and_a_second_reads_the_compiled_program(
     for done in runs:
         assert done.returncode == 0, done.stderr[-3000:]
         assert "(5, 3) (3,)" in done.stdout
-    # a fresh process reads the Locator's programs (seconds of compilation) from the cache
+    # a fresh process reads the Locator's programs from the cache: the largest compile a hit
+    # saved is the Locator's (0.8-1.5 s of compilation), not a small helper's (< 0.05 s)
     assert float(runs[0].stdout.split()[-1]) == 0.0
-    assert float(runs[1].stdout.split()[-1]) > 1.0
+    assert float(runs[1].stdout.split()[-1]) > 0.3
     want = loc(r).x  # each row's answer is the same in any batch (nothing overflows)
     assert _max_diff(np.load(tmp_path / "x.npy"), want) < 1e-9
     with pytest.raises(ValueError, match="no exported Locator"):

@@ -165,3 +165,19 @@ def test_stored_phase_model_fits_once_then_reloads_the_same_bits(tmp_path, monke
     np.testing.assert_array_equal(again.mean(x[0]), first.mean(x[0]))
     with pytest.raises(ValueError, match="another GP"):  # a file of another deployment
         pipeline.stored_phase_model(path, x[:5], r[:5], nv[:5], SCENE)
+
+
+def test_the_program_compiler_options_follow_jaxlib_and_change_no_answer():
+    """The Locator's program compiles with XLA's elemental CPU emitters on jaxlib < 0.11
+    (the option newer jaxlib removed: nothing then), jitted with them a function gives what
+    plain ``jax.jit`` gives, and nothing global changes."""
+    from importlib.metadata import version
+
+    jaxlib = tuple(int(p) for p in version("jaxlib").split(".")[:2])
+    expected = {"xla_cpu_use_fusion_emitters": False} if jaxlib < (0, 11) else {}
+    assert dict(pipeline.PROGRAM_COMPILER_OPTIONS) == expected
+    f = lambda x: jnp.sin(3.0 * x) * jnp.exp(-x)
+    x = jnp.linspace(0.0, 2.0, 33)
+    np.testing.assert_allclose(pipeline.program_jit(f)(x), jax.jit(f)(x), rtol=1e-14, atol=1e-15)
+    with pytest.raises(TypeError):
+        pipeline.PROGRAM_COMPILER_OPTIONS["xla_cpu_use_fusion_emitters"] = True  # read-only

@@ -40,7 +40,13 @@ program), :mod:`~dmimo_jax.pipeline.stages` (its coarse stages as pytrees),
 """
 
 from dmimo_jax.estimators.rows import bucket_size
-from dmimo_jax.pipeline.batches import BUCKETS, bucket_for, snug_parts
+from dmimo_jax.pipeline.batches import (
+    BUCKETS,
+    PROGRAM_COMPILER_OPTIONS,
+    bucket_for,
+    program_jit,
+    snug_parts,
+)
 from dmimo_jax.pipeline.cache import (
     CACHE_ENV,
     COMPILATION_CACHE_ENV,
@@ -125,6 +131,8 @@ __all__ = [
     "coarse_estimate",
     "default_cache_dir",
     "BUCKETS",
+    "PROGRAM_COMPILER_OPTIONS",
+    "program_jit",
     "bucket_for",
     "snug_parts",
     "Status",

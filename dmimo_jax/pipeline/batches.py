@@ -4,6 +4,12 @@ requests the same way)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from types import MappingProxyType
+from typing import Any
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import Array
@@ -11,6 +17,29 @@ from jax import Array
 BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)
 """The batch sizes the Locator's call compiles: a batch is padded to the next (a larger one
 runs in parts of the last), so any batch runs one of seven programs."""
+
+
+def _jaxlib_version() -> tuple[int, int]:
+    try:
+        return tuple(int(p) for p in version("jaxlib").split(".")[:2])  # type: ignore[return-value]
+    except (PackageNotFoundError, ValueError):
+        return (0, 0)
+
+
+PROGRAM_COMPILER_OPTIONS = MappingProxyType(
+    {"xla_cpu_use_fusion_emitters": False} if _jaxlib_version() < (0, 11) else {}
+)
+"""XLA options of the Locator's compiled program only (``jax.jit(...,
+compiler_options=...)``: nothing global changes): on jaxlib < 0.11, XLA's elemental CPU
+emitters, which compile it faster at the same speed per snapshot and with the same
+answers to float rounding (measured in docs/performance.md); empty on newer jaxlib, which
+removed the option."""
+
+
+def program_jit(fn: Callable, **jit_kwargs: Any) -> Callable:
+    """``jax.jit(fn, **jit_kwargs)`` compiled with :data:`PROGRAM_COMPILER_OPTIONS`: how the
+    Locator's program is jitted (its call, its sharded call, a loaded export)."""
+    return jax.jit(fn, compiler_options=dict(PROGRAM_COMPILER_OPTIONS), **jit_kwargs)
 
 
 def bucket_for(n: int, sizes: tuple[int, ...] = BUCKETS) -> int:

@@ -17,7 +17,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch
 from dmimo_jax.estimators import PhasorTable
-from dmimo_jax.pipeline.batches import padded_parts
+from dmimo_jax.pipeline.batches import padded_parts, program_jit
 from dmimo_jax.pipeline.locator import Locator, LocatorResult
 
 FORMAT = "dmimo_jax.Locator/3"
@@ -114,7 +114,7 @@ def sharded(loc: Locator, devices: Any = None) -> Any:
         local, mesh=mesh, in_specs=(PartitionSpec(), rows), out_specs=rows, check_vma=False
     )
 
-    @jax.jit
+    @program_jit
     def run(loc: Locator, r: Array) -> LocatorResult:
         return mapped(loc, r)
 
@@ -135,18 +135,21 @@ class ExportedLocator:
 
     def __init__(self, meta: dict, programs: dict[int, Any], arrays: list[Array]):
         self.meta, self.programs, self.arrays = meta, programs, arrays
+        self._calls = {b: program_jit(p.call) for b, p in programs.items()}  # as the Locator's
         self.num_aps = int(meta["num_aps"])
         self.batch_sizes = sorted(programs)
 
     def _run(self, b: int, r: Array, n: int) -> LocatorResult:
-        return LocatorResult(*self.programs[b].call(self.arrays, r, jnp.int32(n)))
+        return LocatorResult(*self._calls[b](self.arrays, r, jnp.int32(n)))
 
     def __call__(self, r: ArrayLike) -> LocatorResult:
         single = np.ndim(r) == 1
         rb = as_snapshot_batch("r", r, self.num_aps).astype(self.meta["dtype"])
         if rb.shape[0] == 0:  # as Locator.__call__: the empty result
             one = jax.ShapeDtypeStruct((1, self.num_aps), rb.dtype)
-            empty = jax.eval_shape(lambda r: self._run(1, r, 1), one)
+            empty = jax.eval_shape(
+                lambda r: self.programs[1].call(self.arrays, r, jnp.int32(1)), one
+            )
             return LocatorResult(*(jnp.zeros((0, *a.shape[1:]), a.dtype) for a in empty))
         parts = []
         for k, pad in padded_parts(rb, tuple(self.batch_sizes)):
