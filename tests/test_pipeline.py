@@ -170,7 +170,8 @@ def test_stored_phase_model_fits_once_then_reloads_the_same_bits(tmp_path, monke
 def test_the_program_compiler_options_follow_jaxlib_and_change_no_answer():
     """The Locator's program compiles with XLA's elemental CPU emitters on jaxlib < 0.11
     (the option newer jaxlib removed: nothing then), jitted with them a function gives what
-    plain ``jax.jit`` gives, and nothing global changes."""
+    plain ``jax.jit`` gives, called from the host or inside any transformation, and nothing
+    global changes."""
     from importlib.metadata import version
 
     jaxlib = tuple(int(p) for p in version("jaxlib").split(".")[:2])
@@ -178,6 +179,16 @@ def test_the_program_compiler_options_follow_jaxlib_and_change_no_answer():
     assert dict(pipeline.PROGRAM_COMPILER_OPTIONS) == expected
     f = lambda x: jnp.sin(3.0 * x) * jnp.exp(-x)
     x = jnp.linspace(0.0, 2.0, 33)
-    np.testing.assert_allclose(pipeline.program_jit(f)(x), jax.jit(f)(x), rtol=1e-14, atol=1e-15)
+    pj = pipeline.program_jit(f)
+    want = jax.jit(f)(x)
+    np.testing.assert_allclose(pj(x), want, rtol=1e-14, atol=1e-15)
+    # inside a transformation the plain jit runs (XLA takes options on top-level jits only):
+    # a trace closing over concrete arguments, jax.eval_shape, jax.grad, jax.vmap
+    np.testing.assert_allclose(jax.jit(lambda: pj(x))(), want, rtol=1e-14, atol=1e-15)
+    assert jax.eval_shape(lambda: pj(x)).shape == x.shape
+    grad = jax.grad(lambda y: jnp.sum(f(y)))(x)
+    np.testing.assert_allclose(jax.grad(lambda y: jnp.sum(pj(y)))(x), grad, rtol=1e-13)
+    np.testing.assert_allclose(jax.vmap(pj)(x[:, None]), want[:, None], rtol=1e-14, atol=1e-15)
+    assert pj.cache_size() >= 1 or pj.cache_size() == -1
     with pytest.raises(TypeError):
         pipeline.PROGRAM_COMPILER_OPTIONS["xla_cpu_use_fusion_emitters"] = True  # read-only

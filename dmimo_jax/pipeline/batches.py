@@ -26,20 +26,52 @@ def _jaxlib_version() -> tuple[int, int]:
         return (0, 0)
 
 
+try:  # JAX's own test that no transformation is tracing (JAX 0.10, the versions with options)
+    from jax._src.core import trace_state_clean as _top_level
+except ImportError:  # pragma: no cover (a JAX without it: no options, the plain jit)
+    _top_level = None
+
 PROGRAM_COMPILER_OPTIONS = MappingProxyType(
-    {"xla_cpu_use_fusion_emitters": False} if _jaxlib_version() < (0, 11) else {}
+    {"xla_cpu_use_fusion_emitters": False}
+    if _jaxlib_version() < (0, 11) and _top_level is not None
+    else {}
 )
 """XLA options of the Locator's compiled program only (``jax.jit(...,
 compiler_options=...)``: nothing global changes): on jaxlib < 0.11, XLA's elemental CPU
 emitters, which compile it faster at the same speed per snapshot and with the same
 answers to float rounding (measured in docs/performance.md); empty on newer jaxlib, which
-removed the option."""
+removed the option (and on a JAX without the test of a trace in progress that
+:class:`ProgramJit` uses to keep them off nested jits)."""
 
 
-def program_jit(fn: Callable, **jit_kwargs: Any) -> Callable:
-    """``jax.jit(fn, **jit_kwargs)`` compiled with :data:`PROGRAM_COMPILER_OPTIONS`: how the
-    Locator's program is jitted (its call, its sharded call, a loaded export)."""
-    return jax.jit(fn, compiler_options=dict(PROGRAM_COMPILER_OPTIONS), **jit_kwargs)
+class ProgramJit:
+    """``jax.jit(fn, **jit_kwargs)`` compiled with :data:`PROGRAM_COMPILER_OPTIONS` where it
+    is called from the host. JAX takes compiler options only on a top-level jit, so a call
+    inside a transformation (``jax.jit``, ``jax.eval_shape``, ``jax.grad``, ``jax.vmap``,
+    with traced or concrete arguments) runs the plain jit, which the caller's program then
+    inlines. Without options the two are one jit."""
+
+    def __init__(self, fn: Callable, **jit_kwargs: Any):
+        self.plain = jax.jit(fn, **jit_kwargs)
+        options = dict(PROGRAM_COMPILER_OPTIONS)
+        self.top = jax.jit(fn, compiler_options=options, **jit_kwargs) if options else self.plain
+
+    def __call__(self, *args: Any) -> Any:
+        if self.top is not self.plain and _top_level():
+            return self.top(*args)
+        return self.plain(*args)
+
+    def cache_size(self) -> int:
+        """The programs its jits hold in this process (JAX's in-memory caches; -1 where
+        this JAX does not report them)."""
+        sizes = [getattr(f, "_cache_size", None) for f in {self.plain, self.top}]
+        return -1 if None in sizes else sum(int(size()) for size in sizes)
+
+
+def program_jit(fn: Callable, **jit_kwargs: Any) -> ProgramJit:
+    """:class:`ProgramJit` of ``fn``: how the Locator's program is jitted (its call, its
+    sharded call, a loaded export)."""
+    return ProgramJit(fn, **jit_kwargs)
 
 
 def bucket_for(n: int, sizes: tuple[int, ...] = BUCKETS) -> int:

@@ -147,9 +147,7 @@ class ExportedLocator:
         rb = as_snapshot_batch("r", r, self.num_aps).astype(self.meta["dtype"])
         if rb.shape[0] == 0:  # as Locator.__call__: the empty result
             one = jax.ShapeDtypeStruct((1, self.num_aps), rb.dtype)
-            empty = jax.eval_shape(
-                lambda r: self.programs[1].call(self.arrays, r, jnp.int32(1)), one
-            )
+            empty = jax.eval_shape(lambda r: self._run(1, r, 1), one)
             return LocatorResult(*(jnp.zeros((0, *a.shape[1:]), a.dtype) for a in empty))
         parts = []
         for k, pad in padded_parts(rb, tuple(self.batch_sizes)):
