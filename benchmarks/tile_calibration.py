@@ -5,7 +5,8 @@ label and every AP), side by side in one run, on halls of the paper's AP density
 Per world (:func:`dmimo_jax.datasets.hall_scene`) and seed: L labeled snapshots at the
 paper's label density (``--labels-per-m2``, 0.5: 50 per 100 m^2) at -10 dBm from the
 scene's two-ray physics (the correct ITU permittivity, unknown to the GP), the tiling
-(tiles of ``--tile`` m, the ``"bound"`` rule at ``--factor``), and
+(tiles of ``--tile`` m, the ``"bound"`` rule at ``--factor``; each tile's GP on the labels
+within ``--margin`` m of it, :func:`dmimo_jax.tiles.label_count`), and
 
 * the tiled calibration: seconds, peak RSS, the hyperparameters;
 * each model's error at ``--num`` test positions (its mean phase against the physics at the
@@ -77,7 +78,7 @@ def world_row(side, seed, args):
         side_m=side, seed=seed, area_m2=side * side, num_aps=scene.num_aps, labels=num_labels
     )
     tiling = tiles.tile_aps(scene, args.tile, factor=args.factor)
-    per_tile = int(np.ceil(args.labels_per_m2 * (args.tile + 2 * args.margin) ** 2))
+    per_tile = tiles.label_count(tiling, scene, num_labels, args.margin)
     per_tile = min(max(per_tile, args.min_labels_per_tile), num_labels)
     row.update(tiles=tiling.num_tiles, k=tiling.num_aps, labels_per_tile=per_tile)
     lab = dj.measure.labeled_snapshots(jax.random.key(1000 + seed), truth, num_labels)
@@ -152,7 +153,9 @@ def main(argv=None):
     ap.add_argument("--sizes", type=float, nargs="*", default=[10.0, 20.0, 40.0], help="m")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0])
     ap.add_argument("--tile", type=float, default=5.0, help="tile side, m")
-    ap.add_argument("--margin", type=float, default=1.0, help="labels this far around a tile, m")
+    ap.add_argument(
+        "--margin", type=float, default=tiles.LABEL_MARGIN, help="labels this far around a tile, m"
+    )
     ap.add_argument("--factor", type=float, default=2.0, help="the tiles' bound factor")
     ap.add_argument("--labels-per-m2", type=float, default=0.5, help="the paper's: 0.5")
     ap.add_argument("--num", type=int, default=64, help="test snapshots per world")

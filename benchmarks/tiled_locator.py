@@ -4,7 +4,7 @@ Locator in the same run.
 
 Per world (:func:`dmimo_jax.datasets.hall_scene`, tiles of ``--tile`` m by the ``"bound"``
 rule at ``--factor``; labels at ``--labels-per-m2`` from the two-ray truth; each tile's GP by
-:func:`dmimo_jax.tiles.fit_tiles`; every tile's offline stage and the tile classifier by
+:func:`dmimo_jax.tiles.fit_tiles` on the labels within ``--margin`` m of it; every tile's offline stage and the tile classifier by
 :func:`dmimo_jax.pipeline.tiled.run_offline_tiled` with a cell classifier of
 ``--tile-samples`` samples per tile):
 
@@ -74,10 +74,9 @@ def hall_offline(side, args):
     area = float(np.prod(np.asarray(scene.ue_high - scene.ue_low)[:2]))
     num_labels = int(round(args.labels_per_m2 * area))
     tiling = tiles.tile_aps(scene, args.tile, factor=args.factor)
-    per_tile = int(np.ceil(args.labels_per_m2 * (args.tile + 2) ** 2))
-    per_tile = min(max(per_tile, 25), num_labels)
+    per_tile = tiles.label_count(tiling, scene, num_labels, args.margin)
     row = dict(side_m=side, num_aps=scene.num_aps, tiles=tiling.num_tiles, k=tiling.num_aps,
-               worst_ratio=float(tiling.ratio.max()), labels=num_labels)  # fmt: skip
+               worst_ratio=float(tiling.ratio.max()), labels=num_labels, labels_per_tile=per_tile)  # fmt: skip
     lab = dj.measure.labeled_snapshots(jax.random.key(1000 + args.seed), truth, num_labels)
     test = dj.measure.labeled_snapshots(jax.random.key(2000 + args.seed), truth, args.num)
     t0 = time.perf_counter()
@@ -105,6 +104,12 @@ def hall_arguments(ap):
     ap.add_argument("--tile", type=float, default=5.0, help="tile side, m")
     ap.add_argument("--factor", type=float, default=2.0, help="the tiles' bound factor")
     ap.add_argument("--labels-per-m2", type=float, default=0.5)
+    ap.add_argument(
+        "--margin",
+        type=float,
+        default=tiles.LABEL_MARGIN,
+        help="each tile's GP: labels this far around it, m",
+    )
     ap.add_argument("--tile-samples", type=int, default=200_000, help="per tile's classifier")
     ap.add_argument("--hidden", type=int, nargs="*", default=[512, 512, 512])
     ap.add_argument("--net-samples", type=int, default=600_000, help="the tile classifier's")

@@ -203,6 +203,22 @@ def test_a_tiles_labels_are_those_nearest_it():
             tiles.tile_labels(tiling, x, bad)
 
 
+
+def test_the_default_labels_per_tile_are_the_density_over_the_grown_tile():
+    """label_count: the labels' mean density times a tile's box grown by the margin, within
+    [2, L]; the 10 m hall's region is 9 x 9 m in four 4.5 m tiles."""
+    scene = hall_scene(10, seed=0)
+    tiling = tiles.tile_aps(scene, 5.0, rule="nearest", num_aps=8)
+    density = 40 / 81
+    assert tiles.label_count(tiling, scene, 40, 0.0) == int(np.ceil(density * 4.5**2))  # 10
+    assert tiles.label_count(tiling, scene, 40, 1.0) == int(np.ceil(density * 6.5**2))  # 21
+    assert tiles.label_count(tiling, scene, 40) == 40  # 3 m: 55 asked, 40 there
+    assert tiles.label_count(tiling, scene, 2, 0.0) == 2
+    with pytest.raises(ValueError, match="margin"):
+        tiles.label_count(tiling, scene, 40, -1.0)
+    with pytest.raises(ValueError, match="num_labels"):
+        tiles.label_count(tiling, scene, 1)
+
 @pytest.mark.slow  # two L-BFGS programs (14 s)
 def test_one_block_of_fit_blocks_is_the_dense_fit():
     """gp.fit_blocks with one block is gp.fit with one start: the same hyperparameters to

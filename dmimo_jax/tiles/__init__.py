@@ -15,10 +15,11 @@ over a tile's K APs it grows as the area.
   tiles share one shape (one compiled program); the K chosen and each tile's worst bound
   ratio are reported.
 * :func:`tile_scene`: a tile's deployment (its APs, its box as the UE region).
-* :func:`tile_labels`, :func:`fit_tiles` -> :class:`TileModels`: the shared GP of Sec. III
-  per tile: its hyperparameters from a few tiles' local pairs (a composite likelihood,
-  :func:`~dmimo_jax.gp.fit_blocks`), each tile's GP conditioned on its nearest labels at
-  its K APs and tabulated, so calibration costs the area, not (L M)^3.
+* :func:`tile_labels`, :func:`label_count`, :func:`fit_tiles` -> :class:`TileModels`: the
+  shared GP of Sec. III per tile: its hyperparameters from a few tiles' local pairs (a
+  composite likelihood, :func:`~dmimo_jax.gp.fit_blocks`), each tile's GP conditioned on
+  its nearest labels (by default those within 3 m of it) at its K APs and tabulated, so
+  calibration costs the area, not (L M)^3.
 * :func:`tile_tables`: every tile's model and phasor table, stacked on a tile axis (one
   vmapped program, split over devices).
 * :func:`tiled_egs`: the exact MLE over tiles: each tile's coherence screen and multi-start
@@ -30,17 +31,19 @@ over a tile's K APs it grows as the area.
   :func:`~dmimo_jax.estimators.refine_batch` wherever that finds the optimum.
 """
 
-from dmimo_jax.tiles.models import TileModels, fit_tiles, tile_labels
+from dmimo_jax.tiles.models import LABEL_MARGIN, TileModels, fit_tiles, label_count, tile_labels
 from dmimo_jax.tiles.search import TiledResult, TileTables, tile_tables, tiled_egs
 from dmimo_jax.tiles.tiling import RULES, Tiling, scene_of, tile_aps, tile_boxes, tile_scene
 
 __all__ = [
+    "LABEL_MARGIN",
     "RULES",
     "Tiling",
     "TileTables",
     "TiledResult",
     "TileModels",
     "fit_tiles",
+    "label_count",
     "tile_labels",
     "scene_of",
     "tile_boxes",

@@ -52,6 +52,37 @@ def tile_labels(tiling: Tiling, x: ArrayLike, num_labels: int) -> np.ndarray:
     return np.stack(out)
 
 
+LABEL_MARGIN = 3.0
+"""The default margin (m) of :func:`label_count`: each tile's GP sees the labels within 3 m
+of it (measured against 1 m in docs/locality_measurements.md: about half the model error)."""
+
+
+def label_count(tiling: Tiling, scene: Scene, num_labels: int, margin: float = LABEL_MARGIN) -> int:
+    """The labels per tile n of :func:`fit_tiles` by default: as many as the labels' mean
+    density over the UE region (``num_labels`` over its horizontal area) puts in a tile's
+    box grown by ``margin`` m on every side (the tiles' mean box), at least 2 and at most
+    ``num_labels``.
+
+    Examples:
+        >>> import dmimo_jax as dj
+        >>> scene = dj.datasets.hall_scene(20, seed=0)
+        >>> label_count(dj.tiles.tile_aps(scene, 5.0), scene, 180)  # 180 over 19 x 19 m
+        58
+
+    Raises:
+        ValueError: ``num_labels`` below 2, a negative ``margin``.
+    """
+    check_int("num_labels", num_labels, minimum=2)
+    if not np.isfinite(margin) or margin < 0:
+        raise ValueError(f"margin must be a distance >= 0 in m, got {margin}")
+    scene = scene_of(scene)
+    extent = np.asarray(scene.ue_high - scene.ue_low, float)[:2]
+    density = num_labels / float(np.prod(extent))
+    sides = np.asarray(tiling.high - tiling.low, float)[:, :2] + 2 * margin
+    n = int(np.ceil(density * float(np.mean(np.prod(sides, axis=1))) - 1e-9))
+    return int(min(max(n, 2), num_labels))
+
+
 class TileModels(NamedTuple):
     """Output of :func:`fit_tiles`: every tile's GP phase model, stacked on a tile axis."""
 
@@ -116,7 +147,7 @@ def fit_tiles(
     scene: Scene,
     tiling: Tiling,
     *,
-    num_labels: int,
+    num_labels: int | None = None,
     fit_on: int = 4,
     num_steps: int = 50,
     rtol: float = 1e-8,
@@ -151,7 +182,8 @@ def fit_tiles(
         scene: the building (geometry and wavelength; its permittivity is not used).
         tiling: :func:`~dmimo_jax.tiles.tile_aps` of ``scene``.
         num_labels: n, the labels per tile (at least 2; a tile's own labels and those just
-            around it).
+            around it); default :func:`label_count` (the labels' density over the tile
+            and :data:`LABEL_MARGIN` m around it).
         fit_on: tiles whose pairs fit the hyperparameters.
         num_steps: the most L-BFGS iterations of :func:`~dmimo_jax.gp.fit_blocks`.
         rtol: its relative stopping tolerance.
@@ -180,6 +212,8 @@ def fit_tiles(
     check_int("fit_on", fit_on, minimum=1)
     warn_if_float32("tiles.fit_tiles")
     x, r, noise_var = (np.asarray(v, float) for v in (x, r, noise_var))
+    if num_labels is None:
+        num_labels = label_count(tiling, scene, x.shape[0])
     labels = tile_labels(tiling, x, num_labels)
     t_all = tiling.num_tiles
     fitted_on = np.unique(np.round(np.linspace(0, t_all - 1, min(fit_on, t_all))).astype(int))
