@@ -203,6 +203,21 @@ def test_a_tiles_labels_are_those_nearest_it():
             tiles.tile_labels(tiling, x, bad)
 
 
+def test_a_sample_of_tiles_is_their_rows_of_the_tiling():
+    """Tiling.take: the tiles given, in their order (a floor measured on some of its tiles);
+    repeated or unknown tiles are refused by name."""
+    scene = hall_scene(10, seed=0)
+    tiling = tiles.tile_aps(scene, 5.0, rule="nearest", num_aps=8)
+    part = tiling.take([3, 0])
+    assert part.num_tiles == 2 and part.num_aps == 8 and part.rule == "nearest"
+    for got, want in ((0, 3), (1, 0)):
+        np.testing.assert_array_equal(part.low[got], tiling.low[want])
+        np.testing.assert_array_equal(part.aps[got], tiling.aps[want])
+        assert part.ratio[got] == tiling.ratio[want]
+    for bad in ([0, 0], [4], [], [0.5], [[0]]):
+        with pytest.raises(ValueError, match="tiles"):
+            tiling.take(bad)
+
 
 def test_the_default_labels_per_tile_are_the_density_over_the_grown_tile():
     """label_count: the labels' mean density times a tile's box grown by the margin, within
@@ -218,6 +233,7 @@ def test_the_default_labels_per_tile_are_the_density_over_the_grown_tile():
         tiles.label_count(tiling, scene, 40, -1.0)
     with pytest.raises(ValueError, match="num_labels"):
         tiles.label_count(tiling, scene, 1)
+
 
 @pytest.mark.slow  # two L-BFGS programs (14 s)
 def test_one_block_of_fit_blocks_is_the_dense_fit():

@@ -88,6 +88,7 @@ from dmimo_jax.pipeline.tiled import (
     TiledResult,
     run_offline_tiled,
     tile_grid,
+    tile_offlines,
 )
 
 # isort: split
@@ -105,6 +106,7 @@ __all__ = [
     "TiledResult",
     "run_offline_tiled",
     "tile_grid",
+    "tile_offlines",
     "train_cell_classifier",
     "train_cell_classifiers",
     "offline_folder",

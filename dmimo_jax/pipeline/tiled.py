@@ -23,7 +23,8 @@ classifier (O(M)) and one room-sized Locator call (O(K)), independent of the num
 tiles.
 
 * :func:`run_offline_tiled` -> :class:`TiledOffline`: every tile's offline stage (cached and
-  resumable like :func:`~dmimo_jax.pipeline.run_offline`) and the tile classifier.
+  resumable like :func:`~dmimo_jax.pipeline.run_offline`; :func:`tile_offlines` alone, for
+  any tiles) and the tile classifier.
 * :class:`TiledLocator` -> :class:`TiledResult`: the online stage.
 """
 
@@ -173,6 +174,23 @@ def run_offline_tiled(
         ValueError: bad labeled snapshots, a tiling or models of another scene, tiles that
             are not squares of one size, ``together`` below 1.
     """
+    together = _checked_tiles(x, r, noise_var, scene, tiling, models, together, devices)
+    grid, tile_of = tile_grid(tiling)
+    # the tile classifier first: its synthetic set is freed before the tiles' tables are held
+    whole = TwoRayModel(scene) if whole_model is None else whole_model
+    if whole.num_aps != scene.num_aps:
+        raise ValueError(f"whole_model has {whole.num_aps} APs, the scene {scene.num_aps}")
+    root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
+    folder = root / cache_key(dict(tile_classifier=type(whole).__name__, seed=seed), whole)
+    net, meta = train_cell_classifier(folder, whole, grid, classifier, seed=seed, progress=progress)
+    offlines = tile_offlines(x, r, noise_var, scene, tiling, models, preset=preset, cells=cells,
+                             cache_dir=cache_dir, seed=seed, together=together, devices=devices,
+                             progress=progress)  # fmt: skip
+    return TiledOffline(tiling, offlines, net, tile_of, meta)
+
+
+def _checked_tiles(x, r, noise_var, scene, tiling, models, together, devices) -> int:
+    """The offline stages' arguments checked (``ValueError``); ``together`` resolved."""
     if together is None:
         together = 1 if (devices or jax.devices())[0].platform == "cpu" else 16
     check_int("together", together, minimum=1)
@@ -181,15 +199,38 @@ def run_offline_tiled(
         raise ValueError("tiling must be tile_aps' Tiling of this scene")
     if not isinstance(models, TileModels) or models.labels.shape[0] != tiling.num_tiles:
         raise ValueError(f"models must be fit_tiles' TileModels of these {tiling.num_tiles} tiles")
-    grid, tile_of = tile_grid(tiling)
+    return together
+
+
+def tile_offlines(
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    scene: Scene,
+    tiling: Tiling,
+    models: TileModels,
+    *,
+    preset: str | Preset = "quick",
+    cells: CellsPreset | None = None,
+    cache_dir: str | pathlib.Path | None = None,
+    seed: int = 0,
+    together: int | None = None,
+    devices: list | None = None,
+    progress: bool = True,
+) -> tuple[Offline, ...]:
+    """Every tile's offline stage (:func:`run_offline_tiled` without the tile classifier):
+    tile t's :func:`~dmimo_jax.pipeline.run_offline` (``kinds=("cells",)``) on its scene
+    under ``models.tile(t)``, its labels those the model was conditioned on. Any tiles of
+    one size and K (a sample of a building's, ``Tiling`` rows and their ``fit_tiles``), so a
+    floor too large to run whole is measured on some of its tiles. Arguments: see
+    :func:`run_offline_tiled`.
+
+    Raises:
+        ValueError: bad labeled snapshots, a tiling or models of another scene, ``together``
+            below 1.
+    """
+    together = _checked_tiles(x, r, noise_var, scene, tiling, models, together, devices)
     x, r, noise_var = (np.asarray(v, float) for v in (x, r, noise_var))
-    # the tile classifier first: its synthetic set is freed before the tiles' tables are held
-    whole = TwoRayModel(scene) if whole_model is None else whole_model
-    if whole.num_aps != scene.num_aps:
-        raise ValueError(f"whole_model has {whole.num_aps} APs, the scene {scene.num_aps}")
-    root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
-    folder = root / cache_key(dict(tile_classifier=type(whole).__name__, seed=seed), whole)
-    net, meta = train_cell_classifier(folder, whole, grid, classifier, seed=seed, progress=progress)
 
     def tile_args(t: int) -> tuple:
         rows, aps = models.labels[t], tiling.aps[t]
@@ -212,21 +253,12 @@ def run_offline_tiled(
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, desc="tiles' offline stages", unit="tile")
-    offlines = []
-    for t in steps:  # each tile's classifier trained above is loaded from its folder
-        offlines.append(
-            run_offline(
-                *tile_args(t),
-                model=models.tile(t),
-                kinds=("cells",),
-                preset=preset,
-                cells=cells,
-                cache_dir=cache_dir,
-                seed=seed,
-                progress=progress,
-            )
-        )
-    return TiledOffline(tiling, tuple(offlines), net, tile_of, meta)
+    # each tile's classifier trained above is loaded from its folder
+    return tuple(
+        run_offline(*tile_args(t), model=models.tile(t), kinds=("cells",), preset=preset,
+                    cells=cells, cache_dir=cache_dir, seed=seed, progress=progress)
+        for t in steps
+    )  # fmt: skip
 
 
 class TiledResult(NamedTuple):

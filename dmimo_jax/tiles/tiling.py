@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_int, check_scalar
 from dmimo_jax.bounds import linearize, peb_from_fim
@@ -42,6 +43,24 @@ class Tiling(NamedTuple):
     def num_aps(self) -> int:
         """K, the APs of each tile."""
         return int(self.aps.shape[1])
+
+    def take(self, tiles: ArrayLike) -> Tiling:
+        """These tiles only, in the order given (a sample of a building's, to measure a
+        floor too large to run whole: :func:`fit_tiles` and
+        :func:`~dmimo_jax.pipeline.tile_offlines` take it like the whole).
+
+        Raises:
+            ValueError: ``tiles`` not distinct indices of this tiling's tiles.
+        """
+        tiles = np.asarray(tiles)
+        if (tiles.ndim != 1 or tiles.size == 0 or not np.issubdtype(tiles.dtype, np.integer)
+                or tiles.min() < 0 or tiles.max() >= self.num_tiles
+                or np.unique(tiles).size != tiles.size):  # fmt: skip
+            raise ValueError(
+                f"tiles must be distinct indices in [0, {self.num_tiles}), got {tiles.tolist()}"
+            )
+        return Tiling(self.low[tiles], self.high[tiles], self.aps[tiles], self.ratio[tiles],
+                      self.rule)  # fmt: skip
 
 
 def scene_of(model: Any) -> Scene:
