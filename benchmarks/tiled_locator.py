@@ -4,8 +4,9 @@ Locator in the same run.
 
 Per world (:func:`dmimo_jax.datasets.hall_scene`, tiles of ``--tile`` m by the ``"bound"``
 rule at ``--factor``; labels at ``--labels-per-m2`` from the two-ray truth; each tile's GP by
-:func:`dmimo_jax.tiles.fit_tiles` on the labels within ``--margin`` m of it; every tile's offline stage and the tile classifier by
-:func:`dmimo_jax.pipeline.tiled.run_offline_tiled` with a cell classifier of
+:func:`dmimo_jax.tiles.fit_tiles` on the labels within ``--margin`` m of it
+(:func:`dmimo_jax.tiles.label_count`); every tile's offline stage and the tile classifier
+by :func:`dmimo_jax.pipeline.tiled.run_offline_tiled` with a cell classifier of
 ``--tile-samples`` samples per tile):
 
 * the offline stage's seconds (GP fits, the tiles' stages, the tile classifier) and peak RSS;

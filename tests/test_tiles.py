@@ -229,8 +229,9 @@ def test_the_default_labels_per_tile_are_the_density_over_the_grown_tile():
     assert tiles.label_count(tiling, scene, 40, 1.0) == int(np.ceil(density * 6.5**2))  # 21
     assert tiles.label_count(tiling, scene, 40) == 40  # 3 m: 55 asked, 40 there
     assert tiles.label_count(tiling, scene, 2, 0.0) == 2
-    with pytest.raises(ValueError, match="margin"):
-        tiles.label_count(tiling, scene, 40, -1.0)
+    for bad in (-1.0, float("nan"), "3 m"):
+        with pytest.raises(ValueError, match="margin"):
+            tiles.label_count(tiling, scene, 40, bad)
     with pytest.raises(ValueError, match="num_labels"):
         tiles.label_count(tiling, scene, 1)
 

@@ -189,7 +189,16 @@ def run_offline_tiled(
     return TiledOffline(tiling, offlines, net, tile_of, meta)
 
 
-def _checked_tiles(x, r, noise_var, scene, tiling, models, together, devices) -> int:
+def _checked_tiles(
+    x: ArrayLike,
+    r: ArrayLike,
+    noise_var: ArrayLike,
+    scene: Scene,
+    tiling: Tiling,
+    models: TileModels,
+    together: int | None,
+    devices: list | None,
+) -> int:
     """The offline stages' arguments checked (``ValueError``); ``together`` resolved."""
     if together is None:
         together = 1 if (devices or jax.devices())[0].platform == "cpu" else 16

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
-from dmimo_jax._checks import check_int, warn_if_float32
+from dmimo_jax._checks import check_int, check_scalar, warn_if_float32
 from dmimo_jax.scene import Scene
 from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene, tile_sharding
 
@@ -73,7 +73,8 @@ def label_count(tiling: Tiling, scene: Scene, num_labels: int, margin: float = L
         ValueError: ``num_labels`` below 2, a negative ``margin``.
     """
     check_int("num_labels", num_labels, minimum=2)
-    if not np.isfinite(margin) or margin < 0:
+    check_scalar("margin", margin)
+    if margin < 0:
         raise ValueError(f"margin must be a distance >= 0 in m, got {margin}")
     scene = scene_of(scene)
     extent = np.asarray(scene.ue_high - scene.ue_low, float)[:2]
