@@ -16,10 +16,16 @@ a jittered grid, not its layout): the tiling (:func:`dmimo_jax.tiles.tile_aps`, 
   table is under ``--max-table-gb``;
 * peak RSS;
 
-and the fitted growth exponents (cost proportional to area^p) over the worlds.
+and the fitted growth exponents (cost proportional to area^p) over the worlds, and between
+each world and the next (the local exponent: K grows with the hall until far APs stop adding
+to the all-AP bound).
+
+Worlds too large to run here (``--tiling-sizes``, 80 and 160 m by default) are measured in
+what sets their tables' size: the tiling (K, each tile's own need, seconds) and the bytes of
+every table, counted from their grids as the size guards count them, not allocated.
 
     python benchmarks/scaling.py --json out/scaling.json
-    python benchmarks/scaling.py --sizes 10 20 --num 32
+    python benchmarks/scaling.py --sizes 10 20 --num 32 --tiling-sizes
 """
 
 from __future__ import annotations
@@ -72,17 +78,19 @@ def table_bytes(model, spacing, region="ue"):
     return search_grid(model, spacing, region).size * 2 * model.num_aps * 4
 
 
-def world_row(side, args):
+def tiling_row(side, args):
+    """A world's tiling and the bytes of its tables (counted, not allocated)."""
     scene = hall_scene(side, seed=args.seed)
     model = dj.TwoRayModel(scene)
-    lam = float(scene.wavelength)
-    spacing = lam / 4
+    spacing = float(scene.wavelength) / 4
     row = dict(side_m=side, area_m2=side * side, num_aps=scene.num_aps)
     t0 = time.perf_counter()
     tiling = tiles.tile_aps(scene, args.tile, factor=args.factor)
     row.update(
         tiles=tiling.num_tiles,
         k=tiling.num_aps,
+        need_median=float(np.median(tiling.need)),
+        need_p90=float(np.quantile(tiling.need, 0.9)),
         worst_ratio=float(tiling.ratio.max()),
         tiling_s=time.perf_counter() - t0,
     )
@@ -91,6 +99,11 @@ def world_row(side, args):
     tile_bytes = [table_bytes(s, spacing) for s in subs]
     row["tiled_table_bytes"] = int(np.sum(tile_bytes))
     row["one_tile_bytes"] = int(max(tile_bytes))
+    return scene, model, spacing, tiling, row
+
+
+def world_row(side, args):
+    scene, model, spacing, tiling, row = tiling_row(side, args)
     # peb_map per position: dense EFIM against O(M), same positions
     xs = dj.sample_positions(jax.random.key(3), args.peb_points, scene)
     t_dense = timed(lambda: dense_pebs(xs, model))
@@ -134,6 +147,18 @@ def world_row(side, args):
     return row
 
 
+def local_exponents(rows, keys):
+    """p between each world and the next: {key: [p(w0 -> w1), p(w1 -> w2), ...]}."""
+    out = {}
+    for key in keys:
+        ps = []
+        for a, b in zip(rows, rows[1:], strict=False):
+            if a.get(key) and b.get(key):
+                ps.append(float(np.log(b[key] / a[key]) / np.log(b["area_m2"] / a["area_m2"])))
+        out[key] = ps
+    return out
+
+
 def exponents(rows, keys):
     """p of cost = c * area^p, fitted by least squares on log-log over the worlds."""
     area = np.log([r["area_m2"] for r in rows])
@@ -148,6 +173,10 @@ def exponents(rows, keys):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=float, nargs="*", default=[10.0, 20.0, 40.0], help="m")
+    ap.add_argument(
+        "--tiling-sizes", type=float, nargs="*", default=[80.0, 160.0],
+        help="worlds measured by their tiling and tables' bytes only, m",
+    )  # fmt: skip
     ap.add_argument("--tile", type=float, default=5.0, help="tile side, m")
     ap.add_argument("--factor", type=float, default=2.0, help="the tiles' bound factor")
     ap.add_argument("--num", type=int, default=64, help="test snapshots per world")
@@ -158,6 +187,10 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     rows = [world_row(side, args) for side in args.sizes]
+    larger = []
+    for side in args.tiling_sizes:
+        larger.append(tiling_row(side, args)[-1])
+        print(larger[-1], flush=True)
     print_table(
         rows,
         [
@@ -165,6 +198,7 @@ def main(argv=None):
             ("num_aps", "M", "d"),
             ("tiles", "tiles", "d"),
             ("k", "K", "d"),
+            ("need_median", "need med", ".0f"),
             ("worst_ratio", "K/all PEB", ".2f"),
             ("all_table_bytes", "all table B", ".3g"),
             ("tiled_table_bytes", "tiles B", ".3g"),
@@ -183,7 +217,32 @@ def main(argv=None):
             "tiled_ms_per_snapshot", "all_ms_per_snapshot"]  # fmt: skip
     fit = exponents(rows, keys)
     print("growth exponents (cost ~ area^p):", {k: round(v, 2) for k, v in fit.items()})
-    write_json(args.json, dict(rows=rows, exponents=fit, settings=vars(args)))
+    if larger:
+        print_table(
+            larger,
+            [
+                ("side_m", "side m", ".0f"),
+                ("num_aps", "M", "d"),
+                ("tiles", "tiles", "d"),
+                ("k", "K", "d"),
+                ("need_median", "need med", ".0f"),
+                ("need_p90", "need p90", ".0f"),
+                ("worst_ratio", "K/all PEB", ".2f"),
+                ("tiling_s", "tiling s", ".1f"),
+                ("all_table_bytes", "all table B", ".3g"),
+                ("tiled_table_bytes", "tiles B", ".3g"),
+            ],
+        )
+    every = sorted(rows + larger, key=lambda r: r["area_m2"])
+    bytes_keys = ["all_table_bytes", "tiled_table_bytes", "k", "need_median", "tiling_s"]
+    local = local_exponents(every, bytes_keys)
+    print(
+        "local exponents, world to world:", {k: [round(p, 2) for p in v] for k, v in local.items()}
+    )
+    write_json(
+        args.json,
+        dict(rows=rows, larger=larger, exponents=fit, local_exponents=local, settings=vars(args)),
+    )
 
 
 if __name__ == "__main__":

@@ -32,11 +32,14 @@ def test_mle_mismatch_example(tmp_path, monkeypatch):
 @pytest.mark.slow  # .ci/run runs these after the test command
 def test_scaling_benchmark_small(tmp_path, monkeypatch):
     """benchmarks/scaling.py on the 10 m hall (four tiles): every column, the tiles' tables
-    smaller than the all-AP one, every answer on the right lobe."""
+    smaller than the all-AP one, every answer on the right lobe; the 20 m hall by its tiling
+    only, with the local exponent between the two."""
     out = tmp_path / "scaling.json"
     argv = [
         "--sizes",
         "10",
+        "--tiling-sizes",
+        "20",
         "--num",
         "8",
         "--peb-points",
@@ -54,6 +57,12 @@ def test_scaling_benchmark_small(tmp_path, monkeypatch):
     row = rows[0]
     assert row["num_aps"] == 17 and row["tiled_table_bytes"] < row["all_table_bytes"]
     assert row["worst_ratio"] <= 2.0 and row["right_lobe"] == 1.0
+    (larger,) = read_rows(out)["larger"]
+    assert larger["num_aps"] == 68 and larger["k"] == max(larger["k"], larger["need_p90"])
+    assert larger["tiled_table_bytes"] > row["tiled_table_bytes"]
+    (p,) = read_rows(out)["local_exponents"]["tiled_table_bytes"]
+    want = np.log(larger["tiled_table_bytes"] / row["tiled_table_bytes"]) / np.log(4.0)
+    assert p == pytest.approx(want)
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command

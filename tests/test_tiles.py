@@ -44,8 +44,16 @@ def test_each_tiles_aps_keep_its_bound_within_the_factor():
     tiling = tiles.tile_aps(scene, 10.0, factor=2.0)
     assert tiling.num_tiles == 4 and 4 <= tiling.num_aps < scene.num_aps
     assert np.all(tiling.ratio <= 2.0) and np.all(tiling.ratio >= 1.0)
+    # each tile's own need: K is their maximum, and one AP fewer breaks the factor there
+    assert tiling.need.max() == tiling.num_aps and np.all(tiling.need >= 4)
+    for t in range(tiling.num_tiles):
+        fewest = tiles.tile_aps(scene, 10.0, rule="nearest", num_aps=int(tiling.need[t]))
+        assert fewest.ratio[t] <= 2.0
+        if tiling.need[t] > 4:
+            short = tiles.tile_aps(scene, 10.0, rule="nearest", num_aps=int(tiling.need[t]) - 1)
+            assert short.ratio[t] > 2.0
     fewer = tiles.tile_aps(scene, 10.0, factor=3.0)
-    assert fewer.num_aps <= tiling.num_aps
+    assert fewer.num_aps <= tiling.num_aps and np.all(fewer.need <= tiling.need)
     t = 2
     sub = tiles.tile_scene(scene, tiling, t)
     corner = jnp.asarray(tiling.low[t])  # a corner of the tile: one of the rule's points
@@ -54,7 +62,7 @@ def test_each_tiles_aps_keep_its_bound_within_the_factor():
     every = tiles.tile_aps(scene, 10.0, rule="all")
     assert every.num_aps == 68 and np.allclose(every.ratio, 1.0)
     near = tiles.tile_aps(scene, 10.0, rule="nearest", num_aps=12)
-    assert near.aps.shape == (4, 12)
+    assert near.aps.shape == (4, 12) and np.all(near.need == 12) and np.all(every.need == 68)
     for bad, match in (
         (dict(rule="closest"), "rule"),
         (dict(factor=0.5), "factor"),
@@ -213,7 +221,7 @@ def test_a_sample_of_tiles_is_their_rows_of_the_tiling():
     for got, want in ((0, 3), (1, 0)):
         np.testing.assert_array_equal(part.low[got], tiling.low[want])
         np.testing.assert_array_equal(part.aps[got], tiling.aps[want])
-        assert part.ratio[got] == tiling.ratio[want]
+        assert part.ratio[got] == tiling.ratio[want] and part.need[got] == tiling.need[want]
     for bad in ([0, 0], [4], [], [0.5], [[0]]):
         with pytest.raises(ValueError, match="tiles"):
             tiling.take(bad)
@@ -301,7 +309,7 @@ def test_fit_tiles_in_one_program_is_one_tile_at_a_time():
     call here, the last call padded): each tile's tables and CPOs are those of the tile
     alone through the public per-model calls (gp.profiled_cpos, GPPhaseModel.from_data,
     TabulatedGPModel.from_model) to 1e-10 rad (measured 7e-14: one compiled program against
-    several)."""
+    several); with their hyperparameters given, the same models without a fit."""
     scene, lab = _hall_labels(10, 40)
     tiling = tiles.tile_aps(scene, 5.0, factor=1.5)
     lam = float(scene.wavelength)
@@ -329,10 +337,18 @@ def test_fit_tiles_in_one_program_is_one_tile_at_a_time():
         np.testing.assert_allclose(fits.cpo[t], cpo, rtol=0, atol=1e-10)
         for a, b in zip(jax.tree.leaves(fits.tile(t)), jax.tree.leaves(alone), strict=True):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+    # the hyperparameters given (a second tiling of the same tiles): no fit, the same models
+    given = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, tiling, num_labels=24,
+                            tabulate=coarse, tiles_per_device=3, params=fits.params)  # fmt: skip
+    assert given.fitted_on.size == 0 and given.params is fits.params
+    for a, b in zip(jax.tree.leaves(given.models), jax.tree.leaves(fits.models), strict=True):
+        np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="tiles_per_device"):
         tiles.fit_tiles(
             lab.x, lab.r, lab.variance, scene, tiling, num_labels=24, tiles_per_device=0
         )
+    with pytest.raises(ValueError, match="params"):
+        tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, tiling, num_labels=24, params=(1.0,))
 
 
 @pytest.mark.slow  # four tiles' fits and tables (15 s)

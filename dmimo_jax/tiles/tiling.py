@@ -31,6 +31,9 @@ class Tiling(NamedTuple):
     """(T, K) int: each tile's APs, nearest its centre first."""
     ratio: np.ndarray
     """(T,) the tile's worst PEB of its K APs over the all-AP PEB."""
+    need: np.ndarray
+    """(T,) int: the fewest of its nearest APs each tile needs by the rule (K is their
+    maximum: the tiles share one K so that they stack; rules other than ``"bound"``: K)."""
     rule: str
     """How the APs were chosen ("bound", "nearest" or "all")."""
 
@@ -60,7 +63,7 @@ class Tiling(NamedTuple):
                 f"tiles must be distinct indices in [0, {self.num_tiles}), got {tiles.tolist()}"
             )
         return Tiling(self.low[tiles], self.high[tiles], self.aps[tiles], self.ratio[tiles],
-                      self.rule)  # fmt: skip
+                      self.need[tiles], self.rule)  # fmt: skip
 
 
 def scene_of(model: Any) -> Scene:
@@ -131,12 +134,14 @@ def tile_aps(
     * ``"bound"``: the APs ordered by distance from the tile's centre, the fewest K whose
       PEB (eq. 14, :func:`~dmimo_jax.bounds.fim_from_jacobian` summed AP by AP: O(M) per
       position) is within ``factor`` of the all-AP PEB at every one of ``points``-cubed
-      positions spanning the tile (its corners included); K the largest any tile needs.
+      positions spanning the tile (its corners included); K the largest any tile needs
+      (each tile's own count in :attr:`Tiling.need`).
     * ``"nearest"``: the ``num_aps`` nearest APs.
     * ``"all"``: every AP (locality off).
 
     Returns:
-        :class:`Tiling` with each tile's worst ratio of its K-AP PEB to the all-AP PEB.
+        :class:`Tiling` with each tile's worst ratio of its K-AP PEB to the all-AP PEB and
+        the APs it needs alone.
 
     Raises:
         ValueError: an unknown ``rule``, ``factor`` below 1, a ``num_aps`` out of [4, M]
@@ -166,16 +171,15 @@ def tile_aps(
         xs = jnp.asarray(lo + grid * (hi - lo), scene.ap_positions.dtype)
         orders.append(order)
         pebs.append(np.asarray(_nested_pebs(xs, jnp.asarray(order), model)))  # (P, M)
-    if rule == "all":
-        k = m
-    elif rule == "nearest":
-        k = int(num_aps)
+    if rule == "bound":
+        need = np.array([np.argmax(np.all(p <= factor * p[:, -1:], axis=0)) + 1 for p in pebs])
+        k = int(need.max())
     else:
-        need = [int(np.argmax(np.all(p <= factor * p[:, -1:], axis=0))) + 1 for p in pebs]
-        k = max(need)
+        k = m if rule == "all" else int(num_aps)
+        need = np.full(low.shape[0], k)
     aps = np.stack([o[:k] for o in orders])
     ratio = np.array([float(np.max(p[:, k - 1] / p[:, -1])) for p in pebs])
-    return Tiling(low, high, aps, ratio, rule)
+    return Tiling(low, high, aps, ratio, need.astype(int), rule)
 
 
 def tile_scene(scene: Scene, tiling: Tiling, t: int) -> Scene:
