@@ -96,7 +96,7 @@ class TileModels(NamedTuple):
     cpo: Array
     """(T, n) each tile's profiled CPOs of its labels."""
     fitted_on: np.ndarray
-    """(S,) int: the tiles whose pairs fitted ``params``."""
+    """(S,) int: the tiles whose pairs fitted ``params`` (none when they were given)."""
 
     def tile(self, t: int) -> gp.TabulatedGPModel:
         """Tile ``t``'s model."""
@@ -156,6 +156,7 @@ def fit_tiles(
     tabulate: dict | None = None,
     devices: Any = None,
     tiles_per_device: int = 4,
+    params: gp.GPParams | None = None,
     progress: bool = False,
 ) -> TileModels:
     r"""Every tile's GP phase model from L labeled snapshots of all M APs (module docstring).
@@ -200,11 +201,16 @@ def fit_tiles(
         tiles_per_device: tiles per device in one call of the compiled program (the tiles
             run ``len(devices) * tiles_per_device`` at a time, the last call padded: one
             program for every call; memory per device grows with it).
+        params: the hyperparameters, given: step 2 is skipped (``fit_on``, ``num_steps``
+            and ``rtol`` unused). They are the physics' (eq. 22: shared by every AP), so a
+            second tiling of the same tiles (a ring of more APs each, for
+            :class:`~dmimo_jax.pipeline.tiled.TiledLocator`) takes the first's.
         progress: a tqdm bar over the calls.
 
     Raises:
         ValueError: bad training data (:func:`~dmimo_jax.gp.check_training_data`), a tiling
-            of another scene, a bad ``num_labels`` or ``fit_on``.
+            of another scene, a bad ``num_labels`` or ``fit_on``, ``params`` not
+            :class:`~dmimo_jax.gp.GPParams`.
     """
     scene = scene_of(scene)
     if not isinstance(tiling, Tiling) or tiling.aps.max() >= scene.num_aps:
@@ -217,10 +223,15 @@ def fit_tiles(
         num_labels = label_count(tiling, scene, x.shape[0])
     labels = tile_labels(tiling, x, num_labels)
     t_all = tiling.num_tiles
-    fitted_on = np.unique(np.round(np.linspace(0, t_all - 1, min(fit_on, t_all))).astype(int))
-    blocks = [_block(x, r, noise_var, scene, tiling, labels, t) for t in fitted_on]
-    stacked = jax.tree.map(lambda *a: jnp.stack(a), *blocks)
-    params = gp.fit_blocks(*stacked, num_steps=num_steps, rtol=rtol).params
+    if params is None:
+        fitted_on = np.unique(np.round(np.linspace(0, t_all - 1, min(fit_on, t_all))).astype(int))
+        blocks = [_block(x, r, noise_var, scene, tiling, labels, t) for t in fitted_on]
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *blocks)
+        params = gp.fit_blocks(*stacked, num_steps=num_steps, rtol=rtol).params
+    elif isinstance(params, gp.GPParams):
+        fitted_on = np.zeros(0, int)
+    else:
+        raise ValueError(f"params must be GPParams (a fit's), got {type(params).__name__}")
     lam = float(scene.wavelength)
     top = float(np.max(np.asarray(scene.ap_positions)[:, 2]))
     if tabulate is None and variance:  # the variance, a weight: lambda/16 x 32 nodes
