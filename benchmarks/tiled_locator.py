@@ -11,6 +11,9 @@ by :func:`dmimo_jax.pipeline.tiled.run_offline_tiled` with a cell classifier of
 
 * the offline stage's seconds (GP fits, the tiles' stages, the tile classifier) and peak RSS;
 * the bytes of the tiles' tables (phasor and cell tables: what the online stage holds);
+* with ``--ring``, each tile's ring of APs (``round(ring * K)`` nearest its centre) and its
+  GP (the tiles' hyperparameters, conditioned on the ring's APs): the answers refined on it
+  (:class:`~dmimo_jax.pipeline.tiled.TiledLocator`), its seconds and peak RSS;
 * on ``--num`` test snapshots of the truth: RMSE over the all-AP PEB (eq. 13) and over the
   K-AP PEB of the answering tile (accepted rows), p99 over the PEB, the share within 5 PEB
   (the right lobe), the share accepted by the cost gate and accepted beyond 5 PEB, the tile classifier's first tile right, rows
@@ -66,19 +69,42 @@ def batch_ms(fn, r):
     return 1e3 * (time.perf_counter() - t0) / r.shape[0]
 
 
-def hall_offline(side, args):
-    """The hall of side ``side`` m, its tiles, labels, test snapshots and tiled offline stage
-    (cached under ``args.cache``): ``(scene, tiling, test, off, row)``, ``row`` the world's
-    columns so far (sizes, GP fit and offline seconds)."""
-    scene = hall_scene(side, seed=args.seed)
-    truth = dj.TwoRayModel(scene)
+def hall_labels(scene, tiling, args):
+    """The hall's labeled snapshots (``--labels-per-m2`` of the two-ray truth) and the labels
+    per tile (:func:`dmimo_jax.tiles.label_count` at ``--margin``)."""
     area = float(np.prod(np.asarray(scene.ue_high - scene.ue_low)[:2]))
     num_labels = int(round(args.labels_per_m2 * area))
-    tiling = tiles.tile_aps(scene, args.tile, factor=args.factor)
-    per_tile = tiles.label_count(tiling, scene, num_labels, args.margin)
-    row = dict(side_m=side, num_aps=scene.num_aps, tiles=tiling.num_tiles, k=tiling.num_aps,
-               worst_ratio=float(tiling.ratio.max()), labels=num_labels, labels_per_tile=per_tile)  # fmt: skip
+    truth = dj.TwoRayModel(scene)
     lab = dj.measure.labeled_snapshots(jax.random.key(1000 + args.seed), truth, num_labels)
+    return lab, tiles.label_count(tiling, scene, num_labels, args.margin)
+
+
+def hall_ring(scene, tiling, models, args):
+    """``(ring, seconds)``: each tile's ring of ``round(--ring * K)`` APs (at most M) and
+    its :func:`dmimo_jax.tiles.fit_tiles` on the tile's labels at the hyperparameters of the
+    tiles' ``models``; ``(None, 0)`` for ``--ring 0``."""
+    if not args.ring:
+        return None, 0.0
+    size = min(int(round(args.ring * tiling.num_aps)), scene.num_aps)
+    wide = tiles.tile_aps(scene, args.tile, rule="nearest", num_aps=size)
+    lab, per_tile = hall_labels(scene, tiling, args)
+    t0 = time.perf_counter()
+    ring = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, wide, num_labels=per_tile,
+                           params=models.params, progress=args.progress)  # fmt: skip
+    jax.block_until_ready(ring.models)
+    return (wide, ring), time.perf_counter() - t0
+
+
+def hall_offline(side, args):
+    """The hall of side ``side`` m, its tiles, labels, test snapshots and tiled offline stage
+    (cached under ``args.cache``): ``(scene, tiling, test, off, row, models)``, ``row`` the
+    world's columns so far (sizes, GP fit and offline seconds), ``models`` the tiles' GP."""
+    scene = hall_scene(side, seed=args.seed)
+    truth = dj.TwoRayModel(scene)
+    tiling = tiles.tile_aps(scene, args.tile, factor=args.factor)
+    lab, per_tile = hall_labels(scene, tiling, args)
+    row = dict(side_m=side, num_aps=scene.num_aps, tiles=tiling.num_tiles, k=tiling.num_aps,
+               worst_ratio=float(tiling.ratio.max()), labels=len(lab.x), labels_per_tile=per_tile)  # fmt: skip
     test = dj.measure.labeled_snapshots(jax.random.key(2000 + args.seed), truth, args.num)
     t0 = time.perf_counter()
     models = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, tiling, num_labels=per_tile,
@@ -96,7 +122,7 @@ def hall_offline(side, args):
                                   preset="quick", cells=cells, classifier=net, cache_dir=args.cache,
                                   seed=args.seed, progress=args.progress)  # fmt: skip
     row["offline_s"] = time.perf_counter() - t0
-    return scene, tiling, test, off, row
+    return scene, tiling, test, off, row, models
 
 
 def hall_arguments(ap):
@@ -130,14 +156,17 @@ def hall_settings(args):
 
 
 def world_row(side, args):
-    scene, tiling, test, off, row = hall_offline(side, args)
+    scene, tiling, test, off, row, models = hall_offline(side, args)
     truth = dj.TwoRayModel(scene)
     row["offline_rss_mb"] = peak_rss_mb()
     row["tile_net_miss"] = float(off.info["val_top_k_miss"])
     row["tiles_cell_miss_mean"] = float(
         np.mean([o.info["cells"]["val_top_k_miss"] for o in off.tiles])
     )
-    loc = tiled.TiledLocator.from_offline(off, tries=args.tries)
+    ring, row["ring_fit_s"] = hall_ring(scene, tiling, models, args)
+    row["ring_k"] = 0 if ring is None else ring[0].num_aps
+    row["ring_rss_mb"] = peak_rss_mb()
+    loc = tiled.TiledLocator.from_offline(off, tries=args.tries, ring=ring)
     leaves = [jax.tree.leaves(lc.table) for lc in loc.locators]  # the cells' table too
     row["tables_mb"] = sum(a.nbytes for ls in leaves for a in ls) / 2**20
     r, x = np.asarray(test.r), np.asarray(test.x)
@@ -189,6 +218,10 @@ def main(argv=None):
     ap.add_argument("--sizes", type=float, nargs="*", default=[20.0], help="hall sides, m")
     hall_arguments(ap)
     ap.add_argument("--tries", type=int, default=2, help="tiles tried per snapshot")
+    ap.add_argument(
+        "--ring", type=float, default=0.0,
+        help="refine on each tile's ring of this many times K APs (0: none)",
+    )  # fmt: skip
     ap.add_argument("--singles", type=int, default=20, help="single-snapshot calls timed")
     ap.add_argument("--big-batch", type=int, default=4096, help="the large batch timed")
     ap.add_argument("--json", default=None)
@@ -201,6 +234,7 @@ def main(argv=None):
             ("num_aps", "M", "d"),
             ("tiles", "tiles", "d"),
             ("k", "K", "d"),
+            ("ring_k", "ring", "d"),
             ("offline_s", "offline s", ".0f"),
             ("tables_mb", "tables MiB", ".0f"),
             ("rmse_over_peb", "RMSE/PEB", ".2f"),

@@ -150,7 +150,7 @@ def main(argv=None):
     ap.add_argument("--jobs-max", type=int, default=256, help="the largest batch run as jobs")
     ap.add_argument("--json", default=None)
     args = hall_settings(ap.parse_args(argv))
-    _, _, test, off, world = hall_offline(args.side, args)
+    _, _, test, off, world, _ = hall_offline(args.side, args)
     loc = tiled.TiledLocator.from_offline(off)
     quick = loc.quick
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *quick)

@@ -42,6 +42,8 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import check_int, check_phases
 from dmimo_jax.estimators import CellGrid, cell_grid
+from dmimo_jax.estimators.mle import refine_batch_unchecked
+from dmimo_jax.estimators.rows import bucket_size, passes_gate
 from dmimo_jax.gp.kernel import check_training_data
 from dmimo_jax.learning.cells import CellClassifier, CellConfig
 from dmimo_jax.learning.nets import jit_method
@@ -306,6 +308,9 @@ class TiledLocator:
     2. **The rescues**: a row no tile passed is run again through the full Locators (the
        gate's rescues: faulty APs left out, the tile searched whole, a dense recheck), its
        ranked tiles in turn; one no tile passes is ``REJECTED`` with its first tile's answer.
+    3. **The ring** (with ``ring``): the accepted answers refined on more APs than the
+       tables hold (far APs still add information: with K chosen by the bound, the K-AP
+       PEB is up to ``factor`` times the all-AP one), under each tile's GP over its ring.
 
     The grouping of rows by tile happens on the host, between calls of the programs that
     every tile shares (one with rescues, one without, per batch size); call it on concrete
@@ -324,21 +329,43 @@ class TiledLocator:
     """(T,) int: the tile of each of the classifier's cells."""
     tries: int = 2
     """The most tiles tried per snapshot (the classifier's most likely first)."""
+    ring: TileModels | None = None
+    """Each tile's GP phase model over its ring of APs (:func:`~dmimo_jax.tiles.fit_tiles`
+    on :attr:`ring_aps`), or None: the fine stage on more APs than the tables hold."""
+    ring_aps: np.ndarray | None = None
+    """(T, R) int: each tile's ring, its K APs first then the next nearest its centre."""
+    ring_steps: int = 10
+    """LM steps of the refinement on the ring."""
 
     @classmethod
-    def from_offline(cls, tiled: TiledOffline, *, tries: int = 2, **settings: Any) -> TiledLocator:
+    def from_offline(
+        cls,
+        tiled: TiledOffline,
+        *,
+        tries: int = 2,
+        ring: tuple[Tiling, TileModels] | None = None,
+        ring_steps: int = 10,
+        **settings: Any,
+    ) -> TiledLocator:
         """Every tile's :meth:`Locator.from_offline` (``settings`` passed to each) and the
-        tile classifier of ``tiled``.
+        tile classifier of ``tiled``; with ``ring``, a tiling of the same tiles with more APs
+        each (``tile_aps(scene, size, rule="nearest", num_aps=R)``, R >= K) and its
+        :func:`~dmimo_jax.tiles.fit_tiles`: the answers are refined on the ring
+        (:meth:`__call__`).
 
         Raises:
             ValueError: ``tiled`` not :func:`run_offline_tiled`'s, ``tries`` out of
-                [1, tiles], tiles whose Locators differ in structure (one program each).
+                [1, tiles], tiles whose Locators differ in structure (one program each), a
+                ``ring`` of other tiles or without each tile's K APs first, ``ring_steps``
+                below 1.
         """
         if not isinstance(tiled, TiledOffline):
             raise ValueError(
                 f"tiled must be run_offline_tiled's result, got {type(tiled).__name__}"
             )
         check_int("tries", tries, minimum=1, maximum=tiled.tiling.num_tiles)
+        check_int("ring_steps", ring_steps, minimum=1)
+        ring_models, ring_aps = _checked_ring(ring, tiled.tiling)
         locators = [Locator.from_offline(off, "cells", **settings) for off in tiled.tiles]
         # the gate's noise-fit bound (a static setting) of every tile: the largest chance
         # over the tiles, so each tile allows at most the exclusions its own bound allows
@@ -365,7 +392,8 @@ class TiledLocator:
             )
         quick = tuple(loc.replace(rescues=()) for loc in locators)
         aps = np.asarray(tiled.tiling.aps)
-        return cls(tiled.classifier, tuple(locators), quick, aps, tiled.tile_of, tries)
+        return cls(tiled.classifier, tuple(locators), quick, aps, tiled.tile_of, tries,
+                   ring_models, ring_aps, ring_steps)  # fmt: skip
 
     @property
     def num_aps(self) -> int:
@@ -411,10 +439,40 @@ class TiledLocator:
                     break
             if not pending.any():
                 break
+        if self.ring is not None:
+            self._refine_on_ring(answer, r)
         return TiledResult(
             answer["x"], answer["tile"], answer["rank"], answer["cost"], answer["status"],
             answer["excluded"],
         )  # fmt: skip
+
+    def _refine_on_ring(self, answer: dict, r: np.ndarray) -> None:
+        """The accepted answers with no AP left out, refined on their tile's ring
+        (``ring_steps`` LM steps of eq. 17 under the ring's GP model, from the tile's
+        answer); a refinement is kept where its cost passes the tile's cost gate over the
+        ring's R APs (``passes_gate``: the ring's APs beyond K were never checked for faults,
+        so a refinement a faulty one pulls away fails it and leaves the tile's answer), or
+        always where the tiles have no gate. Rows run in parts padded to
+        :func:`~dmimo_jax.estimators.rows.bucket_size` (a few programs for any count)."""
+        fine = (answer["status"] != int(Status.REJECTED)) & ~answer["excluded"].any(axis=1)
+        for t in np.unique(answer["tile"][fine]):
+            rows = np.flatnonzero(fine & (answer["tile"] == t))
+            model = jax.tree.map(lambda a, t=t: a[t], self.ring.models)
+            gate = self.locators[t].settings.cost_gate
+            for part in np.array_split(rows, -(-rows.size // 256)):
+                pad = np.resize(part, bucket_size(part.size))  # repeated rows: same answers
+                fit = refine_batch_unchecked(
+                    jnp.asarray(answer["x"][pad]),
+                    jnp.asarray(r[np.ix_(pad, self.ring_aps[t])]),
+                    model,
+                    self.ring_steps,
+                )
+                x, cost = np.asarray(fit.x)[: part.size], np.asarray(fit.cost)[: part.size]
+                keep = np.isfinite(cost)
+                if gate is not None:
+                    none = np.zeros((part.size, self.ring_aps.shape[1]), bool)
+                    keep &= np.asarray(passes_gate(cost, gate, self.ring_aps.shape[1], none))
+                answer["x"][part[keep]] = x[keep]
 
     @staticmethod
     def _tile_call(loc: Locator, r: np.ndarray) -> Any:
@@ -438,6 +496,30 @@ def _write(
     answer["tile"][rows], answer["rank"][rows] = t, k
     answer["excluded"][rows] = False
     answer["excluded"][np.ix_(rows, aps)] = np.asarray(out.excluded)[keep]
+
+
+def _checked_ring(
+    ring: tuple[Tiling, TileModels] | None, tiling: Tiling
+) -> tuple[TileModels | None, np.ndarray | None]:
+    """``(models, aps)`` of a ring ``(ring_tiling, its fit_tiles)`` of ``tiling``'s tiles
+    (``ValueError`` naming ``ring`` otherwise), or ``(None, None)``."""
+    if ring is None:
+        return None, None
+    if not (isinstance(ring, tuple) and len(ring) == 2 and isinstance(ring[0], Tiling)
+            and isinstance(ring[1], TileModels)):  # fmt: skip
+        raise ValueError("ring must be (tiling, fit_tiles of it): a Tiling and its TileModels")
+    wide, models = ring
+    k = tiling.num_aps
+    if (wide.num_tiles != tiling.num_tiles or not np.allclose(wide.low, tiling.low)
+            or not np.allclose(wide.high, tiling.high) or wide.num_aps < k
+            or np.any(np.sort(wide.aps[:, :k], 1) != np.sort(tiling.aps, 1))):  # fmt: skip
+        raise ValueError(
+            "ring must tile the same tiles with each tile's K APs first (tile_aps with "
+            f"rule='nearest' and num_aps >= {k} on the same tile size)"
+        )
+    if models.labels.shape[0] != wide.num_tiles or models.models.values.shape[0] != wide.num_tiles:
+        raise ValueError("ring's models must be fit_tiles of its tiling (one per tile)")
+    return models, np.asarray(wide.aps)
 
 
 def _with_graph(loc: Locator, graph: Any, cell_low: tuple) -> Locator:
