@@ -80,15 +80,22 @@ def test_tiles_classifiers_trained_together_are_those_trained_one_by_one(tmp_pat
                                      CELLS, progress=False)  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def building(tmp_path_factory):
-    tiling = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=24)
+def strip_models(num_aps):
+    """The strip's two 2 m tiles with their ``num_aps`` nearest APs, 60 labels and the
+    tiles' GP models (coarse tables): ``(tiling, labels, models)``."""
+    tiling = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=num_aps)
     lab = dj.measure.labeled_snapshots(jax.random.key(5), dj.TwoRayModel(SCENE), 60)
     lam = float(SCENE.wavelength)
     coarse = dict(dd_step=lam / 64, num_gamma=32, var_dd_step=lam / 16, var_num_gamma=16)
     models = tiles.fit_tiles(
         lab.x, lab.r, lab.variance, SCENE, tiling, num_labels=30, tabulate=coarse
     )
+    return tiling, lab, models
+
+
+@pytest.fixture(scope="module")
+def building(tmp_path_factory):
+    tiling, lab, models = strip_models(24)
     off = tiled.run_offline_tiled(
         lab.x, lab.r, lab.variance, SCENE, tiling, models, preset=TINY, cells=CELLS,
         classifier=TILE_NET, cache_dir=tmp_path_factory.mktemp("cache"), together=2,
@@ -172,13 +179,7 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
 @pytest.fixture(scope="module")
 def ring(building):
     """Each tile's ring of its 48 nearest APs (its 24 first) and their GP models."""
-    wide = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=48)
-    lab = dj.measure.labeled_snapshots(jax.random.key(5), dj.TwoRayModel(SCENE), 60)
-    lam = float(SCENE.wavelength)
-    coarse = dict(dd_step=lam / 64, num_gamma=32, var_dd_step=lam / 16, var_num_gamma=16)
-    models = tiles.fit_tiles(
-        lab.x, lab.r, lab.variance, SCENE, wide, num_labels=30, tabulate=coarse
-    )
+    wide, _, models = strip_models(48)
     return wide, models
 
 
@@ -211,7 +212,8 @@ def test_the_ring_refines_on_more_aps_and_leaves_a_faulty_one_out(building, ring
     np.testing.assert_allclose(np.asarray(with_ring(bad).x), np.asarray(plain.x), atol=1e-12)
     other = tiles.tile_aps(SCENE, 1.0, rule="nearest", num_aps=40)
     few = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=30)
-    for bad_ring in ((other, models), (few.take([1, 0]), models), (wide,), (wide, "models")):
+    bad_rings = ((other, models), (few.take([1, 0]), models), (few, models), (wide,), (wide, "x"))
+    for bad_ring in bad_rings:
         with pytest.raises(ValueError, match="ring"):
             tiled.TiledLocator.from_offline(off, ring=bad_ring, **LOCATOR_LIGHT)
     with pytest.raises(ValueError, match="ring_steps"):

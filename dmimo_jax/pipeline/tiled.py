@@ -283,7 +283,8 @@ class TiledResult(NamedTuple):
     """(B,) int: the answering tile's place in the tile classifier's ranking (0: its most
     likely)."""
     cost: Array
-    """(B,) the answer's ML cost (eq. 17) on its tile's APs."""
+    """(B,) the tile's answer's ML cost (eq. 17) on its tile's APs (before the ring's
+    refinement, where :attr:`TiledLocator.ring` refined it)."""
     status: Array
     """(B,) int32 :class:`~dmimo_jax.pipeline.rescues.Status` of the answering tile."""
     excluded: np.ndarray
@@ -517,8 +518,9 @@ def _checked_ring(
             "ring must tile the same tiles with each tile's K APs first (tile_aps with "
             f"rule='nearest' and num_aps >= {k} on the same tile size)"
         )
-    if models.labels.shape[0] != wide.num_tiles or models.models.values.shape[0] != wide.num_tiles:
-        raise ValueError("ring's models must be fit_tiles of its tiling (one per tile)")
+    aps = np.shape(models.models.scene.ap_positions)  # (T, R, 3) for fit_tiles of the ring
+    if models.labels.shape[0] != wide.num_tiles or aps[:2] != (wide.num_tiles, wide.num_aps):
+        raise ValueError("ring's models must be fit_tiles of its tiling (one per tile and AP)")
     return models, np.asarray(wide.aps)
 
 
