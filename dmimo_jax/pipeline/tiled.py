@@ -43,7 +43,7 @@ from jax.typing import ArrayLike
 from dmimo_jax._checks import check_int, check_phases
 from dmimo_jax.estimators import CellGrid, cell_grid
 from dmimo_jax.estimators.mle import refine_batch_unchecked
-from dmimo_jax.estimators.rows import bucket_size, passes_gate
+from dmimo_jax.estimators.rows import bucket_size, gate_limit
 from dmimo_jax.gp.kernel import check_training_data
 from dmimo_jax.learning.cells import CellClassifier, CellConfig
 from dmimo_jax.learning.nets import jit_method
@@ -451,7 +451,7 @@ class TiledLocator:
         """The accepted answers with no AP left out, refined on their tile's ring
         (``ring_steps`` LM steps of eq. 17 under the ring's GP model, from the tile's
         answer); a refinement is kept where its cost passes the tile's cost gate over the
-        ring's R APs (``passes_gate``: the ring's APs beyond K were never checked for faults,
+        ring's R APs (``gate_limit``: the ring's APs beyond K were never checked for faults,
         so a refinement a faulty one pulls away fails it and leaves the tile's answer), or
         always where the tiles have no gate. Rows run in parts padded to
         :func:`~dmimo_jax.estimators.rows.bucket_size` (a few programs for any count)."""
@@ -469,10 +469,8 @@ class TiledLocator:
                     self.ring_steps,
                 )
                 x, cost = np.asarray(fit.x)[: part.size], np.asarray(fit.cost)[: part.size]
-                keep = np.isfinite(cost)
-                if gate is not None:
-                    none = np.zeros((part.size, self.ring_aps.shape[1]), bool)
-                    keep &= np.asarray(passes_gate(cost, gate, self.ring_aps.shape[1], none))
+                limit = np.inf if gate is None else gate_limit(self.ring_aps.shape[1], gate)
+                keep = np.isfinite(cost) & (cost <= limit)
                 answer["x"][part[keep]] = x[keep]
 
     @staticmethod
