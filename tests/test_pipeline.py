@@ -190,5 +190,8 @@ def test_the_program_compiler_options_follow_jaxlib_and_change_no_answer():
     np.testing.assert_allclose(jax.grad(lambda y: jnp.sum(pj(y)))(x), grad, rtol=1e-13)
     np.testing.assert_allclose(jax.vmap(pj)(x[:, None]), want[:, None], rtol=1e-14, atol=1e-15)
     assert pj.cache_size() >= 1 or pj.cache_size() == -1
+    # lowered and compiled ahead of time (benchmarks/compile_time.py), with the options
+    compiled = pj.lower(x).compile()
+    np.testing.assert_allclose(compiled(x), want, rtol=1e-14, atol=1e-15)
     with pytest.raises(TypeError):
         pipeline.PROGRAM_COMPILER_OPTIONS["xla_cpu_use_fusion_emitters"] = True  # read-only

@@ -61,6 +61,11 @@ class ProgramJit:
             return self.top(*args)
         return self.plain(*args)
 
+    def lower(self, *args: Any) -> Any:
+        """``jax.jit``'s ``lower`` of the top-level jit (with the options): what a
+        measurement of the program's size and compile time lowers and compiles."""
+        return self.top.lower(*args)
+
     def cache_size(self) -> int:
         """The programs its jits hold in this process (JAX's in-memory caches; -1 where
         this JAX does not report them)."""
