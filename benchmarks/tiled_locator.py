@@ -13,7 +13,8 @@ by :func:`dmimo_jax.pipeline.tiled.run_offline_tiled` with a cell classifier of
 * the bytes of the tiles' tables (phasor and cell tables: what the online stage holds);
 * with ``--ring``, each tile's ring of APs (``round(ring * K)`` nearest its centre) and its
   GP (the tiles' hyperparameters, conditioned on the ring's APs): the answers refined on it
-  (:class:`~dmimo_jax.pipeline.tiled.TiledLocator`), its seconds and peak RSS;
+  (:class:`~dmimo_jax.pipeline.tiled.TiledLocator`), its seconds and peak RSS, and the
+  same tiles' answers without it side by side (the ``*_no_ring`` columns);
 * on ``--num`` test snapshots of the truth: RMSE over the all-AP PEB (eq. 13) and over the
   K-AP PEB of the answering tile (accepted rows), p99 over the PEB, the share within 5 PEB
   (the right lobe), the share accepted by the cost gate and accepted beyond 5 PEB, the tile classifier's first tile right, rows
@@ -155,6 +156,26 @@ def hall_settings(args):
     return args
 
 
+def scores(out, x, peb, tiling, truth):
+    """The answers ``out`` of the test rows (true positions ``x``, all-AP PEB ``peb``): RMSE
+    of the accepted rows over the all-AP and the answering tile's K-AP PEB, p99 over the
+    PEB, the shares within 5 PEB, accepted, and accepted beyond 5 PEB."""
+    err = np.linalg.norm(np.asarray(out.x) - x, axis=1)
+    excluded = np.ones((len(x), truth.num_aps), bool)
+    for i, t in enumerate(out.tile):
+        excluded[i, tiling.aps[t]] = False
+    peb_k = np.asarray(subset_pebs(x, truth, excluded))
+    ok = ~np.asarray(out.rejected)
+    return dict(
+        rmse_over_peb=float(np.sqrt(np.mean(err[ok] ** 2)) / np.mean(peb[ok])),
+        rmse_over_k_peb=float(np.sqrt(np.mean(err[ok] ** 2)) / np.mean(peb_k[ok])),
+        p99_over_peb=float(np.quantile(err / peb, 0.99)),
+        right_lobe=float(np.mean(err < 5 * peb)),
+        accepted=float(np.mean(ok)),
+        accepted_wrong=float(np.mean(ok & (err >= 5 * peb))),
+    )
+
+
 def world_row(side, args):
     scene, tiling, test, off, row, models = hall_offline(side, args)
     truth = dj.TwoRayModel(scene)
@@ -175,26 +196,18 @@ def world_row(side, args):
     out = loc(r)
     row["first_call_s"] = time.perf_counter() - t0
     row["programs"] = dj.Locator.compiled_programs() - before
-    err = np.linalg.norm(np.asarray(out.x) - x, axis=1)
     peb = np.asarray(dj.peb_map(x, truth))
-    excluded = np.ones((len(x), scene.num_aps), bool)
-    for i, t in enumerate(out.tile):
-        excluded[i, tiling.aps[t]] = False
-    peb_k = np.asarray(subset_pebs(x, truth, excluded))
-    ok = ~np.asarray(out.rejected)
+    row.update(scores(out, x, peb, tiling, truth))
+    first = loc.ranked_tiles(r)[:, 0]
     home = np.all((x[:, None, :2] >= tiling.low[None, :, :2]) &
                   (x[:, None, :2] <= tiling.high[None, :, :2]), axis=2)  # fmt: skip
-    first = loc.ranked_tiles(r)[:, 0]
-    row.update(
-        rmse_over_peb=float(np.sqrt(np.mean(err[ok] ** 2)) / np.mean(peb[ok])),
-        rmse_over_k_peb=float(np.sqrt(np.mean(err[ok] ** 2)) / np.mean(peb_k[ok])),
-        p99_over_peb=float(np.quantile(err / peb, 0.99)),
-        right_lobe=float(np.mean(err < 5 * peb)),
-        accepted=float(np.mean(ok)),
-        accepted_wrong=float(np.mean(ok & (err >= 5 * peb))),
-        first_tile_right=float(np.mean(home[np.arange(len(x)), first])),
-        second_tile=float(np.mean(out.rank > 0)),
-    )
+    row["first_tile_right"] = float(np.mean(home[np.arange(len(x)), first]))
+    row["second_tile"] = float(np.mean(out.rank > 0))
+    ok = ~np.asarray(out.rejected)
+    if ring is not None:  # the same tiles without the ring, side by side
+        plain = dataclasses.replace(loc, ring=None, ring_aps=None)
+        bare = scores(plain(r), x, peb, tiling, truth)
+        row.update({f"{k}_no_ring": v for k, v in bare.items()})
     # cost per snapshot: the tiled stage against one tile's Locator on the same rows
     # (the tile's own accepted rows, repeated to the batch: a room's Locator on its room)
     t = int(np.bincount(out.tile[ok]).argmax())
@@ -208,6 +221,8 @@ def world_row(side, args):
     big = args.big_batch  # the test rows repeated: every tile's call a larger batch
     row["tiled_ms_big"] = batch_ms(loc, np.resize(r, (big, r.shape[1])))
     row["tile_ms_big"] = batch_ms(one, np.resize(mine, (big, mine.shape[1])))
+    if ring is not None:
+        row["tiled_ms_big_no_ring"] = batch_ms(plain, np.resize(r, (big, r.shape[1])))
     row["peak_rss_mb"] = peak_rss_mb()
     print(row, flush=True)
     return row
@@ -238,10 +253,13 @@ def main(argv=None):
             ("offline_s", "offline s", ".0f"),
             ("tables_mb", "tables MiB", ".0f"),
             ("rmse_over_peb", "RMSE/PEB", ".2f"),
+            ("rmse_over_peb_no_ring", "no ring", ".2f"),
             ("rmse_over_k_peb", "RMSE/K-PEB", ".2f"),
             ("right_lobe", "<5 PEB", ".3f"),
+            ("right_lobe_no_ring", "no ring", ".3f"),
             ("accepted", "accepted", ".3f"),
             ("accepted_wrong", "acc. >5 PEB", ".3f"),
+            ("accepted_wrong_no_ring", "no ring", ".3f"),
             ("first_tile_right", "tile right", ".3f"),
             ("tiled_ms_b256", "tiled ms b256", ".2f"),
             ("tile_ms_b256", "1 tile ms b256", ".2f"),
@@ -249,6 +267,7 @@ def main(argv=None):
             ("tile_ms_b1", "1 tile ms b1", ".2f"),
             ("tiled_ms_big", "tiled ms big", ".2f"),
             ("tile_ms_big", "1 tile ms big", ".2f"),
+            ("tiled_ms_big_no_ring", "no ring", ".2f"),
             ("programs", "programs", "d"),
             ("peak_rss_mb", "RSS MiB", ".0f"),
         ],

@@ -39,6 +39,44 @@ def test_subset_peb_is_the_bound_of_the_deployment_without_those_aps():
         bounds.subset_peb(x, MODEL, np.zeros(16, bool))
 
 
+def test_a_move_to_more_aps_is_chi_square_in_the_information_of_fewer():
+    """Two linearized estimates at one position (eq. 14 with the CPO eliminated), from the
+    K = 9 APs not excluded and from all 17, differ by N(0, F_K^-1 - F^-1): the statistic of
+    their move in F_K averages 3 - tr(F^-1 F_K) and exceeds the chi-square (3 dof)
+    quantile of a risk at most at that risk. The quantile is scipy's; a bad risk is
+    refused by name."""
+    from scipy.stats import chi2
+
+    for risk in (0.5, 1e-3, 1e-12):
+        assert bounds.position_chi2_quantile(risk) == pytest.approx(chi2.isf(risk, 3), rel=1e-12)
+    for bad in (0.0, 1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="risk must be a probability"):
+            bounds.position_chi2_quantile(bad)
+    x = jnp.asarray([4.0, 5.0, 1.5])
+    _, h, variance = (np.asarray(a) for a in bounds.linearize(x, MODEL))
+    excluded = np.arange(17) >= 9
+    w_all = 1.0 / variance
+    w_k = np.where(excluded, 0.0, w_all)
+
+    def estimate(w, e):  # the weighted LS step with a common offset eliminated
+        p = np.diag(w) - np.outer(w, w) / w.sum()
+        f = h.T @ p @ h
+        return np.linalg.solve(f, h.T @ p @ e.T).T, f
+
+    e = np.random.default_rng(0).normal(size=(20_000, 17)) * np.sqrt(variance)
+    dx_k, f_k = estimate(w_k, e)
+    dx_all, f_all = estimate(w_all, e)
+    d = dx_all - dx_k
+    stat = np.einsum("ni,ij,nj->n", d, f_k, d)
+    expected = 3.0 - np.trace(np.linalg.solve(f_all, f_k))
+    assert 0.2 < expected < 2.9  # the extra APs add information, not all of it
+    assert np.mean(stat) == pytest.approx(expected, rel=0.03)
+    for risk in (0.1, 0.01):
+        assert np.mean(stat > bounds.position_chi2_quantile(risk)) <= risk
+    got = bounds.move_statistic_unchecked(x, x + jnp.asarray(d[0]), MODEL, jnp.asarray(excluded))
+    assert float(got) == pytest.approx(stat[0], rel=1e-9)
+
+
 def test_protection_level_bounds_the_error_at_its_risk():
     """The MLE of 2,000 snapshots from the truth, with APs 2 and 9 left out: the error exceeds
     the protection level at risk 0.05 in at most 5% of them (plus three binomial standard

@@ -188,7 +188,8 @@ def test_the_ring_refines_on_more_aps_and_leaves_a_faulty_one_out(building, ring
     """With each tile's ring of 48 APs (its K = 24 first), the accepted answers are refined
     on the ring's GP models: the same tiles and statuses, a lower error than on the K APs
     alone (over three draws of 48 snapshots the RMSE fell by 11-13%; asserted: 5% over 96). A ring AP beyond K with a phase 1.5 rad off (never seen by the tile's gate) makes
-    the ring's cost fail the gate: those answers are the tiles' own, to the digit. A ring of
+    the ring's cost fail the gate: those answers are the tiles' own, to the digit; so are
+    they where the agreement test refuses every move (``ring_risk`` near 1). A ring of
     other tiles or without the tile's APs first is refused by name."""
     off, loc = building
     wide, models = ring
@@ -210,6 +211,9 @@ def test_the_ring_refines_on_more_aps_and_leaves_a_faulty_one_out(building, ring
     bad = r.copy()
     bad[:, outer[0]] += 1.5
     np.testing.assert_allclose(np.asarray(with_ring(bad).x), np.asarray(plain.x), atol=1e-12)
+    # the agreement test: at a risk near 1 its quantile is near 0 and it refuses every move
+    strict = tiled.TiledLocator.from_offline(off, ring=ring, ring_risk=1 - 1e-9, **LOCATOR_LIGHT)
+    np.testing.assert_allclose(np.asarray(strict(r).x), np.asarray(plain.x), atol=1e-12)
     other = tiles.tile_aps(SCENE, 1.0, rule="nearest", num_aps=40)
     few = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=30)
     bad_rings = ((other, models), (few.take([1, 0]), models), (few, models), (wide,), (wide, "x"))
@@ -218,6 +222,8 @@ def test_the_ring_refines_on_more_aps_and_leaves_a_faulty_one_out(building, ring
             tiled.TiledLocator.from_offline(off, ring=bad_ring, **LOCATOR_LIGHT)
     with pytest.raises(ValueError, match="ring_steps"):
         tiled.TiledLocator.from_offline(off, ring=ring, ring_steps=0, **LOCATOR_LIGHT)
+    with pytest.raises(ValueError, match="ring_risk"):
+        tiled.TiledLocator.from_offline(off, ring=ring, ring_risk=0.0, **LOCATOR_LIGHT)
 
 
 def test_snug_parts_cover_every_row_with_little_padding():

@@ -37,7 +37,9 @@ from dmimo_jax.bounds.information import (
     phase_jacobian,
 )
 from dmimo_jax.bounds.integrity import (
+    move_statistic_unchecked,
     noise_fit_probability,
+    position_chi2_quantile,
     protection_level,
     protection_level_unchecked,
     subset_fim_unchecked,
@@ -63,8 +65,10 @@ __all__ = [
     "phase_jacobian",
     "jacobian_analytic",
     "linearize",
+    "move_statistic_unchecked",
     "noise_fit_probability",
     "peb_from_fim",
+    "position_chi2_quantile",
     "protection_level",
     "protection_level_unchecked",
     "subset_fim_unchecked",

@@ -72,6 +72,38 @@ def subset_fim_unchecked(x: Array, model: PhaseModel, excluded: Array) -> Array:
     return fim_from_jacobian(h, jnp.where(excluded, 0.0, 1.0 / jnp.where(excluded, 1.0, variance)))
 
 
+def move_statistic_unchecked(x: Array, y: Array, model: PhaseModel, excluded: Array) -> Array:
+    r"""The move from ``x`` to ``y`` (3,) in the information of the APs not ``excluded`` at
+    ``x``: :math:`(y - x)^\top \mathbf F(x)\,(y - x)`, ``F`` the subset FIM
+    (:func:`subset_fim_unchecked`, eq. 14). Two efficient estimates of one position, ``x``
+    from the APs not excluded and ``y`` from more, differ by about
+    :math:`\mathcal N(0, \mathbf F^{-1} - \mathbf F_y^{-1})`, so the statistic is at most
+    chi-square with 3 degrees of freedom (:func:`position_chi2_quantile`); a larger one
+    says the added APs pulled ``y`` away. Traced, unchecked; one position."""
+    d = y - x
+    return d @ subset_fim_unchecked(x, model, excluded) @ d
+
+
+def position_chi2_quantile(risk: float) -> float:
+    r"""The ``1 - risk`` quantile of chi-square with 3 degrees of freedom (a position's
+    squared Mahalanobis distance): the ``q`` whose tail
+    :math:`\operatorname{erfc}(\sqrt{q/2}) + \sqrt{2q/\pi}\,e^{-q/2}` is ``risk``, by
+    bisection (host float).
+
+    Raises:
+        ValueError: ``risk`` not in (0, 1).
+    """
+    check_probability("risk", risk)
+    tail = lambda q: math.erfc(math.sqrt(q / 2)) + math.sqrt(2 * q / math.pi) * math.exp(-q / 2)
+    low, high = 0.0, 1.0
+    while tail(high) > risk:
+        high *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if tail(mid) > risk else (low, mid)
+    return high
+
+
 @jax.jit
 def subset_peb_unchecked(x: Array, model: PhaseModel, excluded: Array) -> Array:
     """:func:`subset_peb`'s traced core (one position; batch with ``jax.vmap``)."""

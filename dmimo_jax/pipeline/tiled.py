@@ -40,7 +40,8 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, check_phases
+from dmimo_jax._checks import check_int, check_phases, check_probability
+from dmimo_jax.bounds import move_statistic_unchecked, position_chi2_quantile
 from dmimo_jax.estimators import CellGrid, cell_grid
 from dmimo_jax.estimators.mle import refine_batch_unchecked
 from dmimo_jax.estimators.rows import bucket_size, gate_limit
@@ -337,6 +338,12 @@ class TiledLocator:
     """(T, R) int: each tile's ring, its K APs first then the next nearest its centre."""
     ring_steps: int = 10
     """LM steps of the refinement on the ring."""
+    ring_risk: float = 1e-3
+    """The chance that the ring's agreement test refuses a sound refinement: a refinement
+    is kept only where its move from the tile's answer is within the chi-square (3 degrees
+    of freedom) ``1 - ring_risk`` quantile in the tile's own information
+    (:func:`~dmimo_jax.bounds.move_statistic_unchecked` under the ring's GP over the tile's
+    K APs): a larger move is the far APs' model pulling the answer, not information."""
 
     @classmethod
     def from_offline(
@@ -346,6 +353,7 @@ class TiledLocator:
         tries: int = 2,
         ring: tuple[Tiling, TileModels] | None = None,
         ring_steps: int = 10,
+        ring_risk: float = 1e-3,
         **settings: Any,
     ) -> TiledLocator:
         """Every tile's :meth:`Locator.from_offline` (``settings`` passed to each) and the
@@ -358,7 +366,7 @@ class TiledLocator:
             ValueError: ``tiled`` not :func:`run_offline_tiled`'s, ``tries`` out of
                 [1, tiles], tiles whose Locators differ in structure (one program each), a
                 ``ring`` of other tiles or without each tile's K APs first, ``ring_steps``
-                below 1.
+                below 1, ``ring_risk`` not in (0, 1).
         """
         if not isinstance(tiled, TiledOffline):
             raise ValueError(
@@ -366,6 +374,7 @@ class TiledLocator:
             )
         check_int("tries", tries, minimum=1, maximum=tiled.tiling.num_tiles)
         check_int("ring_steps", ring_steps, minimum=1)
+        check_probability("ring_risk", ring_risk)
         ring_models, ring_aps = _checked_ring(ring, tiled.tiling)
         locators = [Locator.from_offline(off, "cells", **settings) for off in tiled.tiles]
         # the gate's noise-fit bound (a static setting) of every tile: the largest chance
@@ -394,7 +403,7 @@ class TiledLocator:
         quick = tuple(loc.replace(rescues=()) for loc in locators)
         aps = np.asarray(tiled.tiling.aps)
         return cls(tiled.classifier, tuple(locators), quick, aps, tiled.tile_of, tries,
-                   ring_models, ring_aps, ring_steps)  # fmt: skip
+                   ring_models, ring_aps, ring_steps, ring_risk)  # fmt: skip
 
     @property
     def num_aps(self) -> int:
@@ -453,24 +462,27 @@ class TiledLocator:
         answer); a refinement is kept where its cost passes the tile's cost gate over the
         ring's R APs (``gate_limit``: the ring's APs beyond K were never checked for faults,
         so a refinement a faulty one pulls away fails it and leaves the tile's answer), or
-        always where the tiles have no gate. Rows run in parts padded to
+        always where the tiles have no gate, and where its move from the tile's answer
+        passes the agreement test of :attr:`ring_risk`. Rows run in parts padded to
         :func:`~dmimo_jax.estimators.rows.bucket_size` (a few programs for any count)."""
         fine = (answer["status"] != int(Status.REJECTED)) & ~answer["excluded"].any(axis=1)
+        size, k = self.ring_aps.shape[1], self.aps.shape[1]
+        beyond = jnp.arange(size) >= k  # the ring's APs that are not the tile's
+        agree = position_chi2_quantile(self.ring_risk)
         for t in np.unique(answer["tile"][fine]):
             rows = np.flatnonzero(fine & (answer["tile"] == t))
             model = jax.tree.map(lambda a, t=t: a[t], self.ring.models)
             gate = self.locators[t].settings.cost_gate
+            limit = np.inf if gate is None else gate_limit(size, gate)
             for part in np.array_split(rows, -(-rows.size // 256)):
                 pad = np.resize(part, bucket_size(part.size))  # repeated rows: same answers
+                start = jnp.asarray(answer["x"][pad])
                 fit = refine_batch_unchecked(
-                    jnp.asarray(answer["x"][pad]),
-                    jnp.asarray(r[np.ix_(pad, self.ring_aps[t])]),
-                    model,
-                    self.ring_steps,
+                    start, jnp.asarray(r[np.ix_(pad, self.ring_aps[t])]), model, self.ring_steps
                 )
+                move = np.asarray(_ring_moves(start, fit.x, model, beyond))[: part.size]
                 x, cost = np.asarray(fit.x)[: part.size], np.asarray(fit.cost)[: part.size]
-                limit = np.inf if gate is None else gate_limit(self.ring_aps.shape[1], gate)
-                keep = np.isfinite(cost) & (cost <= limit)
+                keep = np.isfinite(cost) & (cost <= limit) & (move <= agree)
                 answer["x"][part[keep]] = x[keep]
 
     @staticmethod
@@ -482,6 +494,11 @@ class TiledLocator:
             outs.append(loc(r[start : start + n]))
             start += n
         return outs[0] if len(outs) == 1 else jax.tree.map(lambda *a: np.concatenate(a), *outs)
+
+
+_ring_moves = jax.jit(jax.vmap(move_statistic_unchecked, in_axes=(0, 0, None, None)))
+"""(n,) each refinement's move from its start (n, 3) to its answer (n, 3) in the tile's
+K-AP information under the ring's model (its APs beyond K excluded)."""
 
 
 def _write(
