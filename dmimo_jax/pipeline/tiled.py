@@ -312,7 +312,9 @@ class TiledLocator:
        ranked tiles in turn; one no tile passes is ``REJECTED`` with its first tile's answer.
     3. **The ring** (with ``ring``): the accepted answers refined on more APs than the
        tables hold (far APs still add information: with K chosen by the bound, the K-AP
-       PEB is up to ``factor`` times the all-AP one), under each tile's GP over its ring.
+       PEB is up to ``factor`` times the all-AP one), under each tile's GP over its ring;
+       a refinement is kept where it passes the gate over the ring and moves no farther
+       than the tile's own information allows (:attr:`ring_risk`).
 
     The grouping of rows by tile happens on the host, between calls of the programs that
     every tile shares (one with rescues, one without, per batch size); call it on concrete
