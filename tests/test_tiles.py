@@ -110,8 +110,8 @@ def test_locality_off_is_todays_exhaustive_search_and_refinement():
 def test_the_tiled_mle_locates_a_hall_at_its_bound():
     """A 20 m hall of 68 APs, four tiles of K APs within 2x the all-AP PEB: every answer
     on the right lobe (within 5 all-AP PEBs), the tile that holds the UE wins (or one it
-    borders), and prebuilt
-    tables give the same answers as tables built one tile at a time."""
+    borders). (Prebuilt tables give the answers of tables built one tile at a time:
+    test_tiles_sharded_over_four_devices_give_the_one_device_answers.)"""
     scene = hall_scene(20)
     model = dj.TwoRayModel(scene)
     tiling = tiles.tile_aps(scene, 10.0, factor=2.0)
@@ -126,9 +126,6 @@ def test_the_tiled_mle_locates_a_hall_at_its_bound():
     near = lam / 2
     inside = np.all((xs >= tiling.low[won] - near) & (xs <= tiling.high[won] + near), axis=1)
     assert inside.all()
-    tables = tiles.tile_tables(scene, tiling, lam / 4)
-    again = tiles.tiled_egs(r, scene, tiling, tables=tables)
-    np.testing.assert_array_equal(np.asarray(again.x), np.asarray(out.x))
 
 
 _SHARDED = """
@@ -153,13 +150,14 @@ for name, devices in (("sharded", jax.devices()), ("single", None)):
 # gives the one device's four tiles per call
 lab = dj.measure.labeled_snapshots(jax.random.key(5), dj.TwoRayModel(scene), 60)
 coarse = dict(dd_step=lam / 64, num_gamma=32, var_dd_step=lam / 16, var_num_gamma=16)
-fits = {
-    name: tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, tiling, num_labels=20,
-                          tabulate=coarse, devices=devices, tiles_per_device=per)
-    for name, devices, per in (("sharded", jax.devices(), 1), ("single", None, 4))
-}
-print("fit_tiles", fits["sharded"].models.values.sharding)
-for a, b in zip(jax.tree.leaves(fits["sharded"]), jax.tree.leaves(fits["single"])):
+fit = lambda **kw: tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, tiling, num_labels=20,
+                                   tabulate=coarse, **kw)
+single = fit(tiles_per_device=4)
+# the hyperparameters (one fit on a few tiles, not split over devices) are the single's
+sharded = fit(devices=jax.devices(), tiles_per_device=1, params=single.params)
+print("fit_tiles", sharded.models.values.sharding)
+for a, b in zip(jax.tree.leaves((sharded.models, sharded.cpo, sharded.labels)),
+                jax.tree.leaves((single.models, single.cpo, single.labels))):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-8)
 loop = tiles.tiled_egs(r, scene, tiling, lam / 2)  # one tile's table at a time
 np.testing.assert_array_equal(out["sharded"][1], out["single"][1])  # the same tiles win
@@ -180,7 +178,8 @@ def test_tiles_sharded_over_four_devices_give_the_one_device_answers():
     program, whose LM steps XLA fuses differently, measured up to 7e-12 m), and the loop
     that builds one tile's table at a time the same. The tiles' GP models (fit_tiles) split
     over the four devices are the one device's to 1e-8 rad, 50,000 times below the phase
-    noise (measured 1.2e-9: another partition of one program, fused differently)."""
+    noise (measured 1.2e-9: another partition of one program, fused differently), at the
+    single device's hyperparameters."""
     out = run_on_host_devices(_SHARDED)
     assert "NamedSharding" in out and "IDENTICAL" in out
 
