@@ -250,3 +250,18 @@ def test_snug_parts_cover_every_row_with_little_padding():
         snug_parts(-1)
     with pytest.raises(ValueError, match="waste"):
         snug_parts(3, waste=1.0)
+
+
+def test_settings_are_checked_however_the_tiled_locator_is_built():
+    """The constructor and dataclasses.replace check what from_offline checks (the
+    settings only: placeholders stand for the two tiles' classifier and Locators)."""
+    parts = dict(classifier=None, locators=(None, None), quick=(None, None),
+                 aps=np.zeros((2, 3), int), tile_of=np.zeros(2, int))  # fmt: skip
+    ok = tiled.TiledLocator(**parts, tries=2)
+    for bad, name in ((dict(tries=0), "tries"), (dict(tries=3), "tries"),
+                      (dict(ring_steps=0), "ring_steps"), (dict(ring_risk=1.0), "ring_risk"),
+                      (dict(ring_aps=np.zeros((2, 4), int)), "ring")):  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            tiled.TiledLocator(**parts, **bad)
+        with pytest.raises(ValueError, match=name):
+            dataclasses.replace(ok, **bad)

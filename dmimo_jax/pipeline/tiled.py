@@ -347,6 +347,13 @@ class TiledLocator:
     (:func:`~dmimo_jax.bounds.move_statistic_unchecked` under the ring's GP over the tile's
     K APs): a larger move is the far APs' model pulling the answer, not information."""
 
+    def __post_init__(self) -> None:
+        """The settings checked however the Locator is built (:meth:`from_offline`, the
+        constructor, ``dataclasses.replace``)."""
+        _check_settings(len(self.locators), self.tries, self.ring_steps, self.ring_risk)
+        if (self.ring is None) != (self.ring_aps is None):
+            raise ValueError("ring and ring_aps must be given together (or neither)")
+
     @classmethod
     def from_offline(
         cls,
@@ -374,9 +381,7 @@ class TiledLocator:
             raise ValueError(
                 f"tiled must be run_offline_tiled's result, got {type(tiled).__name__}"
             )
-        check_int("tries", tries, minimum=1, maximum=tiled.tiling.num_tiles)
-        check_int("ring_steps", ring_steps, minimum=1)
-        check_probability("ring_risk", ring_risk)
+        _check_settings(tiled.tiling.num_tiles, tries, ring_steps, ring_risk)  # before the work
         ring_models, ring_aps = _checked_ring(ring, tiled.tiling)
         locators = [Locator.from_offline(off, "cells", **settings) for off in tiled.tiles]
         # the gate's noise-fit bound (a static setting) of every tile: the largest chance
@@ -501,6 +506,15 @@ class TiledLocator:
 _ring_moves = jax.jit(jax.vmap(move_statistic_unchecked, in_axes=(0, 0, None, None)))
 """(n,) each refinement's move from its start (n, 3) to its answer (n, 3) in the tile's
 K-AP information under the ring's model (its APs beyond K excluded)."""
+
+
+def _check_settings(num_tiles: int, tries: int, ring_steps: int, ring_risk: float) -> None:
+    """``ValueError`` naming the setting of a :class:`TiledLocator` of ``num_tiles`` tiles
+    that is out of range: ``tries`` in [1, tiles], ``ring_steps`` >= 1, ``ring_risk`` in
+    (0, 1)."""
+    check_int("tries", tries, minimum=1, maximum=num_tiles)
+    check_int("ring_steps", ring_steps, minimum=1)
+    check_probability("ring_risk", ring_risk)
 
 
 def _write(
