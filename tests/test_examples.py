@@ -379,10 +379,10 @@ def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
         high = next(r for r in rows if r["power_dbm"] == -10.0)
         assert high["rmse_m"] < 1.5 * high["pcrb_m"] and high["lock_fraction"] == 1.0
         assert (out / "tracking_trajectory.png").exists() and (out / "tracking_error.png").exists()
-    # a second run with --resume keeps the rows it finds (nothing recomputed, same JSON)
-    before = (out / "tracking.json").read_text()
-    _run("examples/tracking.py", [*argv, "--resume"], monkeypatch)
-    assert (out / "tracking.json").read_text() == before
+        # a second run with --resume keeps the rows it finds (nothing recomputed, same JSON)
+        before = (out / "tracking.json").read_text()
+        _run("examples/tracking.py", [*argv, "--resume"], monkeypatch)
+        assert (out / "tracking.json").read_text() == before
 
 
 @pytest.mark.slow
