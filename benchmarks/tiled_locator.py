@@ -21,7 +21,10 @@ by :func:`dmimo_jax.pipeline.tiled.run_offline_tiled` with a cell classifier of
   answered by another tile than the classifier's first;
 * ms per snapshot at batch 256, ``--big-batch`` (the test rows repeated) and batch 1
   (median over single snapshots), of the tiled stage and of one tile's Locator on the same rows at its K APs (the ratio: what tiling
-  adds), and the programs compiled (one for every tile per batch bucket).
+  adds), and the programs compiled (one for every tile per batch bucket);
+* with ``--shared-screen``, the same batches through the first pass that screens the rows
+  of every tile as one (``TiledLocator.screen``), timed interleaved with the tile-by-tile
+  pass (the best of two each), and whether its tiles and statuses are the same.
 
     python benchmarks/tiled_locator.py --sizes 20 --json out/tiled_locator.json
 """
@@ -45,7 +48,7 @@ import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import tiles  # noqa: E402
 from dmimo_jax.datasets import hall_scene  # noqa: E402
 from dmimo_jax.learning import get_preset  # noqa: E402
-from dmimo_jax.pipeline import tiled  # noqa: E402
+from dmimo_jax.pipeline import TiledCellTable, tiled  # noqa: E402
 
 # the PEB of the APs not excluded at each position: the package's O(M) subset bound, vmapped
 subset_pebs = jax.jit(jax.vmap(dj.bounds.subset_peb_unchecked, in_axes=(0, None, 0)))
@@ -223,6 +226,21 @@ def world_row(side, args):
     row["tile_ms_big"] = batch_ms(one, np.resize(mine, (big, mine.shape[1])))
     if ring is not None:
         row["tiled_ms_big_no_ring"] = batch_ms(plain, np.resize(r, (big, r.shape[1])))
+    if args.shared_screen:  # the first pass screening every tile's rows as one, side by side
+        row["shared_rss_before_mb"] = peak_rss_mb()
+        shared = dataclasses.replace(
+            loc, screen=TiledCellTable.of([q.stage.cell_table(q) for q in loc.quick])
+        )
+        both = shared(r)
+        row["shared_same_tiles_statuses"] = bool(
+            np.array_equal(both.tile, out.tile) and np.array_equal(both.status, out.status)
+        )
+        row["shared_max_dx_m"] = float(np.max(np.abs(np.asarray(both.x) - np.asarray(out.x))))
+        bigr = np.resize(r, (big, r.shape[1]))
+        for name, fn in (("", loc), ("_shared", shared)) * 2:  # interleaved: the best of two
+            for key, rows in ((f"tiled_ms_b256{name}", r[:b]), (f"tiled_ms_big{name}", bigr)):
+                row[key] = min(row.get(key, np.inf), batch_ms(fn, rows))
+        row["shared_over_tile_by_tile_big"] = row["tiled_ms_big_shared"] / row["tiled_ms_big"]
     row["peak_rss_mb"] = peak_rss_mb()
     print(row, flush=True)
     return row
@@ -239,6 +257,10 @@ def main(argv=None):
     )  # fmt: skip
     ap.add_argument("--singles", type=int, default=20, help="single-snapshot calls timed")
     ap.add_argument("--big-batch", type=int, default=4096, help="the large batch timed")
+    ap.add_argument(
+        "--shared-screen", action="store_true",
+        help="also time the first pass screening every tile's rows as one (side by side)",
+    )  # fmt: skip
     ap.add_argument("--json", default=None)
     args = hall_settings(ap.parse_args(argv))
     rows = [world_row(side, args) for side in args.sizes]
@@ -268,6 +290,7 @@ def main(argv=None):
             ("tiled_ms_big", "tiled ms big", ".2f"),
             ("tile_ms_big", "1 tile ms big", ".2f"),
             ("tiled_ms_big_no_ring", "no ring", ".2f"),
+            ("tiled_ms_big_shared", "shared screen", ".2f"),
             ("programs", "programs", "d"),
             ("peak_rss_mb", "RSS MiB", ".0f"),
         ],

@@ -14,6 +14,7 @@ from dmimo_jax.learning import CellConfig, TrainConfig
 from dmimo_jax.learning.presets import CellsPreset
 from dmimo_jax.pipeline import tiled
 from dmimo_jax.pipeline.rescues import Status
+from dmimo_jax.pipeline.tiled_screen import tile_results
 from tests.helpers import LOCATOR_LIGHT
 from tests.test_offline_online import CELLS, TINY
 
@@ -154,7 +155,8 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
     """A tile classifier that names the wrong tile first (its map swapped): that tile's cost
     gate rejects every row it cannot reach, by the gate alone and then with its rescues (its
     search holds no position that explains the phases), and the next tile answers, as the
-    right map would; with one try those rows stay rejected. A UE within a quarter
+    right map would; with one try those rows stay rejected. Screening the rows of both
+    tiles as one (``shared_screen``) changes no answer. A UE within a quarter
     wavelength of the wrong tile (its table's points reach past its faces, the refinement
     further) may be answered there: rightly, at its bound."""
     off, loc = building
@@ -176,6 +178,26 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
     near_answer = ~far & (second.rank == 0)
     err = np.linalg.norm(np.asarray(second.x) - x, axis=1)
     assert np.all(err[near_answer] < 1e-4)  # a few PEB: the right position, from next door
+    # the first pass screening the rows of both tiles as one: the same answers
+    for tiles_of in (loc.tile_of, swapped.tile_of):
+        shared = tiled.TiledLocator.from_offline(off, shared_screen=True, **LOCATOR_LIGHT)
+        shared = dataclasses.replace(shared, tile_of=tiles_of)
+        plain, one = dataclasses.replace(loc, tile_of=tiles_of)(r), shared(r)
+        assert shared.screen is not None and loc.screen is None
+        for field in ("tile", "rank", "status", "excluded"):
+            np.testing.assert_array_equal(np.asarray(getattr(one, field)),
+                                          np.asarray(getattr(plain, field)))  # fmt: skip
+        np.testing.assert_allclose(np.asarray(one.x), np.asarray(plain.x), atol=1e-9)
+    # the first pass alone (here every row fails it: the tiny networks' answers are the
+    # rescues'): each tile's results on its rows, screened with the other tile's, are its
+    # own Locator's, every field
+    ranked = loc.ranked_tiles(r)[:, 0]
+    own = np.take_along_axis(r, loc.aps[ranked], axis=1)
+    for t, rows, out in tile_results(shared.quick, shared.screen, own, ranked):
+        alone = loc.quick[t](own[rows])
+        assert rows.size and np.all(ranked[rows] == t)
+        for field, a in zip(out._fields, out, strict=True):
+            np.testing.assert_allclose(a, np.asarray(getattr(alone, field)), atol=1e-9)
     once = dataclasses.replace(swapped, tries=1)(r)
     np.testing.assert_array_equal(np.asarray(once.status)[far], int(Status.REJECTED))
     assert np.all(once.tile != right.tile)
@@ -265,3 +287,49 @@ def test_settings_are_checked_however_the_tiled_locator_is_built():
             tiled.TiledLocator(**parts, **bad)
         with pytest.raises(ValueError, match=name):
             dataclasses.replace(ok, **bad)
+
+
+def test_one_table_of_every_tile_screens_each_row_as_its_own_tile():
+    """``TiledCellTable`` (every tile's cell table as one, global cell t * C + c): its rows
+    and corners are each tile's, to the bit, and one screen of the rows of both tiles, cell
+    by cell or row by row, gives the starts each tile's own screen gives; tables of
+    another shape are refused."""
+    from dmimo_jax.estimators import cell_grid, cell_table
+    from dmimo_jax.pipeline.online import ScreenSettings, cell_starts
+    from dmimo_jax.pipeline.tiled_screen import TiledCellTable
+
+    tiling = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=12)
+    scenes = [tiles.tile_scene(SCENE, tiling, t) for t in range(2)]
+    tables = [cell_table(s, cell_grid(s, 0.5), spacing=0.1) for s in scenes]
+    one = TiledCellTable.of(tables)
+    per_tile = tables[0].cells.num_cells
+    assert one.num_tiles == 2 and one.cells.num_cells == 2 * per_tile and one.num_aps == 12
+    cells = np.array([[0, 3], [per_tile - 1, 1]])
+    for t in range(2):
+        np.testing.assert_array_equal(one.rows(cells + t * per_tile), tables[t].rows(cells))
+        np.testing.assert_array_equal(
+            one.cells.corner(cells + t * per_tile), tables[t].cells.corner(cells)
+        )
+    np.testing.assert_array_equal(one.offsets, tables[0].offsets)
+    # 6 snapshots in each tile, each naming 3 of its tile's cells (its true one first)
+    labs = [dj.measure.labeled_snapshots(jax.random.key(t), s, 6) for t, s in enumerate(scenes)]
+    x = np.concatenate([np.asarray(lab.x) for lab in labs])
+    r = np.concatenate([np.asarray(lab.r) for lab in labs])
+    own = np.stack(
+        [np.asarray(tables[t].cells.index(x[i])) for i, t in enumerate([0] * 6 + [1] * 6)]
+    )
+    named = np.stack([own, (own + 1) % per_tile, (own + 5) % per_tile], axis=1).astype(np.int32)
+    probs = np.tile(np.array([0.6, 0.3, 0.05], np.float32), (12, 1))
+    settings = ScreenSettings(1, 0.999, 0.5, 4, 2)
+    shift = np.repeat([0, per_tile], 6)[:, None]
+    for by_cell in (True, False):
+        together, _, unsure, _ = cell_starts(r, named + shift, probs, one, settings, by_cell)
+        for t in range(2):
+            rows = slice(6 * t, 6 * t + 6)
+            alone, *_ = cell_starts(r[rows], named[rows], probs[rows], tables[t], settings, by_cell)
+            np.testing.assert_allclose(together[rows], alone, atol=1e-12)
+        assert not np.any(unsure)
+    with pytest.raises(ValueError, match="tables must share"):
+        TiledCellTable.of(
+            [tables[0], cell_table(scenes[1], cell_grid(scenes[1], 1.0), spacing=0.1)]
+        )

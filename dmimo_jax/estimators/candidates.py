@@ -156,13 +156,20 @@ class CellTable:
     def rows(self, cell: Array) -> Array:
         """The phasor rows (..., P, 2M) of the points of cells ``cell`` (...,), in the
         order of :attr:`offsets` (a gather from the shared table; traced)."""
-        n, m = self.points_per_side, self.per_edge
-        shape = self.table.grid.shape
-        i, j, k = jnp.unravel_index(jnp.asarray(cell, jnp.int32), self.cells.shape)
-        first = ((i * shape[1] + j) * shape[2] + k) * m  # its first point, flat
-        a, b, c = np.unravel_index(np.arange(n**3), (n, n, n))
-        block = jnp.asarray((a * shape[1] + b) * shape[2] + c, jnp.int32)  # (P,) static
-        return self.table.data[first[..., None] + block.reshape((1,) * first.ndim + (-1,))]
+        index = cell_points(cell, self.cells.shape, self.table.grid.shape, self.per_edge)
+        return self.table.data[index]
+
+
+def cell_points(cell: Array, cells: tuple, grid: tuple, per_edge: int) -> Array:
+    """The flat indices (..., P) into a table of grid shape ``grid`` of the points of cells
+    ``cell`` (...,) of a cell grid of shape ``cells`` with ``per_edge`` spacings per cell
+    edge (:class:`CellTable`'s layout), in the order of :attr:`CellTable.offsets`; traced."""
+    n = per_edge + 2
+    i, j, k = jnp.unravel_index(jnp.asarray(cell, jnp.int32), cells)
+    first = ((i * grid[1] + j) * grid[2] + k) * per_edge  # its first point, flat
+    a, b, c = np.unravel_index(np.arange(n**3), (n, n, n))
+    block = jnp.asarray((a * grid[1] + b) * grid[2] + c, jnp.int32)  # (P,) static
+    return first[..., None] + block.reshape((1,) * first.ndim + (-1,))
 
 
 def cell_table(

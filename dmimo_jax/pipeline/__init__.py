@@ -36,7 +36,8 @@ Modules: :mod:`~dmimo_jax.pipeline.offline` (steps 1-4), :mod:`~dmimo_jax.pipeli
 program), :mod:`~dmimo_jax.pipeline.stages` (its coarse stages as pytrees),
 :mod:`~dmimo_jax.pipeline.cache` (where the offline work is kept and the key that names it),
 :mod:`~dmimo_jax.pipeline.tiled` (a building located tile by tile: :func:`run_offline_tiled`,
-:class:`TiledLocator`).
+:class:`TiledLocator`), :mod:`~dmimo_jax.pipeline.tiled_screen` (one screen for the rows
+of every tile).
 """
 
 from dmimo_jax.estimators.rows import bucket_size
@@ -56,7 +57,6 @@ from dmimo_jax.pipeline.cache import (
 )
 from dmimo_jax.pipeline.export import ExportedLocator, export_locator, load_locator, sharded
 from dmimo_jax.pipeline.heal import HealReport
-from dmimo_jax.pipeline.locator import LocatorResult
 from dmimo_jax.pipeline.offline import (
     KINDS,
     Offline,
@@ -78,7 +78,7 @@ from dmimo_jax.pipeline.online import (
     coarse_estimate,
     locate,
 )
-from dmimo_jax.pipeline.rescues import Status
+from dmimo_jax.pipeline.rescues import LocatorResult, Status
 from dmimo_jax.pipeline.settings import LocatorSettings
 from dmimo_jax.pipeline.stages import CellStage, WindowScreen, WindowStage
 from dmimo_jax.pipeline.tiled import (
@@ -90,6 +90,7 @@ from dmimo_jax.pipeline.tiled import (
     tile_grid,
     tile_offlines,
 )
+from dmimo_jax.pipeline.tiled_screen import TiledCells, TiledCellTable, tile_results
 
 # isort: split
 # At the top of the package (their home is `dmimo_jax`, e.g. `dj.window_search`): kept here so the
@@ -107,6 +108,9 @@ __all__ = [
     "run_offline_tiled",
     "tile_grid",
     "tile_offlines",
+    "TiledCellTable",
+    "TiledCells",
+    "tile_results",
     "train_cell_classifier",
     "train_cell_classifiers",
     "offline_folder",

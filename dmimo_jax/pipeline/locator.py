@@ -44,6 +44,7 @@ from dmimo_jax.pipeline.online import CandidateScreen
 from dmimo_jax.pipeline.rescues import (
     DEFAULT_RESCUES,
     Answer,
+    LocatorResult,
     RegionSearch,
     Status,
     final_status,
@@ -59,59 +60,6 @@ from dmimo_jax.pipeline.stages import (
     window_box,
 )
 from dmimo_jax.pytree import pytree_dataclass, static_field
-
-
-class LocatorResult(NamedTuple):
-    """Output of :class:`Locator` (leading batch axis B; none for one (M,) snapshot).
-
-    ``status`` is the outcome (:class:`~dmimo_jax.pipeline.rescues.Status`); the booleans
-    ``rejected``, ``overflow``, ``recovered``, ``fallback`` and ``accepted`` are views of it.
-    """
-
-    x: Array
-    """(B, 3) the fine estimates, m."""
-    coarse: Array
-    """(B, 3) the coarse position (for cells: the most likely cell's centre)."""
-    screened: Array
-    """(B, 3) the screen's refined best point."""
-    cost: Array
-    """(B,) ML cost (eq. 17) of ``x`` under the fine model, over the APs left."""
-    cpo: Array
-    """(B,) CPO estimate at ``x``."""
-    excluded: Array
-    """(B, M) bool: the APs left out as faulty (their phases contradict the rest)."""
-    status: Array
-    """(B,) int32 Status: located, excluded, recovered, unverified, rejected, overflow."""
-    unsure: Array
-    """(B,) bool: the coarse stage was unsure, so the whole region was searched."""
-
-    @property
-    def rejected(self) -> Array:
-        """(B,) bool: no rescue brought the answer under the cost gate (or it is not finite)."""
-        return self.status == Status.REJECTED
-
-    @property
-    def overflow(self) -> Array:
-        """(B,) bool: a rescue had no room for the row in the program (traced calls only)."""
-        return self.status == Status.OVERFLOW
-
-    @property
-    def recovered(self) -> Array:
-        """(B,) bool: a rescue's search (the whole region, a dense window) gave the answer."""
-        return self.status == Status.RECOVERED
-
-    @property
-    def fallback(self) -> Array:
-        """(B,) bool: the whole region was searched (the coarse stage was unsure, or a
-        rescue's search gave the answer)."""
-        return self.unsure | self.recovered
-
-    @property
-    def accepted(self) -> Array:
-        """(B,) bool: the answer passes the cost gate with at least one redundant AP
-        (located, excluded or recovered)."""
-        return self.status <= Status.RECOVERED
-
 
 # ----------------------------------------------------------------------------- the Locator
 
@@ -357,12 +305,27 @@ class Locator:
         r = self.corrected(r)  # healed offsets (:meth:`heal`); 0: untouched
         coarse = self.stage.coarse(self, r)
         starts, unsure = self.stage.starts(self, r, coarse)
+        return self.from_starts(r, self.stage.position(coarse), starts, unsure, capacity, count)
+
+    def from_starts(
+        self,
+        r: Array,
+        position: Array,
+        starts: Array,
+        unsure: Array,
+        capacity: int,
+        count: Array | None = None,
+    ) -> LocatorResult:
+        """:meth:`program` after its screen: ``r`` (B, M) the corrected snapshots,
+        ``position`` (B, 3) the coarse stage's, ``starts`` (B, num_starts, 3) and ``unsure``
+        (B,) the screen's (``self.stage.starts``); the first answer, then the cost gate.
+        Traced. A tiled building screens the rows of every tile in one search
+        (:mod:`~dmimo_jax.pipeline.tiled_screen`) and runs each tile's rest here."""
         screened, fine = self.first_answer(r, starts)
         count = jnp.int32(r.shape[0]) if count is None else count
         answer = Answer(screened, fine, jnp.zeros(r.shape, bool))
         state = run_gate(self, r, initial_state(self, answer, unsure, count), capacity)
         a, status = state.answer, final_status(self, state)
-        position = self.stage.position(coarse)
         fine = a.fine
         return LocatorResult(fine.x, position, a.screened, fine.cost, fine.cpo, a.excluded,
                              status, unsure)  # fmt: skip

@@ -270,14 +270,22 @@ def cell_screen(
 
 
 def cell_starts(
-    r: Array, cells: Array, probs: Array, table: CellTable, settings: ScreenSettings
+    r: Array,
+    cells: Array,
+    probs: Array,
+    table: CellTable,
+    settings: ScreenSettings,
+    by_cell: bool | None = None,
 ) -> tuple[Array, Array, Array, Array]:
     """The starts of :func:`cell_screen` before their refinement, traced and unchecked:
     ``(starts, narrow, fallback, mass)``, the (B, num_starts, 3) most coherent points of
     each row's screened cells (its first ``first_cells`` when they hold ``first_mass``,
     all K when they hold ``min_mass``; the unsure rows, ``fallback``, screen none and their
     starts are meaningless), whether a row screened only its first cells, whether it is
-    unsure, and the probability mass of its K cells (B,)."""
+    unsure, and the probability mass of its K cells (B,). ``by_cell`` (static) screens cell
+    by cell or row by row (default: cell by cell for at least :data:`BY_CELL_BATCH` rows);
+    ``table`` may be a :class:`~dmimo_jax.pipeline.tiled_screen.TiledCellTable` (every
+    tile's cells, one screen for the rows of all of them)."""
     first_cells, first_mass, min_mass, num_starts, _ = settings
     num_cells = cells.shape[1]
     p = probs.astype(r.dtype)
@@ -285,7 +293,7 @@ def cell_starts(
     fallback = ~(mass >= min_mass)
     narrow = ~fallback & (p[:, :first_cells].sum(axis=-1) >= first_mass)
     count = jnp.where(fallback, 0, jnp.where(narrow, first_cells, num_cells))
-    by_cell = r.shape[0] >= BY_CELL_BATCH
+    by_cell = r.shape[0] >= BY_CELL_BATCH if by_cell is None else by_cell
     tiers = (first_cells, num_cells)
     starts = tiered_candidate_starts(r, table, cells, count, num_starts, by_cell, tiers)
     return starts, narrow, fallback, mass

@@ -81,6 +81,58 @@ class Status(enum.IntEnum):
     OVERFLOW = 5  # a rescue had no room for this row in the program (the call re-runs it)
 
 
+class LocatorResult(NamedTuple):
+    """Output of :class:`Locator` (leading batch axis B; none for one (M,) snapshot).
+
+    ``status`` is the outcome (:class:`~dmimo_jax.pipeline.rescues.Status`); the booleans
+    ``rejected``, ``overflow``, ``recovered``, ``fallback`` and ``accepted`` are views of it.
+    """
+
+    x: Array
+    """(B, 3) the fine estimates, m."""
+    coarse: Array
+    """(B, 3) the coarse position (for cells: the most likely cell's centre)."""
+    screened: Array
+    """(B, 3) the screen's refined best point."""
+    cost: Array
+    """(B,) ML cost (eq. 17) of ``x`` under the fine model, over the APs left."""
+    cpo: Array
+    """(B,) CPO estimate at ``x``."""
+    excluded: Array
+    """(B, M) bool: the APs left out as faulty (their phases contradict the rest)."""
+    status: Array
+    """(B,) int32 Status: located, excluded, recovered, unverified, rejected, overflow."""
+    unsure: Array
+    """(B,) bool: the coarse stage was unsure, so the whole region was searched."""
+
+    @property
+    def rejected(self) -> Array:
+        """(B,) bool: no rescue brought the answer under the cost gate (or it is not finite)."""
+        return self.status == Status.REJECTED
+
+    @property
+    def overflow(self) -> Array:
+        """(B,) bool: a rescue had no room for the row in the program (traced calls only)."""
+        return self.status == Status.OVERFLOW
+
+    @property
+    def recovered(self) -> Array:
+        """(B,) bool: a rescue's search (the whole region, a dense window) gave the answer."""
+        return self.status == Status.RECOVERED
+
+    @property
+    def fallback(self) -> Array:
+        """(B,) bool: the whole region was searched (the coarse stage was unsure, or a
+        rescue's search gave the answer)."""
+        return self.unsure | self.recovered
+
+    @property
+    def accepted(self) -> Array:
+        """(B,) bool: the answer passes the cost gate with at least one redundant AP
+        (located, excluded or recovered)."""
+        return self.status <= Status.RECOVERED
+
+
 class Answer(NamedTuple):
     """The gate's answers (leading batch axis B): what a rescue reads and replaces."""
 

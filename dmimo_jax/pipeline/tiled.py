@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -64,6 +65,7 @@ from dmimo_jax.pipeline.offline import (
 from dmimo_jax.pipeline.rescues import Status
 from dmimo_jax.pipeline.settings import checked_settings
 from dmimo_jax.pipeline.stages import Network
+from dmimo_jax.pipeline.tiled_screen import TiledCellTable, tile_results
 from dmimo_jax.scene import Scene
 from dmimo_jax.tiles import TileModels, Tiling, tile_scene
 
@@ -346,6 +348,10 @@ class TiledLocator:
     of freedom) ``1 - ring_risk`` quantile in the tile's own information
     (:func:`~dmimo_jax.bounds.move_statistic_unchecked` under the ring's GP over the tile's
     K APs): a larger move is the far APs' model pulling the answer, not information."""
+    screen: TiledCellTable | None = None
+    """Every tile's cell table as one (:class:`~dmimo_jax.pipeline.tiled_screen.TiledCellTable`,
+    a second copy of the tiles' tables): the first pass screens the rows of all tiles in one
+    search (:func:`~dmimo_jax.pipeline.tiled_screen.tile_results`); None: tile by tile."""
 
     def __post_init__(self) -> None:
         """The settings checked however the Locator is built (:meth:`from_offline`, the
@@ -353,6 +359,11 @@ class TiledLocator:
         _check_settings(len(self.locators), self.tries, self.ring_steps, self.ring_risk)
         if (self.ring is None) != (self.ring_aps is None):
             raise ValueError("ring and ring_aps must be given together (or neither)")
+        if self.screen is not None and self.screen.num_tiles != len(self.locators):
+            raise ValueError(
+                f"screen must hold the cell tables of the {len(self.locators)} tiles, "
+                f"got {self.screen.num_tiles}"
+            )
 
     @classmethod
     def from_offline(
@@ -363,13 +374,16 @@ class TiledLocator:
         ring: tuple[Tiling, TileModels] | None = None,
         ring_steps: int = 10,
         ring_risk: float = 1e-3,
+        shared_screen: bool = False,
         **settings: Any,
     ) -> TiledLocator:
         """Every tile's :meth:`Locator.from_offline` (``settings`` passed to each) and the
         tile classifier of ``tiled``; with ``ring``, a tiling of the same tiles with more APs
         each (``tile_aps(scene, size, rule="nearest", num_aps=R)``, R >= K) and its
         :func:`~dmimo_jax.tiles.fit_tiles`: the answers are refined on the ring
-        (:meth:`__call__`).
+        (:meth:`__call__`); ``shared_screen`` (with more than one tile): the first pass
+        screens every tile's rows as one (:attr:`screen`: less time per snapshot in large
+        batches, a second copy of the tiles' tables; docs/locality_measurements.md).
 
         Raises:
             ValueError: ``tiled`` not :func:`run_offline_tiled`'s, ``tries`` out of
@@ -409,8 +423,11 @@ class TiledLocator:
             )
         quick = tuple(loc.replace(rescues=()) for loc in locators)
         aps = np.asarray(tiled.tiling.aps)
+        screen = None
+        if shared_screen and len(quick) > 1:
+            screen = TiledCellTable.of([loc.stage.cell_table(loc) for loc in quick])
         return cls(tiled.classifier, tuple(locators), quick, aps, tiled.tile_of, tries,
-                   ring_models, ring_aps, ring_steps, ring_risk)  # fmt: skip
+                   ring_models, ring_aps, ring_steps, ring_risk, screen)  # fmt: skip
 
     @property
     def num_aps(self) -> int:
@@ -444,9 +461,8 @@ class TiledLocator:
         pending = np.ones(b, bool)
         for locators in (self.quick, self.locators):
             for k in range(self.tries):
-                for t in np.unique(ranked[pending, k]):
-                    rows = np.flatnonzero(pending & (ranked[:, k] == t))
-                    out = self._tile_call(locators[t], r[np.ix_(rows, self.aps[t])])
+                tried = np.flatnonzero(pending)
+                for t, rows, out in self._results(locators, r, tried, ranked[tried, k]):
                     ok = ~np.asarray(out.rejected)
                     # a passing answer is kept; else the first tile's with its rescues
                     keep = ok | ((locators is self.locators) & (k == 0))
@@ -491,6 +507,22 @@ class TiledLocator:
                 x, cost = np.asarray(fit.x)[: part.size], np.asarray(fit.cost)[: part.size]
                 keep = np.isfinite(cost) & (cost <= limit) & (move <= agree)
                 answer["x"][part[keep]] = x[keep]
+
+    def _results(
+        self, locators: tuple[Locator, ...], r: np.ndarray, rows: np.ndarray, tiles: np.ndarray
+    ) -> Iterator[tuple[int, np.ndarray, Any]]:
+        """``(t, its rows, its result)`` of each tile of ``tiles`` (n,) on its ``rows`` (n,)
+        of ``r``: the first pass (``quick``) in one screen where :attr:`screen` is set, else
+        tile by tile."""
+        if locators is self.quick and self.screen is not None:
+            if rows.size:
+                own = np.take_along_axis(r[rows], self.aps[tiles], axis=1)
+                for t, i, out in tile_results(self.quick, self.screen, own, tiles):
+                    yield t, rows[i], out
+            return
+        for t in np.unique(tiles):
+            mine = rows[tiles == t]
+            yield t, mine, self._tile_call(locators[t], r[np.ix_(mine, self.aps[t])])
 
     @staticmethod
     def _tile_call(loc: Locator, r: np.ndarray) -> Any:
