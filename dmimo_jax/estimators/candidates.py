@@ -38,8 +38,9 @@ from dmimo_jax._checks import (
 from dmimo_jax.estimators.grid import Grid, PhasorTable, phasor_table
 from dmimo_jax.estimators.mle import check_num_steps, refine_multistart_unchecked
 from dmimo_jax.estimators.phasors import (
+    CellPoints,
+    cell_points,
     coherence_weights,
-    cube_offsets,
     squared_coherence,
 )
 from dmimo_jax.estimators.rows import bucket_size
@@ -102,7 +103,7 @@ def cell_grid(scene: Scene | PhaseModel, cell_size: float = 1.0) -> CellGrid:
 
 
 @pytree_dataclass
-class CellTable:
+class CellTable(CellPoints):
     """Model phasors of every cell, read from one phasor table of a grid aligned with the
     cells (:func:`cell_table`), so the cell screen and the whole-region screen share one
     table.
@@ -131,45 +132,20 @@ class CellTable:
         return self.table.num_aps
 
     @property
-    def points_per_side(self) -> int:
-        """n of the n x n x n points of each cell."""
-        return self.per_edge + 2
-
-    @property
-    def points_per_cell(self) -> int:
-        """Points per cell, n**3."""
-        return self.points_per_side**3
-
-    @property
     def spacing(self) -> float:
         """The points' spacing, m (the cell edge over ``per_edge``)."""
         return self.table.grid.spacing
 
     @property
-    def offsets(self) -> Array:
-        """(P, 3) the points' offsets from a cell's lower corner, m, C order."""
-        s = self.spacing
-        return jnp.asarray(
-            cube_offsets(s * (np.arange(self.points_per_side) - 0.5)), self.cells.low.dtype
-        )
+    def corner_dtype(self) -> Any:
+        """The dtype of the cells' corners (and of :attr:`offsets`)."""
+        return self.cells.low.dtype
 
     def rows(self, cell: Array) -> Array:
         """The phasor rows (..., P, 2M) of the points of cells ``cell`` (...,), in the
         order of :attr:`offsets` (a gather from the shared table; traced)."""
         index = cell_points(cell, self.cells.shape, self.table.grid.shape, self.per_edge)
         return self.table.data[index]
-
-
-def cell_points(cell: Array, cells: tuple, grid: tuple, per_edge: int) -> Array:
-    """The flat indices (..., P) into a table of grid shape ``grid`` of the points of cells
-    ``cell`` (...,) of a cell grid of shape ``cells`` with ``per_edge`` spacings per cell
-    edge (:class:`CellTable`'s layout), in the order of :attr:`CellTable.offsets`; traced."""
-    n = per_edge + 2
-    i, j, k = jnp.unravel_index(jnp.asarray(cell, jnp.int32), cells)
-    first = ((i * grid[1] + j) * grid[2] + k) * per_edge  # its first point, flat
-    a, b, c = np.unravel_index(np.arange(n**3), (n, n, n))
-    block = jnp.asarray((a * grid[1] + b) * grid[2] + c, jnp.int32)  # (P,) static
-    return first[..., None] + block.reshape((1,) * first.ndim + (-1,))
 
 
 def cell_table(

@@ -9,7 +9,9 @@ The model's phasors are stored once as float32 rows :math:`[\cos\theta, \sin\the
 (2M); a snapshot becomes the real 2M x 2 matrix
 :math:`[[\cos r, \sin r], [\sin r, -\cos r]]`, whose product with a row is the real and
 imaginary part of :math:`\sum_m e^{j r_m} e^{-j\theta_m}`. Unchecked, traceable helpers:
-the public searches validate their inputs and call these.
+the public searches validate their inputs and call these. The points of a cell table's
+cells are laid out here too (:class:`CellPoints`, :func:`cell_points`): the cell screens
+read one table or the tiles' joined tables by them.
 """
 
 from __future__ import annotations
@@ -51,3 +53,36 @@ def cube_offsets(axis: ArrayLike) -> np.ndarray:
     """All (n^3, 3) offsets of a cube whose points along each axis are ``axis`` (n,), C order."""
     axis = np.asarray(axis, float)
     return np.stack(np.meshgrid(axis, axis, axis, indexing="ij"), axis=-1).reshape(-1, 3)
+
+
+def cell_points(cell: Array, cells: tuple, grid: tuple, per_edge: int) -> Array:
+    """The flat indices (..., P) into a table of grid shape ``grid`` of the points of cells
+    ``cell`` (...,) of a cell grid of shape ``cells`` with ``per_edge`` spacings per cell
+    edge (:class:`CellTable`'s layout), in the order of :attr:`CellTable.offsets`; traced."""
+    n = per_edge + 2
+    i, j, k = jnp.unravel_index(jnp.asarray(cell, jnp.int32), cells)
+    first = ((i * grid[1] + j) * grid[2] + k) * per_edge  # its first point, flat
+    a, b, c = np.unravel_index(np.arange(n**3), (n, n, n))
+    block = jnp.asarray((a * grid[1] + b) * grid[2] + c, jnp.int32)  # (P,) static
+    return first[..., None] + block.reshape((1,) * first.ndim + (-1,))
+
+
+class CellPoints:
+    """The points of a cell table's cells (an n x n x n block a cell, n = ``per_edge`` + 2,
+    ``spacing`` apart), from a class's ``per_edge``, ``spacing`` and ``corner_dtype``."""
+
+    @property
+    def points_per_side(self) -> int:
+        """n of the n x n x n points of each cell."""
+        return self.per_edge + 2
+
+    @property
+    def points_per_cell(self) -> int:
+        """Points per cell, n**3."""
+        return self.points_per_side**3
+
+    @property
+    def offsets(self) -> Array:
+        """(P, 3) the points' offsets from a cell's lower corner, m, C order."""
+        axis = self.spacing * (np.arange(self.points_per_side) - 0.5)
+        return jnp.asarray(cube_offsets(axis), self.corner_dtype)

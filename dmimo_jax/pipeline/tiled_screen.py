@@ -24,8 +24,7 @@ import numpy as np
 from jax import Array
 
 from dmimo_jax.estimators import CellGrid, CellTable
-from dmimo_jax.estimators.candidates import cell_points
-from dmimo_jax.estimators.phasors import cube_offsets
+from dmimo_jax.estimators.phasors import CellPoints, cell_points
 from dmimo_jax.pipeline.batches import bucket_for, padded_parts, program_jit, snug_parts
 from dmimo_jax.pipeline.locator import Locator, LocatorResult
 from dmimo_jax.pipeline.online import BY_CELL_BATCH, ScreenSettings, cell_starts
@@ -62,7 +61,7 @@ class TiledCells:
 
 
 @pytree_dataclass
-class TiledCellTable:
+class TiledCellTable(CellPoints):
     """Every tile's :class:`~dmimo_jax.estimators.CellTable` as one (:meth:`of`): what the
     candidate screen reads (:attr:`rows` of global cells, their :attr:`cells`' corners,
     the points' :attr:`offsets`), so one screen serves the rows of every tile, each row's
@@ -111,18 +110,9 @@ class TiledCellTable:
         return self.data.shape[1] // 2
 
     @property
-    def points_per_side(self) -> int:
-        return self.per_edge + 2
-
-    @property
-    def points_per_cell(self) -> int:
-        return self.points_per_side**3
-
-    @property
-    def offsets(self) -> Array:
-        """(P, 3) the points' offsets from a cell's lower corner (:attr:`CellTable.offsets`)."""
-        axis = self.spacing * (np.arange(self.points_per_side) - 0.5)
-        return jnp.asarray(cube_offsets(axis), self.cells.lows.dtype)
+    def corner_dtype(self) -> Any:
+        """The dtype of the cells' corners (and of :attr:`offsets`)."""
+        return self.cells.lows.dtype
 
     def rows(self, cell: Array) -> Array:
         """The phasor rows (..., P, 2K) of global cells ``cell`` (...,) (traced)."""
