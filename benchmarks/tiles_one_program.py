@@ -8,7 +8,8 @@ shape, so their Locators stack into one pytree (leaves with a leading tile axis)
 program could serve the whole batch. On the hall of ``benchmarks/tiled_locator.py`` (its
 options, its cache), per batch of the test snapshots repeated, ms per snapshot of:
 
-* ``tile by tile``: each tile's rows in its own call (what the package runs);
+* ``tile by tile``: each tile's rows in its own call (what the package ran before the shared
+  screen, and runs with ``shared_screen=False``);
 * ``all tiles``: ``jax.vmap(Locator.program)`` over the stacked Locators, each tile's rows
   padded to the most any tile has (a power of 2); its answers' largest difference from tile
   by tile is printed (the same computation);

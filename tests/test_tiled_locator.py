@@ -156,7 +156,7 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
     gate rejects every row it cannot reach, by the gate alone and then with its rescues (its
     search holds no position that explains the phases), and the next tile answers, as the
     right map would; with one try those rows stay rejected. Screening the rows of both
-    tiles as one (``shared_screen``) changes no answer. A UE within a quarter
+    tiles as one (the default, ``shared_screen``) or tile by tile changes no answer. A UE within a quarter
     wavelength of the wrong tile (its table's points reach past its faces, the refinement
     further) may be answered there: rightly, at its bound."""
     off, loc = building
@@ -178,12 +178,12 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
     near_answer = ~far & (second.rank == 0)
     err = np.linalg.norm(np.asarray(second.x) - x, axis=1)
     assert np.all(err[near_answer] < 1e-4)  # a few PEB: the right position, from next door
-    # the first pass screening the rows of both tiles as one: the same answers
+    # the first pass tile by tile (shared_screen=False) against the shared screen: the same
+    apart = tiled.TiledLocator.from_offline(off, shared_screen=False, **LOCATOR_LIGHT)
+    assert loc.screen is not None and apart.screen is None
     for tiles_of in (loc.tile_of, swapped.tile_of):
-        shared = tiled.TiledLocator.from_offline(off, shared_screen=True, **LOCATOR_LIGHT)
-        shared = dataclasses.replace(shared, tile_of=tiles_of)
-        plain, one = dataclasses.replace(loc, tile_of=tiles_of)(r), shared(r)
-        assert shared.screen is not None and loc.screen is None
+        one = dataclasses.replace(loc, tile_of=tiles_of)(r)
+        plain = dataclasses.replace(apart, tile_of=tiles_of)(r)
         for field in ("tile", "rank", "status", "excluded"):
             np.testing.assert_array_equal(np.asarray(getattr(one, field)),
                                           np.asarray(getattr(plain, field)))  # fmt: skip
@@ -193,7 +193,7 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
     # own Locator's, every field
     ranked = loc.ranked_tiles(r)[:, 0]
     own = np.take_along_axis(r, loc.aps[ranked], axis=1)
-    for t, rows, out in tile_results(shared.quick, shared.screen, own, ranked):
+    for t, rows, out in tile_results(loc.quick, loc.screen, own, ranked):
         alone = loc.quick[t](own[rows])
         assert rows.size and np.all(ranked[rows] == t)
         for field, a in zip(out._fields, out, strict=True):

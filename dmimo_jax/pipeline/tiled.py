@@ -349,8 +349,8 @@ class TiledLocator:
     (:func:`~dmimo_jax.bounds.move_statistic_unchecked` under the ring's GP over the tile's
     K APs): a larger move is the far APs' model pulling the answer, not information."""
     screen: TiledCellTable | None = None
-    """Every tile's cell table as one (:class:`~dmimo_jax.pipeline.tiled_screen.TiledCellTable`,
-    a second copy of the tiles' tables): the first pass screens the rows of all tiles in one
+    """Every tile's cell table as one (:class:`~dmimo_jax.pipeline.tiled_screen.TiledCellTable`:
+    the tiles' own arrays, no copy): the first pass screens the rows of all tiles in one
     search (:func:`~dmimo_jax.pipeline.tiled_screen.tile_results`); None: tile by tile."""
 
     def __post_init__(self) -> None:
@@ -374,7 +374,7 @@ class TiledLocator:
         ring: tuple[Tiling, TileModels] | None = None,
         ring_steps: int = 10,
         ring_risk: float = 1e-3,
-        shared_screen: bool = False,
+        shared_screen: bool = True,
         **settings: Any,
     ) -> TiledLocator:
         """Every tile's :meth:`Locator.from_offline` (``settings`` passed to each) and the
@@ -382,8 +382,8 @@ class TiledLocator:
         each (``tile_aps(scene, size, rule="nearest", num_aps=R)``, R >= K) and its
         :func:`~dmimo_jax.tiles.fit_tiles`: the answers are refined on the ring
         (:meth:`__call__`); ``shared_screen`` (with more than one tile): the first pass
-        screens every tile's rows as one (:attr:`screen`: less time per snapshot in large
-        batches, a second copy of the tiles' tables; docs/locality_measurements.md).
+        screens every tile's rows as one (:attr:`screen`; False: tile by tile, the same
+        answers).
 
         Raises:
             ValueError: ``tiled`` not :func:`run_offline_tiled`'s, ``tries`` out of

@@ -65,11 +65,12 @@ class TiledCellTable(CellPoints):
     """Every tile's :class:`~dmimo_jax.estimators.CellTable` as one (:meth:`of`): what the
     candidate screen reads (:attr:`rows` of global cells, their :attr:`cells`' corners,
     the points' :attr:`offsets`), so one screen serves the rows of every tile, each row's
-    phases in its tile's AP order against its tile's cells."""
+    phases in its tile's AP order against its tile's cells. It holds the tiles' own table
+    arrays (no copy): a gather of rows picks its tile's array (``lax.switch``)."""
 
     cells: TiledCells
-    data: Array
-    """(T * N, 2K) float32: tile t's table rows from ``t * N`` (N rows a tile)."""
+    data: tuple[Array, ...]
+    """Each tile's (N, 2K) float32 table rows (its :class:`CellTable`'s ``table.data``)."""
     grid_shape: tuple[int, int, int] = static_field()
     """The shape of each tile's table grid."""
     per_edge: int = static_field()
@@ -95,19 +96,19 @@ class TiledCellTable(CellPoints):
                 f"(one per tile of one size and K), got {len(kinds)} kinds"
             )
         lows = jnp.stack([t.cells.low for t in tables])
-        data = jnp.concatenate([t.table.data for t in tables])
+        data = tuple(t.table.data for t in tables)  # the tiles' arrays themselves
         return cls(TiledCells(first.cells, lows), data, first.table.grid.shape, first.per_edge,
                    first.table.grid.spacing)  # fmt: skip
 
     @property
     def num_tiles(self) -> int:
         """T."""
-        return self.cells.lows.shape[0]
+        return len(self.data)
 
     @property
     def num_aps(self) -> int:
         """K, the APs of each tile."""
-        return self.data.shape[1] // 2
+        return self.data[0].shape[1] // 2
 
     @property
     def corner_dtype(self) -> Any:
@@ -115,12 +116,14 @@ class TiledCellTable(CellPoints):
         return self.cells.lows.dtype
 
     def rows(self, cell: Array) -> Array:
-        """The phasor rows (..., P, 2K) of global cells ``cell`` (...,) (traced)."""
+        """The phasor rows (..., P, 2K) of global cells ``cell`` (...,), all of one tile
+        (what the screens ask: one row's cells, or one cell; the first cell's tile is
+        read); traced."""
         cell = jnp.asarray(cell, jnp.int32)
-        per_tile, n = self.cells.per_tile, self.data.shape[0] // self.num_tiles
-        index = cell_points(cell % per_tile, self.cells.grid.shape, self.grid_shape,
-                            self.per_edge)  # fmt: skip
-        return self.data[index + ((cell // per_tile) * n)[..., None]]
+        index = cell_points(cell % self.cells.per_tile, self.cells.grid.shape,
+                            self.grid_shape, self.per_edge)  # fmt: skip
+        tile = jnp.clip(cell.reshape(-1)[0] // self.cells.per_tile, 0, self.num_tiles - 1)
+        return jax.lax.switch(tile, [lambda i, d=d: d[i] for d in self.data], index)
 
 
 def tile_results(
