@@ -319,7 +319,8 @@ class TiledLocator:
        than the tile's own information allows (:attr:`ring_risk`).
 
     The grouping of rows by tile happens on the host, between calls of the programs that
-    every tile shares (one with rescues, one without, per batch size); call it on concrete
+    every tile shares (per batch size: the first pass's coarse stage, its one screen of
+    every tile's rows, its first answer; the Locator with its rescues); call it on concrete
     snapshots.
     """
 

@@ -209,3 +209,14 @@ def _starts(
 
 
 _from_starts = program_jit(Locator.from_starts, static_argnums=5)
+
+
+def compiled_programs() -> int:
+    """The programs the first pass's jits hold in this process (each tile's coarse stage,
+    the one screen, each tile's :meth:`~dmimo_jax.pipeline.Locator.from_starts`; per batch
+    size, shared by every tile; -1 where this JAX does not report them): with
+    :meth:`Locator.compiled_programs`, what a benchmark counts."""
+    sizes = [getattr(f, "_cache_size", None) for f in (_coarse, _starts)]
+    if None in sizes or _from_starts.cache_size() < 0:
+        return -1
+    return sum(int(size()) for size in sizes) + _from_starts.cache_size()
