@@ -153,8 +153,8 @@ def tile_results(
     for t, (rows, _) in coarse.items():
         loc = quick[t]
         outs = []
-        for start, n, size in _parts(rows.size):
-            i = rows[start : start + n]
+        for start, count, size in _parts(rows.size):
+            i = rows[start : start + count]
             args = (_pad(a[i], size) for a in (rc, position, starts, unsure))
             out = _from_starts(loc, *args, loc.capacity_for(size), np.int32(i.size))
             outs.append(jax.tree.map(lambda a, k=i.size: np.asarray(a)[:k], out))
