@@ -14,6 +14,7 @@ gate: :meth:`~dmimo_jax.pipeline.Locator.from_starts`), one call per tile on the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from functools import partial
 from typing import Any
@@ -55,9 +56,8 @@ class TiledCells:
         """The lower corners (..., 3) of global cells ``index`` (...,), as their tile's
         :meth:`~dmimo_jax.estimators.CellGrid.corner`."""
         index = jnp.asarray(index)
-        ijk = jnp.stack(jnp.unravel_index(index % self.per_tile, self.grid.shape), axis=-1)
-        low = self.lows[index // self.per_tile]
-        return low + ijk.astype(low.dtype) * self.grid.cell_size
+        grid = dataclasses.replace(self.grid, low=self.lows[index // self.per_tile])
+        return grid.corner(index % self.per_tile)
 
 
 @pytree_dataclass
@@ -155,7 +155,7 @@ def tile_results(
         outs = []
         for start, count, size in _parts(rows.size):
             i = rows[start : start + count]
-            args = (_pad(a[i], size) for a in (rc, position, starts, unsure))
+            args = (next(padded_parts(a[i], (size,)))[1] for a in (rc, position, starts, unsure))
             out = _from_starts(loc, *args, loc.capacity_for(size), np.int32(i.size))
             outs.append(jax.tree.map(lambda a, k=i.size: np.asarray(a)[:k], out))
         yield int(t), rows, jax.tree.map(lambda *a: np.concatenate(a), *outs)
@@ -169,12 +169,6 @@ def _parts(n: int) -> Iterator[tuple[int, int, int]]:
     for part in snug_parts(n):
         yield start, part, bucket_for(part)
         start += part
-
-
-def _pad(a: np.ndarray, size: int) -> np.ndarray:
-    """``a`` (n, ...) padded to ``size`` rows by repeats of its last."""
-    extra = size - a.shape[0]
-    return np.concatenate([a, np.repeat(a[-1:], extra, axis=0)]) if extra else a
 
 
 def _joined(n: int, parts: Any, fn: Any) -> Any:
