@@ -215,3 +215,22 @@ def test_flop_counts_paper_formula_and_xla():
     assert 4 <= per(table) < 20 and 50 < per(plain) < 500
     with pytest.raises(ValueError, match="method"):
         egs_flops_xla(SCENE, grid, method="magic")
+
+
+@pytest.mark.parametrize("k", [1, 5, 40])
+def test_running_top_k_over_chunks_is_a_stable_sort_of_every_point(k):
+    """scan_top_k: the top k of every chunk's scores, best first, equal scores in index
+    order (what a stable sort of all points gives), for k below and above the chunk size;
+    the points past ``size`` (the last chunk's padding) never appear."""
+    size, chunk, batch = 70, 16, 3
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 6, (batch, size)).astype(np.float32)  # many ties
+    padded = np.pad(scores, ((0, 0), (0, 5 * chunk - size)), constant_values=99.0)
+
+    def score_chunk(c, idx):
+        return jnp.asarray(padded)[:, c * chunk + jnp.arange(chunk)]
+
+    top, index = est.grid.scan_top_k(score_chunk, 0, 5, chunk, size, k, batch, jnp.float32)
+    want = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(np.asarray(index), want)
+    np.testing.assert_array_equal(np.asarray(top), np.take_along_axis(scores, want, axis=1))

@@ -175,7 +175,10 @@ def scan_top_k(score_chunk, first, num_chunks, chunk_size, size, k, batch, dtype
     """Running top-``k`` (B, k) scores and flat indices over chunks ``first + 0..num_chunks-1``.
 
     ``score_chunk(local_chunk, idx)`` scores the points ``idx`` (chunk,) of one chunk
-    (B, chunk); points past ``size`` score ``-inf``. Traceable (a ``lax.scan``).
+    (B, chunk); points past ``size`` score ``-inf``. Traceable (a ``lax.scan``). Each step
+    takes the top ``k`` of the running ``k`` and the chunk's scores in one ``top_k`` (the
+    carry first: equal scores keep the lower index, as a sort of all points would), not the
+    chunk's own top ``k`` and then a merge: the same answer, one partial sort fewer.
     """
 
     def body(carry, c):
@@ -183,10 +186,8 @@ def scan_top_k(score_chunk, first, num_chunks, chunk_size, size, k, batch, dtype
         valid = (idx < size)[None, :]
         scores = jnp.where(valid, score_chunk(c - first, jnp.minimum(idx, size - 1)), -jnp.inf)
         idx = jnp.broadcast_to(idx[None, :], scores.shape)
-        new = top_k(scores, idx, k)
-        return top_k(
-            jnp.concatenate([carry[0], new[0]], axis=1), jnp.concatenate([carry[1], new[1]], 1), k
-        ), None
+        both = jnp.concatenate([carry[0], scores], axis=1), jnp.concatenate([carry[1], idx], 1)
+        return top_k(*both, k), None
 
     init = (jnp.full((batch, k), -jnp.inf, dtype), jnp.zeros((batch, k), jnp.int32))
     chunks = first + jnp.arange(num_chunks, dtype=jnp.int32)
