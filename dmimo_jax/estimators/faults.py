@@ -142,7 +142,9 @@ def exclude_faults(
     return jax.lax.fori_loop(0, max(limit, 0), step, start)
 
 
-def trimmed_coherence(rows: Array, r: Array, drop: int, iterations: int = 2) -> Array:
+def trimmed_coherence(
+    rows: Array, r: Array, drop: int, iterations: int = 2, *, with_dropped: bool = False
+) -> Array | tuple[Array, Array]:
     r"""Coherence with the ``drop`` least coherent APs left out (beyond the paper), of
     snapshots ``r`` (B, M) against phasor rows ``rows`` (B, N, 2M) (``[cos, sin]`` of
     the model phases :math:`\theta_{nm}`, :func:`~dmimo_jax.estimators.phasors.phasor_rows`):
@@ -156,14 +158,17 @@ def trimmed_coherence(rows: Array, r: Array, drop: int, iterations: int = 2) -> 
     near 1 whatever the faulty ones do, so up to ``drop`` faulty APs cost it nothing,
     while the plain coherence :math:`|\sum_m z_m|^2/M^2` loses their share and a wrong
     lobe that happens to fit the faulty phases can outrank it. Traced, unchecked;
-    ``drop`` (at least 1, below M) and ``iterations`` (at least 1) static.
+    ``drop`` (at least 1, below M) and ``iterations`` (at least 1) static. Equal shares
+    drop in AP order (the lower index first). ``with_dropped``: also the (B, N, M) mask of
+    the APs the last iteration dropped.
 
     Raises:
         ValueError: ``drop`` or ``iterations`` out of range.
     """
     check_int("drop", drop, minimum=1, maximum=r.shape[-1] - 1)
     check_int("iterations", iterations, minimum=1)
-    return _trim(rows, r, drop, iterations)[0]
+    score, dropped = _trim(rows, r, drop, iterations)
+    return (score, dropped) if with_dropped else score
 
 
 def _trim(rows: Array, r: Array, drop: int, iterations: int = 2) -> tuple[Array, Array]:
@@ -178,10 +183,24 @@ def _trim(rows: Array, r: Array, drop: int, iterations: int = 2) -> tuple[Array,
         sre = jnp.sum(jnp.where(keep, re, 0.0), axis=-1, keepdims=True)
         sim = jnp.sum(jnp.where(keep, im, 0.0), axis=-1, keepdims=True)
         share = (re * sre + im * sim) / jnp.maximum(jnp.hypot(sre, sim), 1e-30)
-        neg, worst = jax.lax.top_k(-share, drop)  # (B, N, drop): the lowest shares first
-        keep = share > -neg[..., -1:]
+        low, worst = _lowest(share, drop)  # (B, N, drop): the lowest shares first
+        keep = share > low[..., -1:]
     dropped = jnp.any(worst[..., None] == jnp.arange(m)[None, None, None], axis=-2)
-    return (jnp.sum(share, axis=-1) + jnp.sum(neg, axis=-1)) / (m - drop), dropped
+    return (jnp.sum(share, axis=-1) + jnp.sum(-low, axis=-1)) / (m - drop), dropped
+
+
+def _lowest(x: Array, d: int) -> tuple[Array, Array]:
+    """The ``d`` smallest of ``x`` (..., M) along its last axis, smallest first, and their
+    indices (equal values in index order: ``lax.top_k`` of ``-x``), as ``d`` passes of
+    ``argmin`` (``d`` small and static: a pass is a reduction where a ``top_k`` sorts)."""
+    values, indices = [], []
+    place = jnp.arange(x.shape[-1]).reshape((1,) * (x.ndim - 1) + (-1,))
+    for _ in range(d):
+        j = jnp.argmin(x, axis=-1)
+        values.append(jnp.take_along_axis(x, j[..., None], axis=-1)[..., 0])
+        indices.append(j.astype(jnp.int32))
+        x = jnp.where(place == j[..., None], jnp.inf, x)
+    return jnp.stack(values, axis=-1), jnp.stack(indices, axis=-1)
 
 
 def still_out(x: Array, r: Array, model: PhaseModel, suspects: Array, gate: float) -> Array:
