@@ -195,3 +195,17 @@ def test_the_program_compiler_options_follow_jaxlib_and_change_no_answer():
     np.testing.assert_allclose(compiled(x), want, rtol=1e-14, atol=1e-15)
     with pytest.raises(TypeError):
         pipeline.PROGRAM_COMPILER_OPTIONS["xla_cpu_use_fusion_emitters"] = True  # read-only
+
+
+def test_jit_cache_size_counts_each_jits_programs_and_says_when_unknown():
+    """jit_cache_size: the programs of plain jits and ProgramJits summed (one per shape), -1
+    where one of them does not report its cache."""
+    f, g = jax.jit(lambda x: x + 1.0), pipeline.program_jit(lambda x: 2.0 * x)
+    if getattr(f, "_cache_size", None) is None:
+        pytest.skip("this JAX does not report a jit's cache")
+    for n in (2, 3):
+        f(jnp.zeros(n))
+    g(jnp.zeros(4))
+    assert pipeline.jit_cache_size(f) == 2
+    assert pipeline.jit_cache_size(f, g) == 2 + g.cache_size() and g.cache_size() >= 1
+    assert pipeline.jit_cache_size(f, object()) == -1

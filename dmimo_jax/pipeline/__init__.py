@@ -45,6 +45,7 @@ from dmimo_jax.pipeline.batches import (
     BUCKETS,
     PROGRAM_COMPILER_OPTIONS,
     bucket_for,
+    jit_cache_size,
     program_jit,
     snug_parts,
 )
@@ -139,6 +140,7 @@ __all__ = [
     "BUCKETS",
     "PROGRAM_COMPILER_OPTIONS",
     "program_jit",
+    "jit_cache_size",
     "bucket_for",
     "snug_parts",
     "Status",

@@ -67,10 +67,21 @@ class ProgramJit:
         return self.top.lower(*args)
 
     def cache_size(self) -> int:
-        """The programs its jits hold in this process (JAX's in-memory caches; -1 where
-        this JAX does not report them)."""
-        sizes = [getattr(f, "_cache_size", None) for f in {self.plain, self.top}]
-        return -1 if None in sizes else sum(int(size()) for size in sizes)
+        """The programs its jits hold in this process (:func:`jit_cache_size`)."""
+        return jit_cache_size(*{self.plain, self.top})
+
+
+def jit_cache_size(*jits: Any) -> int:
+    """The programs ``jax.jit`` functions ``jits`` (or :class:`ProgramJit` s) hold in this
+    process, summed (JAX's in-memory caches; -1 where this JAX does not report one)."""
+    sizes = []
+    for f in jits:
+        if isinstance(f, ProgramJit):
+            sizes.append(f.cache_size())
+        else:
+            size = getattr(f, "_cache_size", None)
+            sizes.append(-1 if size is None else int(size()))
+    return -1 if -1 in sizes else sum(sizes)
 
 
 def program_jit(fn: Callable, **jit_kwargs: Any) -> ProgramJit:

@@ -26,7 +26,13 @@ from jax import Array
 
 from dmimo_jax.estimators import CellGrid, CellTable
 from dmimo_jax.estimators.phasors import CellPoints, cell_points
-from dmimo_jax.pipeline.batches import bucket_for, padded_parts, program_jit, snug_parts
+from dmimo_jax.pipeline.batches import (
+    bucket_for,
+    jit_cache_size,
+    padded_parts,
+    program_jit,
+    snug_parts,
+)
 from dmimo_jax.pipeline.locator import Locator, LocatorResult
 from dmimo_jax.pipeline.online import BY_CELL_BATCH, ScreenSettings, cell_starts
 from dmimo_jax.pytree import pytree_dataclass, static_field
@@ -210,7 +216,4 @@ def compiled_programs() -> int:
     the one screen, each tile's :meth:`~dmimo_jax.pipeline.Locator.from_starts`; per batch
     size, shared by every tile; -1 where this JAX does not report them): with
     :meth:`Locator.compiled_programs`, what a benchmark counts."""
-    sizes = [getattr(f, "_cache_size", None) for f in (_coarse, _starts)]
-    if None in sizes or _from_starts.cache_size() < 0:
-        return -1
-    return sum(int(size()) for size in sizes) + _from_starts.cache_size()
+    return jit_cache_size(_coarse, _starts, _from_starts)
