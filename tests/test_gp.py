@@ -280,3 +280,41 @@ def test_nuts_posterior_runs_and_brackets_the_point_estimate():
     for v, p in zip(post.params, fit.params, strict=True):
         assert abs(float(jnp.median(v)) - float(p)) < 2.0
     assert float(jnp.max(jnp.abs(mix.mean(x0) - m.mean(x0)))) < 0.5
+
+
+@pytest.mark.parametrize("cubic", [True, False])
+def test_interpolation_derivatives_are_the_interpolants_own(cubic):
+    """The table interpolation's derivatives (written out, not derived node by node): its
+    Jacobian in the query point equals central differences of its values, reverse mode
+    equals forward mode, it is linear in the table (its gradient there is the weights), and
+    the cubic one's Hessian equals differences of its Jacobian; outside the table (clamped)
+    the derivative along that axis is zero."""
+    rng = np.random.default_rng(3)
+    values = jnp.asarray(rng.normal(size=(20, 12)))
+    lower, step = jnp.array([-0.3, 0.2]), jnp.array([0.05, 0.1])
+    f = jnp.asarray(rng.uniform([-0.25, 0.25], [0.6, 1.2], size=(40, 2)))
+    interp = lambda v, q: gp.interpolate(v, lower, step, q, cubic=cubic)  # noqa: E731
+    jac = jax.vmap(jax.jacfwd(lambda q: interp(values, q)))(f)
+    h = 1e-6
+    for axis in range(2):
+        e = jnp.zeros((1, 2)).at[0, axis].set(h)
+        diff = (interp(values, f + e) - interp(values, f - e)) / (2 * h)
+        np.testing.assert_allclose(jac[:, axis], diff, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(jax.vmap(jax.jacrev(lambda q: interp(values, q)))(f), jac,
+                               rtol=1e-13, atol=1e-13)  # fmt: skip
+    other = jnp.asarray(rng.normal(size=values.shape))
+    grad = jax.grad(lambda v: interp(v, f[0]))(values)
+    np.testing.assert_allclose(jnp.vdot(grad, other), interp(other, f[0]), rtol=1e-13)
+    tangent = jax.jvp(lambda v: interp(v, f[:5]), (values,), (other,))[1]
+    np.testing.assert_allclose(tangent, interp(other, f[:5]), rtol=1e-13, atol=1e-14)
+    if cubic:
+        hess = jax.vmap(jax.hessian(lambda q: interp(values, q)))(f)
+        for axis in range(2):
+            e = jnp.zeros((1, 2)).at[0, axis].set(h)
+            grad_at = jax.vmap(jax.grad(lambda q: interp(values, q)))
+            diff = (grad_at(f + e) - grad_at(f - e)) / (2 * h)
+            np.testing.assert_allclose(hess[:, axis], diff, rtol=1e-5, atol=1e-4)
+    outside = jnp.array([[-1.0, 0.5], [0.3, 9.0]])  # below the first axis, above the second
+    jac_out = jax.vmap(jax.jacfwd(lambda q: interp(values, q)))(outside)
+    assert jac_out[0, 0] == 0.0 and jac_out[1, 1] == 0.0
+    assert jac_out[0, 1] != 0.0 and jac_out[1, 0] != 0.0
