@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import pathlib
 from types import MappingProxyType
+from typing import Any
 
+import jax
+import numpy as np
 from flax import nnx
 
 from dmimo_jax.learning.cells import CellClassifier
@@ -85,6 +88,9 @@ def load_model(path: str | pathlib.Path) -> tuple[nnx.Module, dict]:
     target = nnx.to_pure_dict(state)
     try:
         with ocp.StandardCheckpointer() as ckpt:
+            # shapes first: a restore that fails on one array leaves the reads of the others
+            # pending (orbax's coroutines, reported unawaited when collected)
+            _check_saved_shapes(ckpt, path / "state", target)
             restored = ckpt.restore(path / "state", target)
     except Exception as err:
         raise ValueError(
@@ -92,3 +98,24 @@ def load_model(path: str | pathlib.Path) -> tuple[nnx.Module, dict]:
         ) from err
     nnx.replace_by_pure_dict(state, restored)
     return nnx.merge(graphdef, state), saved.get("meta", {})
+
+
+def _check_saved_shapes(ckpt: Any, state: pathlib.Path, target: dict) -> None:
+    """``ValueError`` naming the first array whose shape saved at ``state`` differs from
+    ``target``'s (arrays matched by their path); nothing where orbax's metadata cannot be
+    read as shapes (the restore then checks)."""
+    key = lambda path: tuple(str(getattr(k, "key", k)) for k in path)  # noqa: E731
+    try:
+        metadata = ckpt.metadata(state)
+        saved = getattr(getattr(metadata, "item_metadata", metadata), "tree", metadata)
+        leaves = jax.tree_util.tree_leaves_with_path(saved)
+        shapes = {key(p): tuple(int(n) for n in a.shape) for p, a in leaves}
+    except Exception:  # another orbax's metadata, or unreadable: the restore decides
+        return
+    for path, a in jax.tree_util.tree_leaves_with_path(target):
+        got = shapes.get(key(path))
+        if got is not None and got != np.shape(a):
+            raise ValueError(
+                f"{jax.tree_util.keystr(path)} is saved with shape {got}, the spec's model's "
+                f"is {np.shape(a)}"
+            )
