@@ -220,9 +220,8 @@ def world_row(side, args):
         row.update({f"{k}_no_ring": v for k, v in bare.items()})
     # cost per snapshot: the tiled stage on snapshots of the whole hall against one tile's
     # Locator on snapshots of its own tile (a room's Locator on its room), every batch of
-    # distinct snapshots (repeated rows read the same cells from the caches: one tile's
-    # Locator on its few test rows repeated to 4,096 took 0.36 ms a snapshot, on 4,096
-    # distinct ones 0.43 on the 40 m hall)
+    # distinct snapshots (repeated rows read the same cells from the caches and flatter
+    # one tile: docs/locality_measurements.md, "The ratio to one tile, measured again")
     t = int(np.bincount(out.tile[ok]).argmax())
     one = loc.locators[t]
     big = args.big_batch
@@ -281,7 +280,10 @@ def main(argv=None):
         help="also time the first pass tile by tile (shared_screen=False), side by side",
     )  # fmt: skip
     ap.add_argument("--json", default=None)
-    args = hall_settings(ap.parse_args(argv))
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    args = hall_settings(args)
     rows = [world_row(side, args) for side in args.sizes]
     print_table(
         rows,
