@@ -27,6 +27,9 @@ by :func:`dmimo_jax.pipeline.tiled.run_offline_tiled` with a cell classifier of
   side by side, interleaved ``--repeats`` times, each the best of its repeats; and the
   programs compiled (each shared by every tile: per batch bucket, the Locator's and the
   shared screen's first pass);
+* with ``--compare-gate-tries N``, the same batches with ``gate_tries=N`` (the tiles a row
+  tries by the gate alone before the rescues of its others), timed in the same
+  interleaving, and their big batch's share rejected;
 * with ``--tile-by-tile``, the same batches with the first pass tile by tile
   (``shared_screen=False``: no ``TiledLocator.screen``), timed in the same interleaving,
   and whether its tiles and statuses are the same.
@@ -196,7 +199,8 @@ def world_row(side, args):
     ring, row["ring_fit_s"] = hall_ring(scene, tiling, models, args)
     row["ring_k"] = 0 if ring is None else ring[0].num_aps
     row["ring_rss_mb"] = peak_rss_mb()
-    loc = tiled.TiledLocator.from_offline(off, tries=args.tries, ring=ring)
+    loc = tiled.TiledLocator.from_offline(off, tries=args.tries, gate_tries=args.gate_tries,
+                                          ring=ring)  # fmt: skip
     leaves = [jax.tree.leaves(lc.table) for lc in loc.locators]  # the cells' table too
     row["tables_mb"] = sum(a.nbytes for ls in leaves for a in ls) / 2**20
     r, x = np.asarray(test.r), np.asarray(test.x)
@@ -246,12 +250,20 @@ def world_row(side, args):
         )
         row["apart_max_dx_m"] = float(np.max(np.abs(np.asarray(both.x) - np.asarray(out.x))))
         timed.update(tiled_ms_b256_apart=(apart, r[:b]), tiled_ms_big_apart=(apart, bigr))
+    other = args.compare_gate_tries
+    if other is not None:  # the same batches with another gate_tries, side by side
+        alt = dataclasses.replace(loc, gate_tries=other)
+        row[f"big_rejected_gate{other}"] = float(np.mean(np.asarray(alt(bigr).rejected)))
+        timed.update({f"tiled_ms_b256_gate{other}": (alt, r[:b]),
+                      f"tiled_ms_big_gate{other}": (alt, bigr)})  # fmt: skip
     # side by side: every timing once per repeat, interleaved, each the best of its repeats
     for i in range(args.repeats):
         for key, (fn, rows) in timed.items():
             row[key] = min(row.get(key, np.inf), batch_ms(fn, rows, warm=i == 0))
     row["tiled_over_tile_big"] = row["tiled_ms_big"] / row["tile_ms_big"]
     row["tiled_over_tile_b256"] = row["tiled_ms_b256"] / row["tile_ms_b256"]
+    if other is not None:
+        row[f"gate{other}_over_tile_big"] = row[f"tiled_ms_big_gate{other}"] / row["tile_ms_big"]
     if args.tile_by_tile:
         row["shared_over_apart_big"] = row["tiled_ms_big"] / row["tiled_ms_big_apart"]
         row["shared_over_apart_b256"] = row["tiled_ms_b256"] / row["tiled_ms_b256_apart"]
@@ -264,7 +276,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=float, nargs="*", default=[20.0], help="hall sides, m")
     hall_arguments(ap)
-    ap.add_argument("--tries", type=int, default=2, help="tiles tried per snapshot")
+    ap.add_argument("--tries", type=int, default=2, help="tiles tried with the rescues")
+    ap.add_argument(
+        "--gate-tries", type=int, default=8, help="tiles tried by the gate alone (at most)"
+    )  # fmt: skip
+    ap.add_argument(
+        "--compare-gate-tries", type=int, default=None,
+        help="also time the batches with this gate_tries, side by side",
+    )  # fmt: skip
     ap.add_argument(
         "--ring", type=float, default=0.0,
         help="refine on each tile's ring of this many times K APs (0: none)",
@@ -283,6 +302,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.gate_tries < 1 or (args.compare_gate_tries or 1) < 1:
+        ap.error("--gate-tries and --compare-gate-tries must be at least 1")
     args = hall_settings(args)
     rows = [world_row(side, args) for side in args.sizes]
     print_table(

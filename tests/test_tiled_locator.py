@@ -2,6 +2,8 @@
 Locator on its K APs; one program for every tile; the cost gate decides the tile)."""
 
 import dataclasses
+from types import SimpleNamespace
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -155,10 +157,11 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
     """A tile classifier that names the wrong tile first (its map swapped): that tile's cost
     gate rejects every row it cannot reach, by the gate alone and then with its rescues (its
     search holds no position that explains the phases), and the next tile answers, as the
-    right map would; with one try those rows stay rejected. Screening the rows of both
-    tiles as one (the default, ``shared_screen``) or tile by tile changes no answer. A UE within a quarter
-    wavelength of the wrong tile (its table's points reach past its faces, the refinement
-    further) may be answered there: rightly, at its bound."""
+    right map would; with one try (by the gate alone too) those rows stay rejected.
+    Screening the rows of both tiles as one (the default, ``shared_screen``) or tile by tile
+    changes no answer. A UE within a quarter wavelength of the wrong tile (its table's points
+    reach past its faces, the refinement further) may be answered there: rightly, at its
+    bound."""
     off, loc = building
     test = dj.measure.labeled_snapshots(jax.random.key(8), dj.TwoRayModel(SCENE), 16)
     r, x = np.asarray(test.r), np.asarray(test.x)
@@ -198,7 +201,7 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
         assert rows.size and np.all(ranked[rows] == t)
         for field, a in zip(out._fields, out, strict=True):
             np.testing.assert_allclose(a, np.asarray(getattr(alone, field)), atol=1e-9)
-    once = dataclasses.replace(swapped, tries=1)(r)
+    once = dataclasses.replace(swapped, tries=1, gate_tries=1)(r)
     np.testing.assert_array_equal(np.asarray(once.status)[far], int(Status.REJECTED))
     assert np.all(once.tile != right.tile)
     with pytest.raises(ValueError, match="r must"):
@@ -274,6 +277,79 @@ def test_snug_parts_cover_every_row_with_little_padding():
         snug_parts(3, waste=1.0)
 
 
+class _Answer(NamedTuple):
+    x: np.ndarray
+    cost: np.ndarray
+    status: np.ndarray
+    excluded: np.ndarray
+
+    @property
+    def rejected(self):
+        return self.status == Status.REJECTED
+
+
+@dataclasses.dataclass
+class _Tile:
+    """A stand-in for tile ``t``'s Locator: a row's phases all hold its true tile (x 0.1);
+    it passes the gate in its true tile (with the rescues, also where ``rescued`` names the
+    row's tile: a fault its exclusion recovers). Every call is logged ``(t, rescues, tiles)``."""
+
+    t: int
+    rescues: bool
+    log: list
+    rescued: tuple = ()
+
+    def __call__(self, r):
+        own = np.rint(r[:, 0] / 0.1).astype(int)
+        self.log.append((self.t, self.rescues, own.tolist()))
+        ok = (own == self.t) & ~np.isin(own, self.rescued) | (self.rescues & (own == self.t))
+        status = np.where(ok, int(Status.EXCLUDED if self.rescues else Status.LOCATED),
+                          int(Status.REJECTED))  # fmt: skip
+        x = np.stack([own, np.full(own.size, self.t), np.zeros(own.size)], 1).astype(float)
+        return _Answer(x, np.zeros(own.size), status, np.zeros(r.shape, bool))
+
+
+def test_a_row_tries_its_tiles_by_the_gate_then_the_first_rescue_then_further_tiles():
+    """The order of a pending row's tries (stand-in tiles, a fixed ranking): its first
+    ``tries`` tiles by the gate alone, its first tile with the rescues, its further tiles up
+    to ``gate_tries`` by the gate alone, then the rescues of its other ``tries`` tiles. A row
+    whose tile is ranked beyond ``tries`` is located there by the gate alone (no rescue
+    run); one whose first tile's rescues recover it never tries a further tile; one whose
+    tile is ranked beyond ``gate_tries`` is rejected with its first tile's rescued answer."""
+
+    log = []
+
+    class Ranked(tiled.TiledLocator):
+        def ranked_tiles(self, r):  # every row: tiles 4, 3, 2, 1, 0 (the last most likely)
+            return np.tile(np.arange(5)[::-1], (np.shape(r)[0], 1))[:, : self.first_tries]
+
+    quick = tuple(_Tile(t, False, log, rescued=(4,)) for t in range(5))
+    full = tuple(_Tile(t, True, log) for t in range(5))
+    loc = Ranked(classifier=SimpleNamespace(num_aps=6), locators=full, quick=quick,
+                 aps=np.tile(np.arange(3), (5, 1)), tile_of=np.arange(5), tries=2,
+                 gate_tries=4)  # fmt: skip
+    assert loc.first_tries == 4 and dataclasses.replace(loc, gate_tries=1).first_tries == 2
+    # rows whose tile is 4 (a fault: its rescues recover it), 3, 1 (ranked 4th) and 0 (5th)
+    r = np.repeat(np.array([4, 3, 1, 0])[:, None] * 0.1, 6, axis=1)
+    out = loc(r)
+    np.testing.assert_array_equal(out.tile, [4, 3, 1, 4])
+    np.testing.assert_array_equal(out.rank, [0, 1, 3, 0])
+    np.testing.assert_array_equal(
+        out.status, [Status.EXCLUDED, Status.LOCATED, Status.LOCATED, Status.REJECTED]
+    )
+    tried = {}  # (tile, rescues): the rows' tiles, in call order (a tile's rows may be split)
+    for t, rescues, rows in log:
+        tried.setdefault((t, rescues), []).extend(rows)
+    assert list(tried) == [(4, False), (3, False), (4, True), (2, False), (1, False), (3, True)]
+    assert tried[(4, True)] == [4, 1, 0] and tried[(2, False)] == [1, 0]  # row 4: done
+    assert tried[(3, True)] == [0]  # only the row no tile passed
+    log.clear()
+    once = dataclasses.replace(loc, gate_tries=1)(r)  # every try within tries: today's order
+    np.testing.assert_array_equal(once.status[2:], Status.REJECTED)
+    assert list(dict.fromkeys((t, rescues) for t, rescues, _ in log)) == [
+        (4, False), (3, False), (4, True), (3, True)]  # fmt: skip
+
+
 def test_settings_are_checked_however_the_tiled_locator_is_built():
     """The constructor and dataclasses.replace check what from_offline checks (the
     settings only: placeholders stand for the two tiles' classifier and Locators)."""
@@ -282,6 +358,7 @@ def test_settings_are_checked_however_the_tiled_locator_is_built():
     ok = tiled.TiledLocator(**parts, tries=2)
     for bad, name in ((dict(tries=0), "tries"), (dict(tries=3), "tries"),
                       (dict(ring_steps=0), "ring_steps"), (dict(ring_risk=1.0), "ring_risk"),
+                      (dict(gate_tries=0), "gate_tries"),
                       (dict(ring_aps=np.zeros((2, 4), int)), "ring")):  # fmt: skip
         with pytest.raises(ValueError, match=name):
             tiled.TiledLocator(**parts, **bad)

@@ -307,11 +307,12 @@ class TiledLocator:
 
     1. **The tiles, by the gate alone**: each row in its most likely tile, with the cost
        gate but none of its rescues (``quick``); a row the gate rejects goes on to the next
-       tile, up to ``tries`` tiles. A wrong tile's answer fails the gate and costs one
+       tile, up to ``gate_tries`` tiles. A wrong tile's answer fails the gate and costs one
        first answer, not a rescue.
     2. **The rescues**: a row no tile passed is run again through the full Locators (the
        gate's rescues: faulty APs left out, the tile searched whole, a dense recheck), its
-       ranked tiles in turn; one no tile passes is ``REJECTED`` with its first tile's answer.
+       first ``tries`` ranked tiles in turn; one no tile passes is ``REJECTED`` with its
+       first tile's answer.
     3. **The ring** (with ``ring``): the accepted answers refined on more APs than the
        tables hold (far APs still add information: with K chosen by the bound, the K-AP
        PEB is up to ``factor`` times the all-AP one), under each tile's GP over its ring;
@@ -335,7 +336,8 @@ class TiledLocator:
     tile_of: np.ndarray
     """(T,) int: the tile of each of the classifier's cells."""
     tries: int = 2
-    """The most tiles tried per snapshot (the classifier's most likely first)."""
+    """The most tiles tried per snapshot with the gate's rescues (the classifier's most
+    likely first)."""
     ring: TileModels | None = None
     """Each tile's GP phase model over its ring of APs (:func:`~dmimo_jax.tiles.fit_tiles`
     on :attr:`ring_aps`), or None: the fine stage on more APs than the tables hold."""
@@ -353,11 +355,19 @@ class TiledLocator:
     """Every tile's cell table as one (:class:`~dmimo_jax.pipeline.tiled_screen.TiledCellTable`:
     the tiles' own arrays, no copy): the first pass screens the rows of all tiles in one
     search (:func:`~dmimo_jax.pipeline.tiled_screen.tile_results`); None: tile by tile."""
+    gate_tries: int = 8
+    """The most tiles the first pass tries per snapshot by the gate alone (the classifier's
+    most likely first; at least ``tries``, at most every tile: :attr:`first_tries`). A row
+    whose tile the classifier ranks below ``tries`` is then located by its tile's first
+    answer instead of failing every rescue of the tiles before it (which cost more than a
+    first answer in each of the others: docs/locality_measurements.md, "Rows the tile
+    classifier ranks low")."""
 
     def __post_init__(self) -> None:
         """The settings checked however the Locator is built (:meth:`from_offline`, the
         constructor, ``dataclasses.replace``)."""
         _check_settings(len(self.locators), self.tries, self.ring_steps, self.ring_risk)
+        check_int("gate_tries", self.gate_tries, minimum=1)
         if (self.ring is None) != (self.ring_aps is None):
             raise ValueError("ring and ring_aps must be given together (or neither)")
         if self.screen is not None and self.screen.num_tiles != len(self.locators):
@@ -372,6 +382,7 @@ class TiledLocator:
         tiled: TiledOffline,
         *,
         tries: int = 2,
+        gate_tries: int = 8,
         ring: tuple[Tiling, TileModels] | None = None,
         ring_steps: int = 10,
         ring_risk: float = 1e-3,
@@ -388,7 +399,7 @@ class TiledLocator:
 
         Raises:
             ValueError: ``tiled`` not :func:`run_offline_tiled`'s, ``tries`` out of
-                [1, tiles], tiles whose Locators differ in structure (one program each), a
+                [1, tiles], ``gate_tries`` below 1, tiles whose Locators differ in structure (one program each), a
                 ``ring`` of other tiles or without each tile's K APs first, ``ring_steps``
                 below 1, ``ring_risk`` not in (0, 1).
         """
@@ -397,6 +408,7 @@ class TiledLocator:
                 f"tiled must be run_offline_tiled's result, got {type(tiled).__name__}"
             )
         _check_settings(tiled.tiling.num_tiles, tries, ring_steps, ring_risk)  # before the work
+        check_int("gate_tries", gate_tries, minimum=1)
         ring_models, ring_aps = _checked_ring(ring, tiled.tiling)
         locators = [Locator.from_offline(off, "cells", **settings) for off in tiled.tiles]
         # the gate's noise-fit bound (a static setting) of every tile: the largest chance
@@ -428,17 +440,23 @@ class TiledLocator:
         if shared_screen and len(quick) > 1:
             screen = TiledCellTable.of([loc.stage.cell_table(loc) for loc in quick])
         return cls(tiled.classifier, tuple(locators), quick, aps, tiled.tile_of, tries,
-                   ring_models, ring_aps, ring_steps, ring_risk, screen)  # fmt: skip
+                   ring_models, ring_aps, ring_steps, ring_risk, screen, gate_tries)  # fmt: skip
 
     @property
     def num_aps(self) -> int:
         """M, the building's APs."""
         return int(self.classifier.num_aps)
 
+    @property
+    def first_tries(self) -> int:
+        """The tiles the first pass tries per snapshot at most: :attr:`gate_tries`, at least
+        :attr:`tries`, at most every tile."""
+        return min(max(self.gate_tries, self.tries), len(self.locators))
+
     def ranked_tiles(self, r: ArrayLike) -> np.ndarray:
-        """(B, ``tries``) the tiles of snapshots ``r`` (B, M), most likely first."""
+        """(B, :attr:`first_tries`) the tiles of snapshots ``r`` (B, M), most likely first."""
         r = np.asarray(r, np.float32).reshape(-1, self.num_aps)
-        cells, _ = jit_method(self.classifier, "top_cells", r, k=self.tries)
+        cells, _ = jit_method(self.classifier, "top_cells", r, k=self.first_tries)
         return self.tile_of[np.asarray(cells)]
 
     def __call__(self, r: ArrayLike) -> TiledResult:
@@ -460,17 +478,14 @@ class TiledLocator:
             excluded=np.zeros((b, self.num_aps), bool),
         )
         pending = np.ones(b, bool)
-        for locators in (self.quick, self.locators):
-            for k in range(self.tries):
-                tried = np.flatnonzero(pending)
-                for t, rows, out in self._results(locators, r, tried, ranked[tried, k]):
-                    ok = ~np.asarray(out.rejected)
-                    # a passing answer is kept; else the first tile's with its rescues
-                    keep = ok | ((locators is self.locators) & (k == 0))
-                    _write(answer, rows[keep], out, keep, t, k, self.aps[t])
-                    pending[rows[ok]] = False
-                if not pending.any():
-                    break
+        for locators, k in self._tries():
+            tried = np.flatnonzero(pending)
+            for t, rows, out in self._results(locators, r, tried, ranked[tried, k]):
+                ok = ~np.asarray(out.rejected)
+                # a passing answer is kept; else the first tile's with its rescues
+                keep = ok | ((locators is self.locators) & (k == 0))
+                _write(answer, rows[keep], out, keep, t, k, self.aps[t])
+                pending[rows[ok]] = False
             if not pending.any():
                 break
         if self.ring is not None:
@@ -479,6 +494,15 @@ class TiledLocator:
             answer["x"], answer["tile"], answer["rank"], answer["cost"], answer["status"],
             answer["excluded"],
         )  # fmt: skip
+
+    def _tries(self) -> list[tuple[tuple[Locator, ...], int]]:
+        """``(locators, rank)`` in the order a pending row tries them: its first ``tries``
+        tiles by the gate alone, its first tile with the rescues, its further tiles (up to
+        :attr:`first_tries`) by the gate alone, then the rescues of its other ``tries``
+        tiles."""
+        quick = [(self.quick, k) for k in range(self.first_tries)]
+        full = [(self.locators, k) for k in range(self.tries)]
+        return quick[: self.tries] + full[:1] + quick[self.tries :] + full[1:]
 
     def _refine_on_ring(self, answer: dict, r: np.ndarray) -> None:
         """The accepted answers with no AP left out, refined on their tile's ring
