@@ -1,7 +1,7 @@
 """The tiles' cell classifiers trained one after another (:func:`dmimo_jax.learning.train`, as
 :func:`~dmimo_jax.pipeline.train_cell_classifier` does per tile) against together as one
 vmapped program (:func:`dmimo_jax.learning.train_many`, as
-:func:`~dmimo_jax.pipeline.tiled.run_offline_tiled` does), in the same run.
+:func:`~dmimo_jax.pipeline.tiled_offline.run_offline_tiled` does), in the same run.
 
 ``--tiles`` networks of the tiled benchmark's shape (``--aps`` APs in, a tile's 5 x 5 x 3
 cells of 1 m out, ``--hidden`` widths) on random phases and positions (the time depends on

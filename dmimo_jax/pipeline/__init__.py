@@ -82,11 +82,10 @@ from dmimo_jax.pipeline.online import (
 from dmimo_jax.pipeline.rescues import LocatorResult, Status
 from dmimo_jax.pipeline.settings import LocatorSettings
 from dmimo_jax.pipeline.stages import CellStage, WindowScreen, WindowStage
-from dmimo_jax.pipeline.tiled import (
+from dmimo_jax.pipeline.tiled import TiledLocator, TiledResult
+from dmimo_jax.pipeline.tiled_offline import (
     TILE_CLASSIFIER,
-    TiledLocator,
     TiledOffline,
-    TiledResult,
     run_offline_tiled,
     tile_grid,
     tile_offlines,

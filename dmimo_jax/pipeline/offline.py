@@ -278,7 +278,7 @@ def offline_folder(
     (:func:`~dmimo_jax.pipeline.cache.cache_key`) of the labeled snapshots, every leaf of
     ``scene`` and ``model``, the preset, the sample count and the seed. What a caller that
     prepares part of the stage itself (the tiles' classifiers trained together,
-    :func:`~dmimo_jax.pipeline.tiled.run_offline_tiled`) writes into, for
+    :func:`~dmimo_jax.pipeline.tiled_offline.run_offline_tiled`) writes into, for
     :func:`run_offline` to find."""
     p = get_preset(preset)
     config = dict(
@@ -523,7 +523,7 @@ def train_cell_classifiers(
     trained **together** by :func:`~dmimo_jax.learning.train_many`: one vmapped program, the
     networks sharded over ``devices``. The models must have one number of APs and the cell
     grids one shape and cell size (the tiles of a building,
-    :func:`~dmimo_jax.pipeline.tiled.run_offline_tiled`).
+    :func:`~dmimo_jax.pipeline.tiled_offline.run_offline_tiled`).
 
     A network's labels are the index of a position's cell, which moves with the grid: every
     network trains in the first pending grid's frame (its positions moved by the offset
