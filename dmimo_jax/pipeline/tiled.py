@@ -18,9 +18,9 @@ Tiles of one shape give Locators of one tree structure and shapes, so **one comp
 program serves every tile** (:meth:`Locator.compiled_programs` counts it; per batch size,
 one with the gate's rescues and one without). A snapshot whose tile's answer the cost gate
 rejects is tried in the next most likely tiles, first by the gate alone, then with its
-rescues (``gate_tries``, ``tries``): the gate, not the tile classifier, decides. Per snapshot: the tile
-classifier (O(M)) and one room-sized Locator call (O(K)), independent of the number of
-tiles.
+rescues (``gate_tries``, ``tries``): the gate, not the tile classifier, decides. Per
+snapshot: the tile classifier (O(M)) and one room-sized Locator call (O(K)), independent of
+the number of tiles.
 
 * :func:`run_offline_tiled` -> :class:`TiledOffline`: every tile's offline stage (cached and
   resumable like :func:`~dmimo_jax.pipeline.run_offline`; :func:`tile_offlines` alone, for

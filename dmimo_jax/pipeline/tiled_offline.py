@@ -106,7 +106,7 @@ def run_offline_tiled(
     devices: list | None = None,
     progress: bool = True,
 ) -> TiledOffline:
-    """The offline stage of a tiled building (module docstring).
+    """The offline stage of a tiled building (:mod:`~dmimo_jax.pipeline.tiled`'s docstring).
 
     Tile t's stage is :func:`~dmimo_jax.pipeline.run_offline` (``kinds=("cells",)``) on its
     scene, under its GP model ``models.tile(t)``, its labels those it was conditioned on
