@@ -53,9 +53,10 @@ def _room_world():
 def test_two_ray_every_group_noise_free():
     truth, nominal = _two_ray_world()
     fit = ("ap_positions", "ap_phase_offsets", "surfaces", "antenna", "polarization")
-    cal = calibrate(
-        nominal, X, _noise_free(truth), jax.vmap(truth.variance)(X), fit=fit, num_steps=60
-    )
+    with pytest.warns(UserWarning, match="noise_var overstates the noise"):
+        cal = calibrate(
+            nominal, X, _noise_free(truth), jax.vmap(truth.variance)(X), fit=fit, num_steps=60
+        )
     assert cal.polarization == "TM"
     assert cal.log_likelihood_by_polarization[1] > cal.log_likelihood_by_polarization[0]
     np.testing.assert_allclose(cal.values["ap_positions"], truth.scene.ap_positions, atol=1e-6)
@@ -73,7 +74,8 @@ def test_two_ray_every_group_noise_free():
 def test_room_every_group_noise_free_mounted_aps_stay_on_the_ceiling():
     truth, nominal = _room_world()
     fit = ("ap_positions", "ap_phase_offsets", "surfaces")
-    cal = calibrate(nominal, X, _noise_free(truth), jax.vmap(truth.variance)(X), fit=fit)
+    with pytest.warns(UserWarning, match="noise_var overstates the noise"):
+        cal = calibrate(nominal, X, _noise_free(truth), jax.vmap(truth.variance)(X), fit=fit)
     np.testing.assert_allclose(cal.values["ap_positions"], truth.scene.ap_positions, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(cal.values["ap_positions"])[:, 2], 4.0)
     np.testing.assert_array_equal(np.asarray(cal.stderr["ap_positions"])[:, 2], 0.0)
@@ -136,7 +138,9 @@ def test_unlabeled_snapshots_noise_free_and_a_wrong_lobe_left_out():
     unlabeled = Unlabeled(r_u, jax.vmap(truth.variance)(x_u), x0)
     fit = ("ap_positions", "ap_phase_offsets")
     var = jax.vmap(truth.variance)(X)
-    cal = calibrate(dj.TwoRayModel(SCENE), X, _noise_free(truth), var, fit=fit, unlabeled=unlabeled)
+    with pytest.warns(UserWarning, match="noise_var overstates the noise"):
+        cal = calibrate(dj.TwoRayModel(SCENE), X, _noise_free(truth), var, fit=fit,
+                        unlabeled=unlabeled)  # fmt: skip
     np.testing.assert_array_equal(cal.unlabeled_used, np.arange(N_U + 1) < N_U)
     np.testing.assert_allclose(cal.values["ap_positions"], truth.scene.ap_positions, atol=1e-6)
     offsets = _wrap(cal.values["ap_phase_offsets"] - (OFFSETS - OFFSETS[0]))
