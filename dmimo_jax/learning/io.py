@@ -90,7 +90,7 @@ def load_model(path: str | pathlib.Path) -> tuple[nnx.Module, dict]:
         with ocp.StandardCheckpointer() as ckpt:
             # shapes first: a restore that fails on one array leaves the reads of the others
             # pending (orbax's coroutines, reported unawaited when collected)
-            _check_saved_shapes(ckpt, path / "state", target)
+            check_saved_shapes(ckpt, path / "state", target)
             restored = ckpt.restore(path / "state", target)
     except Exception as err:
         raise ValueError(
@@ -100,11 +100,14 @@ def load_model(path: str | pathlib.Path) -> tuple[nnx.Module, dict]:
     return nnx.merge(graphdef, state), saved.get("meta", {})
 
 
-def _check_saved_shapes(ckpt: Any, state: pathlib.Path, target: dict) -> None:
-    """``ValueError`` naming the first array whose shape saved at ``state`` differs from
-    ``target``'s (arrays matched by their path); nothing where orbax's metadata cannot be
-    read as shapes (the restore then checks)."""
-    key = lambda path: tuple(str(getattr(k, "key", k)) for k in path)  # noqa: E731
+def check_saved_shapes(ckpt: Any, state: str | pathlib.Path, target: Any) -> None:
+    """``ValueError`` naming the first array whose shape saved at ``state`` (an orbax
+    checkpoint folder of one pytree, read with ``ckpt``: an ``orbax.checkpoint``
+    ``StandardCheckpointer``) differs from ``target``'s (a pytree of arrays; arrays matched
+    by their path); nothing where orbax's metadata cannot be read as shapes (the restore
+    then checks). Called before a restore: a restore that fails on one array leaves orbax's
+    reads of the others pending (coroutines reported unawaited when collected)."""
+    key = lambda path: tuple(_key_name(k) for k in path)  # noqa: E731
     try:
         metadata = ckpt.metadata(state)
         saved = getattr(getattr(metadata, "item_metadata", metadata), "tree", metadata)
@@ -116,6 +119,15 @@ def _check_saved_shapes(ckpt: Any, state: pathlib.Path, target: dict) -> None:
         got = shapes.get(key(path))
         if got is not None and got != np.shape(a):
             raise ValueError(
-                f"{jax.tree_util.keystr(path)} is saved with shape {got}, the spec's model's "
-                f"is {np.shape(a)}"
+                f"{jax.tree_util.keystr(path)} is saved with shape {got}, the model's is "
+                f"{np.shape(a)}"
             )
+
+
+def _key_name(k: Any) -> str:
+    """A pytree path entry as orbax's metadata names it: a dict key or an attribute name
+    (an optimizer state's field, a flax variable's ``value``), else its text (``[0]``)."""
+    for attr in ("key", "name"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)

@@ -43,6 +43,7 @@ from jax.sharding import PartitionSpec as P
 from tqdm.auto import tqdm
 
 from dmimo_jax._checks import check_int
+from dmimo_jax.learning.io import check_saved_shapes
 
 #: the largest float32 training set (bytes of ``x`` and ``r``) that ``resident=None`` keeps
 #: in device memory
@@ -220,7 +221,10 @@ class _Checkpoints:
         if latest is None:
             return None
         args = self.ocp.args
+        saved = pathlib.Path(self.directory).absolute() / str(latest) / "state"
         try:
+            with self.ocp.StandardCheckpointer() as ckpt:  # shapes first (see the function)
+                check_saved_shapes(ckpt, saved, state)
             restored = self.manager.restore(
                 latest,
                 args=args.Composite(state=args.StandardRestore(state), history=args.JsonRestore()),
