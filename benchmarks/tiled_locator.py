@@ -302,7 +302,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")
-    if args.gate_tries < 1 or (args.compare_gate_tries or 1) < 1:
+    compare = args.compare_gate_tries
+    if args.gate_tries < 1 or (compare is not None and compare < 1):
         ap.error("--gate-tries and --compare-gate-tries must be at least 1")
     args = hall_settings(args)
     rows = [world_row(side, args) for side in args.sizes]

@@ -107,7 +107,9 @@ def check_saved_shapes(ckpt: Any, state: str | pathlib.Path, target: Any) -> Non
     by their path); nothing where orbax's metadata cannot be read as shapes (the restore
     then checks). Called before a restore: a restore that fails on one array leaves orbax's
     reads of the others pending (coroutines reported unawaited when collected)."""
-    key = lambda path: tuple(_key_name(k) for k in path)  # noqa: E731
+    # a path as orbax's metadata names it: dict keys, attribute names (an optimizer state's
+    # fields, a flax variable's value) and sequence indices, plain
+    key = lambda path: jax.tree_util.keystr(path, simple=True, separator="/")  # noqa: E731
     try:
         metadata = ckpt.metadata(state)
         saved = getattr(getattr(metadata, "item_metadata", metadata), "tree", metadata)
@@ -122,12 +124,3 @@ def check_saved_shapes(ckpt: Any, state: str | pathlib.Path, target: Any) -> Non
                 f"{jax.tree_util.keystr(path)} is saved with shape {got}, the model's is "
                 f"{np.shape(a)}"
             )
-
-
-def _key_name(k: Any) -> str:
-    """A pytree path entry as orbax's metadata names it: a dict key or an attribute name
-    (an optimizer state's field, a flax variable's ``value``), else its text (``[0]``)."""
-    for attr in ("key", "name"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)

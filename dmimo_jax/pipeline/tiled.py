@@ -154,8 +154,8 @@ class TiledLocator:
     def __post_init__(self) -> None:
         """The settings checked however the Locator is built (:meth:`from_offline`, the
         constructor, ``dataclasses.replace``)."""
-        _check_settings(len(self.locators), self.tries, self.ring_steps, self.ring_risk)
-        check_int("gate_tries", self.gate_tries, minimum=1)
+        _check_settings(len(self.locators), self.tries, self.ring_steps, self.ring_risk,
+                        self.gate_tries)  # fmt: skip
         if (self.ring is None) != (self.ring_aps is None):
             raise ValueError("ring and ring_aps must be given together (or neither)")
         if self.screen is not None and self.screen.num_tiles != len(self.locators):
@@ -195,8 +195,8 @@ class TiledLocator:
             raise ValueError(
                 f"tiled must be run_offline_tiled's result, got {type(tiled).__name__}"
             )
-        _check_settings(tiled.tiling.num_tiles, tries, ring_steps, ring_risk)  # before the work
-        check_int("gate_tries", gate_tries, minimum=1)
+        # before the work
+        _check_settings(tiled.tiling.num_tiles, tries, ring_steps, ring_risk, gate_tries)
         ring_models, ring_aps = _checked_ring(ring, tiled.tiling)
         locators = [Locator.from_offline(off, "cells", **settings) for off in tiled.tiles]
         # the gate's noise-fit bound (a static setting) of every tile: the largest chance
@@ -353,13 +353,16 @@ _ring_moves = jax.jit(jax.vmap(move_statistic_unchecked, in_axes=(0, 0, None, No
 K-AP information under the ring's model (its APs beyond K excluded)."""
 
 
-def _check_settings(num_tiles: int, tries: int, ring_steps: int, ring_risk: float) -> None:
+def _check_settings(
+    num_tiles: int, tries: int, ring_steps: int, ring_risk: float, gate_tries: int
+) -> None:
     """``ValueError`` naming the setting of a :class:`TiledLocator` of ``num_tiles`` tiles
     that is out of range: ``tries`` in [1, tiles], ``ring_steps`` >= 1, ``ring_risk`` in
-    (0, 1)."""
+    (0, 1), ``gate_tries`` >= 1."""
     check_int("tries", tries, minimum=1, maximum=num_tiles)
     check_int("ring_steps", ring_steps, minimum=1)
     check_probability("ring_risk", ring_risk)
+    check_int("gate_tries", gate_tries, minimum=1)
 
 
 def _write(
