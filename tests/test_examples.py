@@ -153,6 +153,18 @@ def test_cell_screen_benchmark_quick(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # .ci/run runs these after the test command
+def test_screen_product_benchmark_times_both_orientations(tmp_path, monkeypatch):
+    out = tmp_path / "sp.json"
+    argv = ["--aps", "3", "--points", "64", "--batches", "1", "20", "--calls", "2"]
+    _run("benchmarks/screen_product.py", [*argv, "--json", str(out)], monkeypatch)
+    rows = read_rows(out)
+    assert [(r["aps"], r["points"], r["batch"]) for r in rows] == [(3, 64, 1), (3, 64, 20)]
+    for r in rows:  # the same sums, to float32 rounding
+        assert r["max_rel_diff"] < 1e-5 and r["skinny_ms"] > 0 and r["wide_ms"] > 0
+        assert r["wide_over_skinny"] == pytest.approx(r["wide_ms"] / r["skinny_ms"])
+
+
+@pytest.mark.slow  # .ci/run runs these after the test command
 def test_popt_latency_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "lat.json"
     _run(

@@ -107,6 +107,20 @@ def test_coherence_bound_is_a_lower_bound_on_the_ls_cost():
         assert float(jnp.min(ls - 2 * (17 - coh))) < 0.05  # and tight near the arg-min
 
 
+@pytest.mark.parametrize("batch", [1, 16, 17, 40])  # both sides of SKINNY_BATCH (16)
+def test_squared_coherence_is_the_sum_of_phasors_in_either_orientation(batch):
+    from dmimo_jax.estimators import phasors
+
+    assert phasors.SKINNY_BATCH == 16
+    rng = np.random.default_rng(batch)
+    theta = rng.uniform(-np.pi, np.pi, (300, 17))
+    r = rng.uniform(-np.pi, np.pi, (batch, 17))
+    got = phasors.squared_coherence(phasors.phasor_rows(theta), phasors.coherence_weights(r))
+    want = np.abs(np.exp(1j * (r[:, None, :] - theta[None, :, :])).sum(-1)) ** 2  # (B, N)
+    assert got.shape == (batch, 300) and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-4)
+
+
 def test_search_grid_regions():
     g = est.search_grid(SCENE, LAM / 2)
     np.testing.assert_allclose(np.asarray(g.low), 0.0)
