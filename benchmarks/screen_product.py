@@ -13,10 +13,13 @@ their ratio. With ``--locator``, the quickstart's Locator (``run_offline(kinds=(
 preset="quick")``, cached) at batch 1 (the median of ``--singles`` calls, each another
 snapshot) and at ``--big-batch``, with the package's orientation (``SKINNY_BATCH`` 16) and
 with the wide one everywhere (0), interleaved over ``--rounds``: each setting's best, and
-whether the answers agree.
+whether the answers agree. With ``--hall SIDE`` too, the tiled stage of
+``benchmarks/tiled_locator.py``'s hall (cached under ``--cache``) and its first tile's
+Locator, at 256 rows and ``--big-batch``.
 
     python benchmarks/screen_product.py --json out/screen_product.json
     python benchmarks/screen_product.py --locator --json out/screen_product_locator.json
+    python benchmarks/screen_product.py --locator --hall 40 --cache CACHE --json out/sp40.json
 """
 
 from __future__ import annotations
@@ -65,45 +68,75 @@ def best_ms(fn, args, calls, passes=7):
     return 1e3 * best
 
 
-def locator_rows(args):
-    """The quickstart's Locator with ``SKINNY_BATCH`` at 16 and at 0, interleaved (module
-    docstring): one row per setting, ms a snapshot at batch 1 and ``--big-batch``."""
+def quickstart_subjects(args):
+    """The quickstart's Locator: ``{name: (call, snapshots, single)}`` at batch 1 and
+    ``--big-batch``."""
     scene = dj.paper_scene(-10.0, "concrete")
     x, r, nv = labeled_snapshots(scene, 50, 0)
     off = pipeline.run_offline(x, r, nv, scene, kinds=("cells",), preset="quick", seed=0)
     loc = dj.Locator.from_offline(off, "cells")
     big = args.big_batch
     rt = np.asarray(labeled_snapshots(scene, big + args.singles, 1, salt=10_000)[1])
+    return {"b1": (loc, rt[big:], True), "big": (loc, rt[:big], False)}
+
+
+def hall_subjects(args):
+    """The tiled stage of ``benchmarks/tiled_locator.py``'s hall of side ``--hall`` (its
+    offline stage cached under ``--cache``) and the Locator of its first tile, each at 256
+    rows and ``--big-batch`` (the hall's snapshots; the tile's own)."""
+    import tiled_locator as halls
+
+    ap = argparse.ArgumentParser()
+    halls.hall_arguments(ap)
+    hall = halls.hall_settings(ap.parse_args(["--cache", args.cache]))
+    scene, tiling, _, off, _, _ = halls.hall_offline(args.hall, hall)
+    loc = pipeline.TiledLocator.from_offline(off, tries=3)
+    one, big = loc.locators[0], args.big_batch
+    draw = lambda seed, model: np.asarray(  # noqa: E731
+        dj.measure.labeled_snapshots(jax.random.key(seed), model, big).r
+    )
+    r = draw(3000, dj.TwoRayModel(scene))
+    mine = draw(4000, dj.TwoRayModel(dj.tiles.tile_scene(scene, tiling, 0)))
+    return {"tiled_256": (loc, r[:256], False), "tiled_big": (loc, r, False),
+            "tile_256": (one, mine[:256], False), "tile_big": (one, mine, False)}  # fmt: skip
+
+
+def locator_rows(subjects, args):
+    """Each of ``subjects`` with ``SKINNY_BATCH`` at 16 and at 0, interleaved over
+    ``--rounds`` (module docstring): one row per setting, each subject's best ms a snapshot
+    (a single snapshot's: the median of ``--singles`` calls, each another snapshot), its
+    ratio to the package's setting, and whether the answers of the last agree."""
     settings, rows, answers = (phasors.SKINNY_BATCH, 0), {}, {}
     try:
         for _ in range(args.rounds):
             for skinny in settings:
                 phasors.SKINNY_BATCH = skinny
                 jax.clear_caches()  # the programs traced again with this orientation
-                loc(rt[:1]), loc(rt[:big])  # compiled
-                times = []
-                for i in range(args.singles):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(loc(rt[big + i : big + i + 1]).x)
-                    times.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                answers[skinny] = jax.block_until_ready(loc(rt[:big]))
-                batch = (time.perf_counter() - t0) / big
-                row = rows.setdefault(skinny, dict(skinny_batch=skinny, device=device_name(),
-                                                   b1_ms=np.inf, big_ms=np.inf))  # fmt: skip
-                row["b1_ms"] = min(row["b1_ms"], 1e3 * statistics.median(times))
-                row["big_ms"] = min(row["big_ms"], 1e3 * batch)
+                row = rows.setdefault(skinny, dict(skinny_batch=skinny, device=device_name()))
+                for name, (call, r, single) in subjects.items():
+                    call(r[:1] if single else r)  # compiled
+                    if single:
+                        times = []
+                        for i in range(args.singles):
+                            t0 = time.perf_counter()
+                            jax.block_until_ready(call(r[i : i + 1]).x)
+                            times.append(time.perf_counter() - t0)
+                        ms = 1e3 * statistics.median(times)
+                    else:
+                        t0 = time.perf_counter()
+                        answers[skinny] = jax.block_until_ready(call(r))
+                        ms = 1e3 * (time.perf_counter() - t0) / r.shape[0]
+                    row[f"{name}_ms"] = min(row.get(f"{name}_ms", np.inf), ms)
     finally:
         phasors.SKINNY_BATCH = settings[0]
         jax.clear_caches()
     a, b = answers[settings[0]], answers[0]
     for row in rows.values():
-        row["big_batch"] = big
         row["same_statuses"] = bool(np.array_equal(np.asarray(a.status), np.asarray(b.status)))
         row["max_dx_m"] = float(np.max(np.abs(np.asarray(a.x) - np.asarray(b.x))))
-        row["b1_over_package"] = row["b1_ms"] / rows[settings[0]]["b1_ms"]
-        row["big_over_package"] = row["big_ms"] / rows[settings[0]]["big_ms"]
-    return list(rows.values())
+        for name in subjects:
+            row[f"{name}_over_package"] = row[f"{name}_ms"] / rows[settings[0]][f"{name}_ms"]
+    return list(rows.values()), list(subjects)
 
 
 def main(argv=None):
@@ -113,6 +146,9 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 4, 16, 32, 64, 256])
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--locator", action="store_true", help="the quickstart's Locator instead")
+    ap.add_argument("--hall", type=float, default=None,
+                    help="with --locator: a hall of this side instead (tiled_locator.py's)")  # fmt: skip
+    ap.add_argument("--cache", default=None, help="with --hall: its offline stage's cache")
     ap.add_argument("--singles", type=int, default=40, help="with --locator: batch-1 calls")
     ap.add_argument("--big-batch", type=int, default=4096, help="with --locator")
     ap.add_argument("--rounds", type=int, default=3, help="with --locator: interleaved")
@@ -122,19 +158,16 @@ def main(argv=None):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.locator:
-        rows = locator_rows(args)
-        print_table(
-            rows,
-            [
-                ("skinny_batch", "SKINNY_BATCH", "d"),
-                ("b1_ms", "ms b1", ".3f"),
-                ("big_ms", "ms/snap big", ".4f"),
-                ("b1_over_package", "b1 / package", ".2f"),
-                ("big_over_package", "big / package", ".2f"),
-                ("same_statuses", "same statuses", ""),
-                ("max_dx_m", "max dx m", ".1e"),
-            ],
-        )
+        subjects = hall_subjects(args) if args.hall else quickstart_subjects(args)
+        rows, names = locator_rows(subjects, args)
+        columns = [("skinny_batch", "SKINNY_BATCH", "d")]
+        for name in names:
+            columns += [
+                (f"{name}_ms", f"{name} ms", ".4f"),
+                (f"{name}_over_package", "ratio", ".2f"),
+            ]
+        columns += [("same_statuses", "same statuses", ""), ("max_dx_m", "max dx m", ".1e")]
+        print_table(rows, columns)
         write_json(args.json, rows)
         return
     rng = np.random.default_rng(0)

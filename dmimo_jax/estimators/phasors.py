@@ -42,9 +42,9 @@ def coherence_weights(r: ArrayLike) -> Array:
 
 SKINNY_BATCH = 16
 """Up to this many snapshots, :func:`squared_coherence` multiplies ``rows @ weights``
-(tall and skinny), above it ``weights^T rows^T``: on the CPU the first is 1.3-4x faster for
-one snapshot (the screen row by row) and up to 1.5x for 16 (a cell screen's block), the
-second up to 2x faster for 64 and more (docs/performance.md, "The screen's product")."""
+(tall and skinny), above it ``weights^T rows^T``: alone on the CPU the first is 1.5-3.9x
+faster for one snapshot and 5-10% for a cell screen's block of 16 snapshots, the second
+1.6-2.5x faster for 256 (docs/performance.md, "The screen's product")."""
 
 
 def squared_coherence(rows: Array, weights: Array) -> Array:
