@@ -42,9 +42,9 @@ def coherence_weights(r: ArrayLike) -> Array:
 
 SKINNY_BATCH = 16
 """Up to this many snapshots, :func:`squared_coherence` multiplies ``rows @ weights``
-(tall and skinny), above it ``weights^T rows^T``: alone on the CPU the first is 1.5-3.9x
-faster for one snapshot and 5-10% for a cell screen's block of 16 snapshots, the second
-1.6-2.5x faster for 256 (docs/performance.md, "The screen's product")."""
+(tall and skinny), above it ``weights^T rows^T``: on each side the orientation measured
+faster on the CPU (docs/performance.md, "The screen's product";
+``benchmarks/screen_product.py`` measures it again)."""
 
 
 def squared_coherence(rows: Array, weights: Array) -> Array:
