@@ -105,7 +105,8 @@ def locator_rows(subjects, args):
     """Each of ``subjects`` with ``SKINNY_BATCH`` at 16 and at 0, interleaved over
     ``--rounds`` (module docstring): one row per setting, each subject's best ms a snapshot
     (a single snapshot's: the median of ``--singles`` calls, each another snapshot), its
-    ratio to the package's setting, and whether the answers of the last agree."""
+    ratio to the package's setting, and whether the batched subjects' answers agree (each
+    subject's statuses equal, the largest position difference over them)."""
     settings, rows, answers = (phasors.SKINNY_BATCH, 0), {}, {}
     try:
         for _ in range(args.rounds):
@@ -124,16 +125,17 @@ def locator_rows(subjects, args):
                         ms = 1e3 * statistics.median(times)
                     else:
                         t0 = time.perf_counter()
-                        answers[skinny] = jax.block_until_ready(call(r))
+                        answers[skinny, name] = jax.block_until_ready(call(r))
                         ms = 1e3 * (time.perf_counter() - t0) / r.shape[0]
                     row[f"{name}_ms"] = min(row.get(f"{name}_ms", np.inf), ms)
     finally:
         phasors.SKINNY_BATCH = settings[0]
         jax.clear_caches()
-    a, b = answers[settings[0]], answers[0]
+    pairs = [(answers[settings[0], n], answers[0, n]) for n in subjects if (0, n) in answers]
+    same = all(np.array_equal(np.asarray(a.status), np.asarray(b.status)) for a, b in pairs)
+    dx = max(float(np.max(np.abs(np.asarray(a.x) - np.asarray(b.x)))) for a, b in pairs)
     for row in rows.values():
-        row["same_statuses"] = bool(np.array_equal(np.asarray(a.status), np.asarray(b.status)))
-        row["max_dx_m"] = float(np.max(np.abs(np.asarray(a.x) - np.asarray(b.x))))
+        row["same_statuses"], row["max_dx_m"] = same, dx
         for name in subjects:
             row[f"{name}_over_package"] = row[f"{name}_ms"] / rows[settings[0]][f"{name}_ms"]
     return list(rows.values()), list(subjects)
