@@ -116,11 +116,16 @@ def building(strip, tmp_path_factory):
 
 
 @pytest.mark.slow  # two tiles' offline stages and the Locator's program (~40 s)
-def test_tiles_share_one_program_and_locate_at_their_bound(building):
+def test_tiles_share_one_program_and_locate_at_their_bound(building, monkeypatch):
     """Every tile's Locator is one tree of one shape: calling the second tile after the
     first compiles nothing (nor does its rescue-free copy after the first's). The tiled answers are the answering tile's own Locator's on its
-    K APs, in the tile that holds the truth, within a few PEB of all the APs."""
+    K APs, in the tile that holds the truth, within a few PEB of all the APs. The rows of two
+    tiles share one screen; rows that all fall in one tile run that tile's own Locator (one
+    call: ``SHARED_SCREEN_TILES``), with the same answers."""
     off, loc = building
+    screens = []
+    shared = tiled.tile_results
+    monkeypatch.setattr(tiled, "tile_results", lambda *a: screens.append(1) or shared(*a))
     assert len(loc.locators) == 2 and loc.aps.shape == (2, 24)
     # the two tiles' classifiers were trained together, and each tile's run_offline loaded its own
     for tile in off.tiles:
@@ -150,6 +155,14 @@ def test_tiles_share_one_program_and_locate_at_their_bound(building):
         rows = np.flatnonzero(out.tile == t)
         own = loc.locators[t](r[np.ix_(rows, loc.aps[t])])
         np.testing.assert_allclose(np.asarray(out.x)[rows], np.asarray(own.x), atol=1e-9)
+    assert screens and tiled.SHARED_SCREEN_TILES == 2  # the two tiles' first pass
+    calls = len(screens)
+    first = np.resize(np.flatnonzero((out.tile == 0) & (out.rank == 0)), 16)  # 16: compiled
+    alone = loc(r[first])
+    assert len(screens) == calls  # one tile: no shared screen
+    np.testing.assert_array_equal(alone.tile, 0)
+    np.testing.assert_allclose(np.asarray(alone.x), np.asarray(out.x)[first], atol=1e-9)
+    np.testing.assert_array_equal(np.asarray(alone.status), np.asarray(out.status)[first])
 
 
 @pytest.mark.slow  # shares the program of the test above

@@ -82,7 +82,7 @@ from dmimo_jax.pipeline.online import (
 from dmimo_jax.pipeline.rescues import LocatorResult, Status
 from dmimo_jax.pipeline.settings import LocatorSettings
 from dmimo_jax.pipeline.stages import CellStage, WindowScreen, WindowStage
-from dmimo_jax.pipeline.tiled import TiledLocator, TiledResult
+from dmimo_jax.pipeline.tiled import SHARED_SCREEN_TILES, TiledLocator, TiledResult
 from dmimo_jax.pipeline.tiled_offline import (
     TILE_CLASSIFIER,
     TiledOffline,
@@ -102,6 +102,7 @@ from dmimo_jax.pipeline.offline import run_offline  # noqa: F401
 
 __all__ = [
     "TILE_CLASSIFIER",
+    "SHARED_SCREEN_TILES",
     "TiledLocator",
     "TiledOffline",
     "TiledResult",

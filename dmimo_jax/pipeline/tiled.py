@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from functools import partial
 from typing import Any, NamedTuple
 
 import jax
@@ -46,7 +47,6 @@ from dmimo_jax.bounds import move_statistic_unchecked, position_chi2_quantile
 from dmimo_jax.estimators.mle import refine_batch_unchecked
 from dmimo_jax.estimators.rows import bucket_size, gate_limit
 from dmimo_jax.learning.cells import CellClassifier
-from dmimo_jax.learning.nets import jit_method
 from dmimo_jax.pipeline.batches import snug_parts
 from dmimo_jax.pipeline.locator import Locator
 from dmimo_jax.pipeline.rescues import Status
@@ -61,6 +61,11 @@ from dmimo_jax.pipeline.tiled_offline import (  # noqa: F401 (also this module's
 )
 from dmimo_jax.pipeline.tiled_screen import TiledCellTable, tile_results
 from dmimo_jax.tiles import TileModels, Tiling
+
+SHARED_SCREEN_TILES = 2
+"""The first pass screens the rows of every tile as one (:attr:`TiledLocator.screen`) when
+they fall in at least this many tiles; fewer run each tile's own Locator, one call a tile
+(against its coarse stage, the shared screen and its first answer: fewer calls)."""
 
 
 class TiledResult(NamedTuple):
@@ -142,7 +147,8 @@ class TiledLocator:
     screen: TiledCellTable | None = None
     """Every tile's cell table as one (:class:`~dmimo_jax.pipeline.tiled_screen.TiledCellTable`:
     the tiles' own arrays, no copy): the first pass screens the rows of all tiles in one
-    search (:func:`~dmimo_jax.pipeline.tiled_screen.tile_results`); None: tile by tile."""
+    search (:func:`~dmimo_jax.pipeline.tiled_screen.tile_results`) when they fall in at
+    least :data:`SHARED_SCREEN_TILES` tiles; None: tile by tile."""
     gate_tries: int = 8
     """The most tiles the first pass tries per snapshot by the gate alone (the classifier's
     most likely first; at least ``tries``, at most every tile: :attr:`first_tries`). A row
@@ -150,6 +156,11 @@ class TiledLocator:
     answer instead of failing every rescue of the tiles before it (which cost more than a
     first answer in each of the others: docs/locality_measurements.md, "Rows the tile
     classifier ranks low")."""
+
+    network: Network = dataclasses.field(init=False, repr=False, compare=False)
+    """:attr:`classifier` as a pytree (its graph and weights when this Locator was built, as
+    a :class:`~dmimo_jax.pipeline.Locator` holds its networks): what :meth:`ranked_tiles`
+    runs, without splitting the module on every call."""
 
     def __post_init__(self) -> None:
         """The settings checked however the Locator is built (:meth:`from_offline`, the
@@ -163,6 +174,7 @@ class TiledLocator:
                 f"screen must hold the cell tables of the {len(self.locators)} tiles, "
                 f"got {self.screen.num_tiles}"
             )
+        object.__setattr__(self, "network", Network.of(self.classifier))
 
     @classmethod
     def from_offline(
@@ -244,8 +256,7 @@ class TiledLocator:
     def ranked_tiles(self, r: ArrayLike) -> np.ndarray:
         """(B, :attr:`first_tries`) the tiles of snapshots ``r`` (B, M), most likely first."""
         r = np.asarray(r, np.float32).reshape(-1, self.num_aps)
-        cells, _ = jit_method(self.classifier, "top_cells", r, k=self.first_tries)
-        return self.tile_of[np.asarray(cells)]
+        return self.tile_of[np.asarray(_top_cells(self.network, r, self.first_tries))]
 
     def __call__(self, r: ArrayLike) -> TiledResult:
         """Locate snapshots ``r`` (B, M) of all M APs (module docstring).
@@ -325,9 +336,10 @@ class TiledLocator:
         self, locators: tuple[Locator, ...], r: np.ndarray, rows: np.ndarray, tiles: np.ndarray
     ) -> Iterator[tuple[int, np.ndarray, Any]]:
         """``(t, its rows, its result)`` of each tile of ``tiles`` (n,) on its ``rows`` (n,)
-        of ``r``: the first pass (``quick``) in one screen where :attr:`screen` is set, else
-        tile by tile."""
-        if locators is self.quick and self.screen is not None:
+        of ``r``: the first pass (``quick``) in one screen where :attr:`screen` is set and
+        the rows fall in at least :data:`SHARED_SCREEN_TILES` tiles, else tile by tile."""
+        shared = self.screen is not None and np.unique(tiles).size >= SHARED_SCREEN_TILES
+        if locators is self.quick and shared:
             if rows.size:
                 own = np.take_along_axis(r[rows], self.aps[tiles], axis=1)
                 for t, i, out in tile_results(self.quick, self.screen, own, tiles):
@@ -346,6 +358,13 @@ class TiledLocator:
             outs.append(loc(r[start : start + n]))
             start += n
         return outs[0] if len(outs) == 1 else jax.tree.map(lambda *a: np.concatenate(a), *outs)
+
+
+@partial(jax.jit, static_argnums=2)
+def _top_cells(network: Network, r: Array, k: int) -> Array:
+    """(B, k) the ``k`` most likely cells of a :class:`CellClassifier` ``network`` for
+    snapshots ``r`` (B, M) float32."""
+    return network.module.top_cells(r, k)[0]
 
 
 _ring_moves = jax.jit(jax.vmap(move_statistic_unchecked, in_axes=(0, 0, None, None)))
