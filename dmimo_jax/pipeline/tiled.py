@@ -338,14 +338,15 @@ class TiledLocator:
         """``(t, its rows, its result)`` of each tile of ``tiles`` (n,) on its ``rows`` (n,)
         of ``r``: the first pass (``quick``) in one screen where :attr:`screen` is set and
         the rows fall in at least :data:`SHARED_SCREEN_TILES` tiles, else tile by tile."""
-        shared = self.screen is not None and np.unique(tiles).size >= SHARED_SCREEN_TILES
+        hit = np.unique(tiles)
+        # an empty batch screens nothing, whatever the threshold
+        shared = self.screen is not None and hit.size >= max(SHARED_SCREEN_TILES, 1)
         if locators is self.quick and shared:
-            if rows.size:
-                own = np.take_along_axis(r[rows], self.aps[tiles], axis=1)
-                for t, i, out in tile_results(self.quick, self.screen, own, tiles):
-                    yield t, rows[i], out
+            own = np.take_along_axis(r[rows], self.aps[tiles], axis=1)
+            for t, i, out in tile_results(self.quick, self.screen, own, tiles):
+                yield t, rows[i], out
             return
-        for t in np.unique(tiles):
+        for t in hit:
             mine = rows[tiles == t]
             yield t, mine, self._tile_call(locators[t], r[np.ix_(mine, self.aps[t])])
 
