@@ -4,7 +4,6 @@ Physics, bounds and estimation are tested in float64; implicit rank promotion is
 error so that a silent (M,) vs (M, 1) broadcast cannot hide a bug.
 """
 
-import json
 import os
 import pathlib
 
@@ -80,28 +79,6 @@ def _xla_optimized_if_marked(request):
 # core busy after the other is idle. Nothing measured yet (a fresh clone, CI): the
 # collection order. A stale entry only costs balance, never a result.
 DURATIONS_KEY = "dmimo_jax/durations"
-# What a run orders by before it has measured anything itself (a fresh clone: CI, a user's
-# first run): tests/durations.json, committed, the seconds of each file in the test command
-# and of each slow test, from a run with an empty compilation cache on the 2-core machine
-# (`python -m pytest --store-durations`, then `python -m pytest -m slow --store-durations`).
-# The cache's own measurements, where it has them, come first.
-DURATIONS_FILE = pathlib.Path(__file__).parent / "tests" / "durations.json"
-
-
-def _committed_durations():
-    try:
-        return json.loads(DURATIONS_FILE.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def pytest_addoption(parser):
-    parser.addoption(
-        "--store-durations",
-        action="store_true",
-        help="write this run's seconds (per file, or per test with -m slow) to "
-        "tests/durations.json, which orders the runs of a fresh clone",
-    )
 
 
 def _file_of(nodeid):
@@ -111,15 +88,12 @@ def _file_of(nodeid):
 def pytest_collection_modifyitems(config, items):
     cache = getattr(config, "cache", None)
     seconds = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
-    committed = _committed_durations()
     if config.getoption("markexpr", "") == "slow":
-        seconds = {**committed.get("slow tests", {}), **seconds}
         key = lambda item: -seconds.get(item.nodeid, 0.0)  # noqa: E731
     else:
-        measured = {}
+        per_file = {}
         for nodeid, s in seconds.items():
-            measured[_file_of(nodeid)] = measured.get(_file_of(nodeid), 0.0) + s
-        per_file = {**committed.get("files", {}), **measured}
+            per_file[_file_of(nodeid)] = per_file.get(_file_of(nodeid), 0.0) + s
         key = lambda item: -per_file.get(_file_of(item.nodeid), 0.0)  # noqa: E731
     items.sort(key=key)  # stable: unmeasured tests keep their collection order, last
 
@@ -135,25 +109,12 @@ class _Durations:
         self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session):
-        if session.config.getoption("store_durations") and self.seconds:
-            self.store(session.config.getoption("markexpr", "") == "slow")
         cache = getattr(session.config, "cache", None)
         if cache is None or not self.seconds:
             return
         merged = dict(cache.get(DURATIONS_KEY, {}))
         merged.update({k: round(v, 3) for k, v in self.seconds.items()})
         cache.set(DURATIONS_KEY, merged)
-
-    def store(self, slow):
-        data = _committed_durations()
-        if slow:
-            data["slow tests"] = {k: round(v, 2) for k, v in sorted(self.seconds.items())}
-        else:
-            per_file = {}
-            for nodeid, s in self.seconds.items():
-                per_file[_file_of(nodeid)] = per_file.get(_file_of(nodeid), 0.0) + s
-            data["files"] = {k: round(v, 2) for k, v in sorted(per_file.items())}
-        DURATIONS_FILE.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def pytest_configure(config):
