@@ -329,6 +329,38 @@ def test_calibrate_fits_one_permittivity_per_face_name_from_noise_free_snapshots
     assert face_scene(surveyed).surface_names == nominal.surface_names
 
 
+def test_a_reacquisition_scores_its_lattice_in_chunks():
+    """The lattice is scored ``lattice_chunk`` points at a time: the same costs as all at
+    once, in the memory of a chunk. A scene of faces holds about 5 MB a lattice point (the
+    default lattice's 4,913 points all at once: a 25.3 GB buffer, which one jax could not
+    allocate); chunks of 16 keep the program's temporary buffers under 200 MB."""
+    from dmimo_jax import tracking
+    from dmimo_jax.datasets import face_scene
+    from dmimo_jax.tracking.reacquire import lattice_costs
+
+    model = dj.TwoRayModel(SCENE)
+    walk = tracking.ConstantVelocity(1.0, region=SCENE)
+
+    def costs(model, chunk, candidates):
+        tracker = tracking.Tracker(
+            model, walk, dt=0.01, settings=tracking.TrackerSettings(lattice_chunk=chunk)
+        )
+        state = tracker.init(jnp.array([5.3, 3.6, 1.0]), position_std=3e-3, acquire=False)
+        velocities = jnp.array([[0.0, 1.0, 0.0], [0.5, 0.0, 0.0]])
+        prior = jnp.linspace(0.0, 1.0, candidates.shape[0])
+        fn = jax.jit(lambda t, s: lattice_costs(t, s, candidates, velocities, prior))
+        return fn, tracker, state
+
+    center = jnp.array([[5.3, 3.6, 1.0]])
+    few = center + jax.random.uniform(jax.random.key(0), (37, 3), minval=-0.2, maxval=0.2)
+    whole, loop = (costs(model, chunk, few) for chunk in (37, 8))  # 8: a ragged last chunk
+    np.testing.assert_allclose(loop[0](*loop[1:]), whole[0](*whole[1:]), rtol=1e-13)
+    faces = face_scene(SCENE)
+    fn, tracker, state = costs(faces, 16, center + tracking.Tracker(model, walk, dt=0.01).offsets)
+    temp = fn.lower(tracker, state).compile().memory_analysis().temp_size_in_bytes
+    assert temp < 200e6, temp
+
+
 @pytest.mark.slow
 def test_a_tracker_follows_a_walk_past_the_pillar_in_a_scene_of_faces():
     from dmimo_jax import tracking

@@ -173,6 +173,9 @@ class TrackerSettings(NamedTuple):
         screen_snapshots: newest snapshots the re-acquisition's certified screen scores
             every lattice point on (:func:`~dmimo_jax.tracking.reacquire.lattice_argmin`; 1 to ``window``).
         screen_size: lattice points (times velocities) it scores on the whole window.
+        lattice_chunk: lattice points a re-acquisition scores at once (a loop over chunks
+            of this many: its memory is a chunk's, each point ``window`` snapshots times
+            two velocities of the model's work; a scene of faces holds about 5 MB a point).
         global_after: failed local re-acquisitions before a global one (with a ``table``).
     """
 
@@ -189,6 +192,7 @@ class TrackerSettings(NamedTuple):
     screen_snapshots: int = 2
     screen_size: int = 256
     global_after: int = 2
+    lattice_chunk: int = 128
 
 
 @pytree_dataclass
@@ -253,6 +257,7 @@ class Tracker:
                 f"screen_snapshots must be at most window = {s.window}, got {s.screen_snapshots}"
             )
         check_int("screen_size", s.screen_size, minimum=1)
+        check_int("lattice_chunk", s.lattice_chunk, minimum=1)
         check_int("global_after", s.global_after, minimum=1)
         if self.table is not None:
             if not isinstance(self.table, PhasorTable):

@@ -65,9 +65,15 @@ def lattice_costs(
     newest: int | None = None,
 ) -> Array:
     """(V, G) :func:`window_costs` of every candidate (G, 3) for every velocity (V, 3), plus
-    ``prior`` (G,); ``newest`` as in :func:`window_costs` (the screen's lower bounds)."""
-    cost = lambda v: window_costs(tracker, state, candidates, v, newest)  # noqa: E731
-    return jax.vmap(cost)(velocities) + prior[None, :]
+    ``prior`` (G,); ``newest`` as in :func:`window_costs` (the screen's lower bounds). The
+    candidates are scored ``tracker.settings.lattice_chunk`` at a time (a loop over chunks:
+    the memory of one chunk, whatever the lattice's size)."""
+
+    def cost(p: Array) -> Array:  # (3,) -> (V,)
+        return jax.vmap(lambda v: window_costs(tracker, state, p[None], v, newest)[0])(velocities)
+
+    chunk = min(tracker.settings.lattice_chunk, candidates.shape[0])
+    return jax.lax.map(cost, candidates, batch_size=chunk).T + prior[None, :]
 
 
 def lattice_argmin(
