@@ -192,7 +192,7 @@ class TrackerSettings(NamedTuple):
     screen_snapshots: int = 2
     screen_size: int = 256
     global_after: int = 2
-    lattice_chunk: int = 128
+    lattice_chunk: int = 512
 
 
 @pytree_dataclass
