@@ -173,9 +173,7 @@ class TrackerSettings(NamedTuple):
         screen_snapshots: newest snapshots the re-acquisition's certified screen scores
             every lattice point on (:func:`~dmimo_jax.tracking.reacquire.lattice_argmin`; 1 to ``window``).
         screen_size: lattice points (times velocities) it scores on the whole window.
-        lattice_chunk: lattice points a re-acquisition scores at once (a loop over chunks
-            of this many: its memory is a chunk's, each point ``window`` snapshots times
-            two velocities of the model's work; a scene of faces holds about 5 MB a point).
+        lattice_chunk: lattice points a re-acquisition scores at once (faces: ~5 MB a point).
         global_after: failed local re-acquisitions before a global one (with a ``table``).
     """
 
@@ -250,15 +248,13 @@ class Tracker:
         if not isinstance(s.relinearize, bool | np.bool_):
             raise ValueError(f"relinearize must be a bool, got {s.relinearize!r}")
         check_int("window", s.window, minimum=2)
-        check_int("reacquire_batch", s.reacquire_batch, minimum=1)
-        check_int("screen_snapshots", s.screen_snapshots, minimum=1)
+        for name in ("reacquire_batch", "screen_snapshots", "screen_size", "lattice_chunk",
+                     "global_after"):  # fmt: skip
+            check_int(name, getattr(s, name), minimum=1)
         if s.screen_snapshots > s.window:
             raise ValueError(
                 f"screen_snapshots must be at most window = {s.window}, got {s.screen_snapshots}"
             )
-        check_int("screen_size", s.screen_size, minimum=1)
-        check_int("lattice_chunk", s.lattice_chunk, minimum=1)
-        check_int("global_after", s.global_after, minimum=1)
         if self.table is not None:
             if not isinstance(self.table, PhasorTable):
                 raise ValueError(
