@@ -353,7 +353,7 @@ def test_a_reacquisition_scores_its_lattice_in_chunks():
 
     center = jnp.array([[5.3, 3.6, 1.0]])
     few = center + jax.random.uniform(jax.random.key(0), (37, 3), minval=-0.2, maxval=0.2)
-    whole, loop = (costs(model, chunk, few) for chunk in (37, 8))  # 8: a ragged last chunk
+    whole, loop = (costs(model, chunk, few) for chunk in (37, 8))  # 8: 5 chunks, 3 filled in
     np.testing.assert_allclose(loop[0](*loop[1:]), whole[0](*whole[1:]), rtol=1e-13)
     faces = face_scene(SCENE)
     fn, tracker, state = costs(faces, 16, center + tracking.Tracker(model, walk, dt=0.01).offsets)

@@ -66,14 +66,19 @@ def lattice_costs(
 ) -> Array:
     """(V, G) :func:`window_costs` of every candidate (G, 3) for every velocity (V, 3), plus
     ``prior`` (G,); ``newest`` as in :func:`window_costs` (the screen's lower bounds). The
-    candidates are scored ``tracker.settings.lattice_chunk`` at a time (a loop over chunks:
-    the memory of one chunk, whatever the lattice's size)."""
+    candidates are scored at most ``tracker.settings.lattice_chunk`` at a time (a loop over
+    chunks: the memory of one chunk, whatever the lattice's size), in chunks of one size
+    (the last candidate repeated to fill the last): one loop body, no second copy of the
+    scoring for a remainder."""
 
     def cost(p: Array) -> Array:  # (3,) -> (V,)
         return jax.vmap(lambda v: window_costs(tracker, state, p[None], v, newest)[0])(velocities)
 
-    chunk = min(tracker.settings.lattice_chunk, candidates.shape[0])
-    return jax.lax.map(cost, candidates, batch_size=chunk).T + prior[None, :]
+    g = candidates.shape[0]
+    num = -(-g // min(tracker.settings.lattice_chunk, g))
+    size = -(-g // num)
+    padded = jnp.concatenate([candidates, jnp.repeat(candidates[-1:], num * size - g, axis=0)])
+    return jax.lax.map(cost, padded, batch_size=size)[:g].T + prior[None, :]
 
 
 def lattice_argmin(
