@@ -18,9 +18,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["jit_or_eager", "pytree_dataclass", "static_field"]
+__all__ = ["jit_or_eager", "map_in_chunks", "pytree_dataclass", "static_field"]
 
 T = TypeVar("T")
 
@@ -107,3 +108,28 @@ def jit_or_eager(fn: Callable[..., Any], *, static_argnums: tuple[int, ...] = ()
         return fn(*args)
 
     return call
+
+
+def map_in_chunks(fn: Callable[[Any], Any], xs: Any, chunk: int) -> Any:
+    """``jax.lax.map(fn, xs, batch_size=...)`` over the leading axis of the pytree ``xs``
+    with every chunk of one size, so the loop body is compiled once.
+
+    ``lax.map`` with a ``batch_size`` that does not divide the length runs the remainder
+    through a second, separately compiled copy of ``fn``. Here the length n is split into
+    ``ceil(n / chunk)`` chunks of equal size (at most ``chunk``), the last item repeated to
+    fill the last one, and the extra results dropped: the same values, one body, at most
+    one chunk's extra work.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> map_in_chunks(lambda x: 2 * x, jnp.arange(5.0), 2).tolist()
+        [0.0, 2.0, 4.0, 6.0, 8.0]
+    """
+    n = jax.tree.leaves(xs)[0].shape[0]
+    if n == 0:
+        return jax.lax.map(fn, xs)
+    num = -(-n // max(1, min(chunk, n)))
+    size = -(-n // num)
+    pad = lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], num * size - n, axis=0)])
+    out = jax.lax.map(fn, jax.tree.map(pad, xs) if num * size > n else xs, batch_size=size)
+    return jax.tree.map(lambda y: y[:n], out)

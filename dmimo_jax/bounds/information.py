@@ -31,7 +31,7 @@ from dmimo_jax.physics import (
     unwrapped_phase,
     zeta_term,
 )
-from dmimo_jax.pytree import jit_or_eager
+from dmimo_jax.pytree import jit_or_eager, map_in_chunks
 from dmimo_jax.receivers import Receivers, channel, check_receivers
 from dmimo_jax.scene import Scene
 
@@ -360,7 +360,7 @@ def peb_map(xs: ArrayLike, model: PhaseModel | Scene, *, batch_size: int = 4096)
 
 @partial(jax.jit, static_argnames=("batch_size",))
 def _peb_map(xs: Array, model: PhaseModel, batch_size: int) -> Array:
-    return jax.lax.map(lambda x: _peb(x, model), xs, batch_size=min(batch_size, xs.shape[0]))
+    return map_in_chunks(lambda x: _peb(x, model), xs, batch_size)
 
 
 def complex_fim(x: ArrayLike, model: PhaseModel, receivers: Receivers, s: ArrayLike = 1.0) -> Array:

@@ -46,7 +46,7 @@ from dmimo_jax.estimators.phasors import (
 from dmimo_jax.estimators.rows import bucket_size
 from dmimo_jax.likelihood import ls_costs
 from dmimo_jax.physics import PhaseModel, as_phase_model
-from dmimo_jax.pytree import pytree_dataclass, static_field
+from dmimo_jax.pytree import map_in_chunks, pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
 
@@ -380,7 +380,7 @@ def starts_by_snapshot(r: Array, table: CellTable, cells: Array, k: int, chunk: 
         shift = subgrid_shift(table, score.reshape(-1, per_cell)[slot], point[:, None])[:, 0]
         return table.cells.corner(ci[slot]) + table.offsets[point] + shift  # (k, 3)
 
-    return jax.lax.map(starts, (r, cells), batch_size=chunk)
+    return map_in_chunks(starts, (r, cells), chunk)
 
 
 def starts_by_cell(r: Array, table: CellTable, cells: Array, k: int, groups: CellGroups) -> Array:

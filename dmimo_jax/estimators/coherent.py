@@ -34,7 +34,7 @@ from dmimo_jax.estimators.grid import Grid, grid_points
 from dmimo_jax.estimators.lm import levenberg_marquardt
 from dmimo_jax.estimators.phasors import squared_coherence
 from dmimo_jax.physics import PhaseModel, as_phase_model
-from dmimo_jax.pytree import pytree_dataclass
+from dmimo_jax.pytree import map_in_chunks, pytree_dataclass
 from dmimo_jax.receivers import ReceiverModel, profiled_residuals
 
 
@@ -176,7 +176,7 @@ def _local_refine(model, centres: Array, e: Array, offsets: Array):
         s = jnp.abs(jax.vmap(partial(expected_phasor, model))(pts) @ ei)
         return pts[jnp.argmax(s)], jnp.max(s)
 
-    return jax.lax.map(lambda a: one(*a), (centres, e), batch_size=64)
+    return map_in_chunks(lambda a: one(*a), (centres, e), 64)
 
 
 def local_offsets(grid: Grid, steps: int) -> np.ndarray:

@@ -35,7 +35,7 @@ from jax.typing import ArrayLike
 from dmimo_jax._checks import check_finite, check_int, check_table_aps, is_concrete
 from dmimo_jax.estimators.phasors import phasor_rows
 from dmimo_jax.physics import PhaseModel, as_phase_model
-from dmimo_jax.pytree import pytree_dataclass, static_field
+from dmimo_jax.pytree import map_in_chunks, pytree_dataclass, static_field
 from dmimo_jax.scene import Scene
 
 GRID_AXIS = "grid"  # mesh axis the grid chunks are sharded over
@@ -304,7 +304,7 @@ def _table_rows(model: PhaseModel | Scene, grid: Grid, rows: int, chunk_size: in
         # become phasors: with the model and cos/sin in one loop body, XLA's CPU code for
         # the fused body ran 2.3x slower (lambda/8 room grid of the paper's scene: 21 s vs
         # 9 s; the model alone 6 s)
-        theta = jax.lax.map(mean, i, batch_size=max(chunk_size // 4, 1))
+        theta = map_in_chunks(mean, i, max(chunk_size // 4, 1))
         return jnp.where((i < grid.size)[:, None], phasor_rows(theta), 0.0)
 
     index = jnp.arange(rows, dtype=jnp.int32).reshape(-1, chunk_size)

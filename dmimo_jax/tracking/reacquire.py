@@ -19,6 +19,7 @@ from jax import Array
 
 from dmimo_jax.estimators.search import egs_table_search
 from dmimo_jax.likelihood import compressed_residuals
+from dmimo_jax.pytree import map_in_chunks
 
 if TYPE_CHECKING:
     from dmimo_jax.tracking.filter import Tracker, TrackState
@@ -68,17 +69,13 @@ def lattice_costs(
     ``prior`` (G,); ``newest`` as in :func:`window_costs` (the screen's lower bounds). The
     candidates are scored at most ``tracker.settings.lattice_chunk`` at a time (a loop over
     chunks: the memory of one chunk, whatever the lattice's size), in chunks of one size
-    (the last candidate repeated to fill the last): one loop body, no second copy of the
-    scoring for a remainder."""
+    (:func:`~dmimo_jax.pytree.map_in_chunks`: one loop body, no second copy of the scoring
+    for a remainder)."""
 
     def cost(p: Array) -> Array:  # (3,) -> (V,)
         return jax.vmap(lambda v: window_costs(tracker, state, p[None], v, newest)[0])(velocities)
 
-    g = candidates.shape[0]
-    num = -(-g // min(tracker.settings.lattice_chunk, g))
-    size = -(-g // num)
-    padded = jnp.concatenate([candidates, jnp.repeat(candidates[-1:], num * size - g, axis=0)])
-    return jax.lax.map(cost, padded, batch_size=size)[:g].T + prior[None, :]
+    return map_in_chunks(cost, candidates, tracker.settings.lattice_chunk).T + prior[None, :]
 
 
 def lattice_argmin(
