@@ -8,6 +8,9 @@ the one equinox makes too: unflattening bypasses ``__init__``, so a constructor 
 validate and convert its arguments (a ``Scene`` checks that APs are above the ground)
 while ``jit``, ``vmap`` and ``grad`` can still rebuild the object from tracers or from
 the placeholder leaves JAX uses internally.
+
+It also holds the package's two pieces of plumbing around ``jit`` and loops:
+:func:`jit_or_eager` and :func:`map_in_chunks`.
 """
 
 from __future__ import annotations
