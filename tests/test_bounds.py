@@ -157,7 +157,6 @@ def test_a_chunked_map_compiles_its_body_once_for_any_length():
     """map_in_chunks (peb_map's loop) splits 300 positions into two chunks of 150: one copy
     of the PEB in the program, where lax.map's remainder (256 + 44) compiled a second."""
     from dmimo_jax import bounds
-    from dmimo_jax.pytree import map_in_chunks
 
     model = dj.TwoRayModel(SCENE)
 
@@ -165,12 +164,7 @@ def test_a_chunked_map_compiles_its_body_once_for_any_length():
         xs = _positions(n, seed=5)
         return len(bounds.information._peb_map.lower(xs, model, 256).as_text().splitlines())
 
-    assert lines(300) < 1.1 * lines(256)
-    assert lines(300) - lines(256) < 0.5 * lines(256)
-    xs = (jnp.arange(7.0), jnp.arange(14.0).reshape(7, 2))
-    out = map_in_chunks(lambda a: (a[0] + a[1].sum(), a[0]), xs, 3)
-    assert_allclose(out[0], 5 * xs[0] + 1, rtol=0)
-    assert_allclose(out[1], xs[0], rtol=0)
+    assert lines(300) < 1.1 * lines(256)  # 1,510 against 773 with lax.map's remainder
 
 
 def test_peb_gradient_finite_below_ap():

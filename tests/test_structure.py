@@ -246,6 +246,18 @@ def test_phase_models_declare_the_protocol(name, pytrees):
     assert model.mean(x).shape == model.variance(x).shape == (17,)
 
 
+def test_map_in_chunks_maps_a_pytree_with_a_remainder():
+    """Chunks of one size (7 items at 3: three chunks of 3, the last filled in) give each
+    item's own result, for a tuple in and a tuple out, and an empty input maps to empty."""
+    from dmimo_jax.pytree import map_in_chunks
+
+    xs = (jnp.arange(7.0), jnp.arange(14.0).reshape(7, 2))
+    out = map_in_chunks(lambda a: (a[0] + a[1].sum(), a[0]), xs, 3)
+    np.testing.assert_array_equal(out[0], 5 * xs[0] + 1)
+    np.testing.assert_array_equal(out[1], xs[0])
+    assert map_in_chunks(lambda a: 2 * a, jnp.zeros((0, 2)), 4).shape == (0, 2)
+
+
 def test_as_phase_model_names_what_is_missing():
     class NoScene:
         num_aps = 17
