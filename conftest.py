@@ -26,9 +26,20 @@ def _jaxlib_version() -> tuple[int, ...]:
         return (0, 0)
 
 
+# XLA:CPU also splits each program's machine code into parts that it generates on parallel
+# threads; for this suite's thousands of small programs, on workers that already keep both
+# cores busy, the split costs more than it saves. In one part (split count 1) the test
+# command took 169-170 s cold against 182-186 s, the slow tier 636 s against 677 s
+# (jaxlib 0.10.2; docs/performance.md). On jaxlib 0.12 it measured no gain (242 s against
+# 237 s), so it goes with the emitters' flag. The package leaves XLA's default: its large
+# programs compile faster split (the Locator's: 3.6 s against 4.3-5.1 s in one part).
 if _jaxlib_version() < (0, 11):
     os.environ["XLA_FLAGS"] = " ".join(
-        [os.environ.get("XLA_FLAGS", ""), "--xla_cpu_use_fusion_emitters=false"]
+        [
+            os.environ.get("XLA_FLAGS", ""),
+            "--xla_cpu_use_fusion_emitters=false",
+            "--xla_cpu_parallel_codegen_split_count=1",
+        ]
     ).strip()
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
