@@ -464,8 +464,9 @@ def _mean_rows(model: GPPhaseModel, dd: Array, gamma: Array, chunk: int) -> Arra
     row = lambda d: k_dd(d[None], x[:, 0])[0] @ b.T
     # lax.map's own chunks (full ones and a remainder), not pytree.map_in_chunks' equal ones:
     # a row sums L M terms of large alternating weights (alpha), so its rounding follows the
-    # chunk's shape, and the tiles' tables made in one program (tiles.fit_tiles) equal the
-    # tables made one at a time to 7e-14 rad with these chunks, 4e-10 with equal ones
+    # chunk's shape; with these chunks the tiles' tables made in one program (tiles.fit_tiles)
+    # equal those made one at a time to the slow test's 1e-10 rad, with equal ones they do
+    # not (test_fit_tiles_in_one_program_is_one_tile_at_a_time; the CHANGELOG has the numbers)
     return jax.lax.map(row, dd, batch_size=max(1, chunk // gamma.shape[0]))
 
 
