@@ -15,6 +15,11 @@ tiles) is not trained: each row goes to its own tile (the 20 and 40 m halls'
 ``benchmarks/tiled_locator.py`` measures the classifier: it names the right tile first for
 95% of the rows).
 
+With ``--ring``, each sampled tile's answers are then refined on its ring of
+``round(--ring * K)`` APs nearest its centre (:func:`dmimo_jax.pipeline.refine_on_ring`,
+the ring's GP at the tiles' hyperparameters: what :class:`dmimo_jax.pipeline.TiledLocator`
+does with ``ring``), the same rows without it reported beside (``*_no_ring``).
+
 Reported: the tiling's time and K, seconds and peak RSS of each stage, the whole floor's
 tile stages extrapolated from the sample's time per tile (labelled so), and over the
 sampled tiles' rows: RMSE over the all-AP PEB (eq. 13) and over the tile's K-AP PEB
@@ -60,6 +65,7 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, nargs="*", default=[512, 512, 512])
     ap.add_argument("--together", type=int, default=4, help="classifiers trained as one")
     ap.add_argument("--num", type=int, default=64, help="test snapshots per sampled tile")
+    ap.add_argument("--ring", type=float, default=0.0, help="refine on rings of this x K APs")
     ap.add_argument("--cache", type=pathlib.Path, default=None, help="default: a temporary one")
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--json", default=None)
@@ -96,34 +102,61 @@ def main(argv=None):
     # the tile stages scale with the tiles; the fits' hyperparameters and compiles do not
     row["tile_stages_s_extrapolated"] = row["offline_s"] / part.num_tiles * tiling.num_tiles
 
-    errs, pebs, peb_ks, accepted = [], [], [], []
+    ring = None
+    if args.ring:
+        size = min(int(round(args.ring * tiling.num_aps)), scene.num_aps)
+        wide = tiles.tile_aps(scene, args.tile, rule="nearest", num_aps=size).take(sample)
+        first = np.sort(wide.aps[:, : part.num_aps], 1)
+        if np.any(first != np.sort(part.aps, 1)):  # refine_on_ring: the tile's K APs first
+            raise SystemExit("--ring: a tile's K APs are not its nearest (the rule's choice)")
+        t0 = time.perf_counter()
+        ring = tiles.fit_tiles(lab.x, lab.r, lab.variance, scene, wide, num_labels=per_tile,
+                               params=models.params, devices=devices, progress=args.progress)  # fmt: skip
+        jax.block_until_ready(ring.models)
+        row.update(ring_k=size, ring_fit_s=time.perf_counter() - t0, ring_rss_mb=peak_rss_mb())
+
+    errs, plain_errs, pebs, peb_ks, accepted = [], [], [], [], []
     for i, off in enumerate(offs):
         key = jax.random.key(2000 + 7919 * args.seed + int(sample[i]))
         low, high = part.low[i], part.high[i]
         x = np.asarray(low + (high - low) * jax.random.uniform(key, (args.num, 3)), float)
         test = dj.measure.labeled_snapshots(jax.random.fold_in(key, 1), truth, args.num, x=x)
-        aps = part.aps[i]
-        out = dj.Locator.from_offline(off)(np.asarray(test.r)[:, aps])
-        errs.append(np.linalg.norm(np.asarray(out.x) - x, axis=1))
+        aps, r = part.aps[i], np.asarray(test.r)
+        loc = dj.Locator.from_offline(off)
+        out = loc(r[:, aps])
+        answer = np.array(out.x, float)
+        plain_errs.append(np.linalg.norm(answer - x, axis=1))
+        if ring is not None:  # the accepted answers with no AP left out, as TiledLocator
+            fine = np.asarray(out.accepted) & ~np.asarray(out.excluded).any(axis=1)
+            answer[fine] = pipeline.refine_on_ring(
+                answer[fine], r[np.ix_(fine, wide.aps[i])], ring.tile(i), part.num_aps,
+                cost_gate=loc.settings.cost_gate,
+            )[0]  # fmt: skip
+        errs.append(np.linalg.norm(answer - x, axis=1))
         pebs.append(np.asarray(dj.peb_map(x, truth)))
         excluded = np.ones((args.num, scene.num_aps), bool)
         excluded[:, aps] = False
         peb_ks.append(np.asarray(subset_pebs(x, truth, excluded)))
         accepted.append(np.asarray(out.accepted))
-    err, peb, peb_k, ok = (np.concatenate(v) for v in (errs, pebs, peb_ks, accepted))
-    rmse = float(np.sqrt(np.mean(err[ok] ** 2)))
-    row.update(
-        rmse_over_peb=rmse / float(np.mean(peb[ok])),
-        rmse_over_k_peb=rmse / float(np.mean(peb_k[ok])),
-        p99_over_peb=float(np.quantile(err / peb, 0.99)),
-        within_5_peb=float(np.mean(err < 5 * peb)),
-        accepted=float(np.mean(ok)),
-        per_tile_rmse_over_peb=[
-            float(np.sqrt(np.mean(e[a] ** 2)) / np.mean(p[a]))
-            for e, p, a in zip(errs, pebs, accepted, strict=True)
-        ],
-        peak_rss_mb=peak_rss_mb(),
-    )
+    peb, peb_k, ok = (np.concatenate(v) for v in (pebs, peb_ks, accepted))
+
+    def stats(errs, suffix=""):  # over the accepted rows of every sampled tile
+        err = np.concatenate(errs)
+        rmse = float(np.sqrt(np.mean(err[ok] ** 2)))
+        return {
+            f"rmse_over_peb{suffix}": rmse / float(np.mean(peb[ok])),
+            f"rmse_over_k_peb{suffix}": rmse / float(np.mean(peb_k[ok])),
+            f"p99_over_peb{suffix}": float(np.quantile(err / peb, 0.99)),
+            f"within_5_peb{suffix}": float(np.mean(err < 5 * peb)),
+            f"per_tile_rmse_over_peb{suffix}": [
+                float(np.sqrt(np.mean(e[a] ** 2)) / np.mean(p[a]))
+                for e, p, a in zip(errs, pebs, accepted, strict=True)
+            ],
+        }
+
+    row.update(stats(errs), accepted=float(np.mean(ok)), peak_rss_mb=peak_rss_mb())
+    if ring is not None:
+        row.update(stats(plain_errs, "_no_ring"))
     print(row, flush=True)
     print_table(
         [row],
@@ -137,7 +170,9 @@ def main(argv=None):
             ("fit_s", "fit s", ".0f"),
             ("offline_s", "offline s", ".0f"),
             ("tile_stages_s_extrapolated", "all tile stages s (extrap.)", ".0f"),
+            ("ring_k", "ring", "d"),
             ("rmse_over_peb", "RMSE/PEB", ".2f"),
+            ("rmse_over_peb_no_ring", "no ring", ".2f"),
             ("rmse_over_k_peb", "RMSE/K-PEB", ".2f"),
             ("p99_over_peb", "p99/PEB", ".1f"),
             ("within_5_peb", "<5 PEB", ".3f"),

@@ -236,7 +236,8 @@ def test_the_ring_refines_on_more_aps_and_leaves_a_faulty_one_out(building, ring
     alone (the ring's GP at the tiles' hyperparameters: over three draws of 48 snapshots the RMSE fell by 8-16%, 9% on this test's 96; asserted: 5%). A ring AP beyond K with a phase 1.5 rad off (never seen by the tile's gate) makes
     the ring's cost fail the gate: those answers are the tiles' own, to the digit; so are
     they where the agreement test refuses every move (``ring_risk`` near 1). A ring of
-    other tiles or without the tile's APs first is refused by name."""
+    other tiles or without the tile's APs first is refused by name. A known tile's rows
+    refined by ``refine_on_ring`` alone get the same answers."""
     off, loc = building
     wide, models = ring
     with_ring = tiled.TiledLocator.from_offline(off, ring=ring, **LOCATOR_LIGHT)
@@ -260,6 +261,24 @@ def test_the_ring_refines_on_more_aps_and_leaves_a_faulty_one_out(building, ring
     # the agreement test: at a risk near 1 its quantile is near 0 and it refuses every move
     strict = tiled.TiledLocator.from_offline(off, ring=ring, ring_risk=1 - 1e-9, **LOCATOR_LIGHT)
     np.testing.assert_allclose(np.asarray(strict(r).x), np.asarray(plain.x), atol=1e-12)
+    # the fine stage alone, for rows whose tile is known: the ring's answers of one tile
+    t = int(np.bincount(plain.tile).argmax())
+    keep = ~np.asarray(plain.rejected) & ~np.asarray(plain.excluded).any(axis=1)
+    rows = np.flatnonzero((plain.tile == t) & keep)
+    mine, kept = tiled.refine_on_ring(
+        np.asarray(plain.x)[rows], r[np.ix_(rows, wide.aps[t])], models.tile(t), loc.aps.shape[1],
+        cost_gate=loc.locators[t].settings.cost_gate,
+    )  # fmt: skip
+    np.testing.assert_allclose(mine, np.asarray(fine.x)[rows], atol=1e-12)
+    assert kept.mean() > 0.5 and np.all(mine[~kept] == np.asarray(plain.x)[rows][~kept])
+    for name, call in [
+        ("x", lambda: tiled.refine_on_ring(np.ones((2, 4)), r[:2, :48], models.tile(t), 24)),
+        ("r", lambda: tiled.refine_on_ring(plain.x[:2], r[:2, :24], models.tile(t), 24)),
+        ("num_aps", lambda: tiled.refine_on_ring(plain.x[:2], r[:2, :48], models.tile(t), 60)),
+        ("risk", lambda: tiled.refine_on_ring(plain.x[:2], r[:2, :48], models.tile(t), 24, risk=1.0)),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            call()
     other = tiles.tile_aps(SCENE, 1.0, rule="nearest", num_aps=40)
     few = tiles.tile_aps(SCENE, 2.0, rule="nearest", num_aps=30)
     bad_rings = ((other, models), (few.take([1, 0]), models), (few, models), (wide,), (wide, "x"))

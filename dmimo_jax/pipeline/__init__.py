@@ -82,7 +82,12 @@ from dmimo_jax.pipeline.online import (
 from dmimo_jax.pipeline.rescues import LocatorResult, Status
 from dmimo_jax.pipeline.settings import LocatorSettings
 from dmimo_jax.pipeline.stages import CellStage, WindowScreen, WindowStage
-from dmimo_jax.pipeline.tiled import SHARED_SCREEN_TILES, TiledLocator, TiledResult
+from dmimo_jax.pipeline.tiled import (
+    SHARED_SCREEN_TILES,
+    TiledLocator,
+    TiledResult,
+    refine_on_ring,
+)
 from dmimo_jax.pipeline.tiled_offline import (
     TILE_CLASSIFIER,
     TiledOffline,
@@ -106,6 +111,7 @@ __all__ = [
     "TiledLocator",
     "TiledOffline",
     "TiledResult",
+    "refine_on_ring",
     "run_offline_tiled",
     "tile_grid",
     "tile_offlines",

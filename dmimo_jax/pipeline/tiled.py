@@ -42,7 +42,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, check_phases, check_probability
+from dmimo_jax._checks import check_int, check_phases, check_positions, check_probability
 from dmimo_jax.bounds import move_statistic_unchecked, position_chi2_quantile
 from dmimo_jax.estimators.mle import refine_batch_unchecked
 from dmimo_jax.estimators.rows import bucket_size, gate_limit
@@ -304,33 +304,17 @@ class TiledLocator:
         return quick[: self.tries] + full[:1] + quick[self.tries :] + full[1:]
 
     def _refine_on_ring(self, answer: dict, r: np.ndarray) -> None:
-        """The accepted answers with no AP left out, refined on their tile's ring
-        (``ring_steps`` LM steps of eq. 17 under the ring's GP model, from the tile's
-        answer); a refinement is kept where its cost passes the tile's cost gate over the
-        ring's R APs (``gate_limit``: the ring's APs beyond K were never checked for faults,
-        so a refinement a faulty one pulls away fails it and leaves the tile's answer), or
-        always where the tiles have no gate, and where its move from the tile's answer
-        passes the agreement test of :attr:`ring_risk`. Rows run in parts padded to
-        :func:`~dmimo_jax.estimators.rows.bucket_size` (a few programs for any count)."""
+        """The accepted answers with no AP left out, refined on their tile's ring by
+        :func:`refine_on_ring` (its settings :attr:`ring_steps`, :attr:`ring_risk` and the
+        tile's cost gate)."""
         fine = (answer["status"] != int(Status.REJECTED)) & ~answer["excluded"].any(axis=1)
-        size, k = self.ring_aps.shape[1], self.aps.shape[1]
-        beyond = jnp.arange(size) >= k  # the ring's APs that are not the tile's
-        agree = position_chi2_quantile(self.ring_risk)
         for t in np.unique(answer["tile"][fine]):
             rows = np.flatnonzero(fine & (answer["tile"] == t))
-            model = jax.tree.map(lambda a, t=t: a[t], self.ring.models)
-            gate = self.locators[t].settings.cost_gate
-            limit = np.inf if gate is None else gate_limit(size, gate)
-            for part in np.array_split(rows, -(-rows.size // 256)):
-                pad = np.resize(part, bucket_size(part.size))  # repeated rows: same answers
-                start = jnp.asarray(answer["x"][pad])
-                fit = refine_batch_unchecked(
-                    start, jnp.asarray(r[np.ix_(pad, self.ring_aps[t])]), model, self.ring_steps
-                )
-                move = np.asarray(_ring_moves(start, fit.x, model, beyond))[: part.size]
-                x, cost = np.asarray(fit.x)[: part.size], np.asarray(fit.cost)[: part.size]
-                keep = np.isfinite(cost) & (cost <= limit) & (move <= agree)
-                answer["x"][part[keep]] = x[keep]
+            answer["x"][rows] = refine_on_ring(
+                answer["x"][rows], r[np.ix_(rows, self.ring_aps[t])], self.ring.tile(t),
+                self.aps.shape[1], steps=self.ring_steps, risk=self.ring_risk,
+                cost_gate=self.locators[t].settings.cost_gate,
+            )[0]  # fmt: skip
 
     def _results(
         self, locators: tuple[Locator, ...], r: np.ndarray, rows: np.ndarray, tiles: np.ndarray
@@ -366,6 +350,75 @@ def _top_cells(network: Network, r: Array, k: int) -> Array:
     """(B, k) the ``k`` most likely cells of a :class:`CellClassifier` ``network`` for
     snapshots ``r`` (B, M) float32."""
     return network.module.top_cells(r, k)[0]
+
+
+def refine_on_ring(
+    x: ArrayLike,
+    r: ArrayLike,
+    model: Any,
+    num_aps: int,
+    *,
+    steps: int = 10,
+    risk: float = 1e-3,
+    cost_gate: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One tile's answers refined on its ring of APs: the fine stage of a
+    :class:`TiledLocator` built with ``ring``, for rows whose tile is already known (a
+    tile's own :class:`~dmimo_jax.pipeline.Locator` on its K APs, then this).
+
+    ``steps`` LM steps of eq. 17 under ``model`` from each answer; a refinement is kept
+    where its ML cost passes the tile's ``cost_gate`` over the ring's R APs
+    (:func:`~dmimo_jax.estimators.rows.gate_limit`: the APs beyond K were never checked for
+    faults, so one that a faulty AP pulls away fails it; None: no gate) and its move from
+    the answer passes the agreement test: the move statistic in the tile's own K-AP
+    information (:func:`~dmimo_jax.bounds.move_statistic_unchecked`, the ring's APs beyond
+    K left out) within the ``1 - risk`` quantile of chi-square with 3 degrees of freedom.
+    Elsewhere the answer stays. Rows run in parts padded to
+    :func:`~dmimo_jax.estimators.rows.bucket_size` (a few programs for any count).
+
+    Args:
+        x: (n, 3) the tile's answers, m.
+        r: (n, R) the snapshots' phases at the ring's R APs, the tile's ``num_aps`` first
+            (:attr:`TiledLocator.ring_aps`; :func:`~dmimo_jax.tiles.tile_aps` with
+            ``rule="nearest"``).
+        model: the ring's GP phase model of this tile (:meth:`TileModels.tile` of
+            :func:`~dmimo_jax.tiles.fit_tiles` over the ring's tiling), R APs.
+        num_aps: K, the tile's own APs.
+        steps: LM steps (>= 1).
+        risk: the chance in (0, 1) that the agreement test refuses a sound refinement.
+        cost_gate: the tile's cost gate (its Locator's ``settings.cost_gate``) or None.
+
+    Returns:
+        ``(x, kept)``: (n, 3) float64 answers, the refined ones where kept, and (n,) bool.
+
+    Raises:
+        ValueError: ``x`` not (n, 3) finite positions, ``r`` not (n, R) finite phases for
+            the model's R APs, ``num_aps`` not in [4, R], ``steps`` or ``risk`` out of range.
+    """
+    size = int(np.shape(model.scene.ap_positions)[-2])
+    check_positions("x", x, batched=True)
+    check_phases("r", r, size, batched=True)
+    check_int("num_aps", num_aps, minimum=4, maximum=size)
+    check_int("steps", steps, minimum=1)
+    check_probability("risk", risk)
+    x, r = np.asarray(x, float).reshape(-1, 3), np.asarray(r, float).reshape(-1, size)
+    if x.shape[0] != r.shape[0]:
+        raise ValueError(f"x and r must hold the same rows, got {x.shape[0]} and {r.shape[0]}")
+    out, kept = x.copy(), np.zeros(x.shape[0], bool)
+    if x.shape[0] == 0:
+        return out, kept
+    limit = np.inf if cost_gate is None else gate_limit(size, cost_gate)
+    beyond = jnp.arange(size) >= num_aps  # the ring's APs that are not the tile's
+    agree = position_chi2_quantile(risk)
+    for part in np.array_split(np.arange(x.shape[0]), -(-x.shape[0] // 256)):
+        pad = np.resize(part, bucket_size(part.size))  # repeated rows: same answers
+        start = jnp.asarray(x[pad])
+        fit = refine_batch_unchecked(start, jnp.asarray(r[pad]), model, steps)
+        move = np.asarray(_ring_moves(start, fit.x, model, beyond))[: part.size]
+        xs, cost = np.asarray(fit.x)[: part.size], np.asarray(fit.cost)[: part.size]
+        keep = np.isfinite(cost) & (cost <= limit) & (move <= agree)
+        out[part[keep]], kept[part] = xs[keep], keep
+    return out, kept
 
 
 _ring_moves = jax.jit(jax.vmap(move_statistic_unchecked, in_axes=(0, 0, None, None)))
