@@ -276,6 +276,8 @@ def test_the_ring_refines_on_more_aps_and_leaves_a_faulty_one_out(building, ring
         ("r", lambda: tiled.refine_on_ring(plain.x[:2], r[:2, :24], models.tile(t), 24)),
         ("num_aps", lambda: tiled.refine_on_ring(plain.x[:2], r[:2, :48], models.tile(t), 60)),
         ("risk", lambda: tiled.refine_on_ring(plain.x[:2], r[:2, :48], models.tile(t), 24, risk=1.0)),
+        ("cost_gate", lambda: tiled.refine_on_ring(plain.x[:2], r[:2, :48], models.tile(t), 24, cost_gate=-1.0)),
+        ("model", lambda: tiled.refine_on_ring(plain.x[:2], r[:2, :48], "gp", 24)),
     ]:  # fmt: skip
         with pytest.raises(ValueError, match=name):
             call()

@@ -42,7 +42,13 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_int, check_phases, check_positions, check_probability
+from dmimo_jax._checks import (
+    check_int,
+    check_phases,
+    check_positions,
+    check_probability,
+    check_scalar,
+)
 from dmimo_jax.bounds import move_statistic_unchecked, position_chi2_quantile
 from dmimo_jax.estimators.mle import refine_batch_unchecked
 from dmimo_jax.estimators.rows import bucket_size, gate_limit
@@ -392,15 +398,21 @@ def refine_on_ring(
         ``(x, kept)``: (n, 3) float64 answers, the refined ones where kept, and (n,) bool.
 
     Raises:
-        ValueError: ``x`` not (n, 3) finite positions, ``r`` not (n, R) finite phases for
-            the model's R APs, ``num_aps`` not in [4, R], ``steps`` or ``risk`` out of range.
+        ValueError: ``model`` without a scene, ``x`` not (n, 3) finite positions, ``r`` not
+            (n, R) finite phases for the model's R APs, ``num_aps`` not in [4, R], ``steps``,
+            ``risk`` or ``cost_gate`` out of range.
     """
-    size = int(np.shape(model.scene.ap_positions)[-2])
+    aps = getattr(getattr(model, "scene", None), "ap_positions", None)
+    if aps is None:
+        raise ValueError(f"model must be a phase model of a scene (the ring's), got {model!r}")
+    size = int(np.shape(aps)[-2])
     check_positions("x", x, batched=True)
     check_phases("r", r, size, batched=True)
     check_int("num_aps", num_aps, minimum=4, maximum=size)
     check_int("steps", steps, minimum=1)
     check_probability("risk", risk)
+    if cost_gate is not None:
+        check_scalar("cost_gate", cost_gate, positive=True)
     x, r = np.asarray(x, float).reshape(-1, 3), np.asarray(r, float).reshape(-1, size)
     if x.shape[0] != r.shape[0]:
         raise ValueError(f"x and r must hold the same rows, got {x.shape[0]} and {r.shape[0]}")
