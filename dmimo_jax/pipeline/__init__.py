@@ -86,6 +86,7 @@ from dmimo_jax.pipeline.tiled import (
     SHARED_SCREEN_TILES,
     TiledLocator,
     TiledResult,
+    checked_ring,
     refine_on_ring,
 )
 from dmimo_jax.pipeline.tiled_offline import (
@@ -112,6 +113,7 @@ __all__ = [
     "TiledOffline",
     "TiledResult",
     "refine_on_ring",
+    "checked_ring",
     "run_offline_tiled",
     "tile_grid",
     "tile_offlines",

@@ -215,7 +215,7 @@ class TiledLocator:
             )
         # before the work
         _check_settings(tiled.tiling.num_tiles, tries, ring_steps, ring_risk, gate_tries)
-        ring_models, ring_aps = _checked_ring(ring, tiled.tiling)
+        ring_models, ring_aps = checked_ring(ring, tiled.tiling)
         locators = [Locator.from_offline(off, "cells", **settings) for off in tiled.tiles]
         # the gate's noise-fit bound (a static setting) of every tile: the largest chance
         # over the tiles, so each tile allows at most the exclusions its own bound allows
@@ -463,11 +463,14 @@ def _write(
     answer["excluded"][np.ix_(rows, aps)] = np.asarray(out.excluded)[keep]
 
 
-def _checked_ring(
+def checked_ring(
     ring: tuple[Tiling, TileModels] | None, tiling: Tiling
 ) -> tuple[TileModels | None, np.ndarray | None]:
     """``(models, aps)`` of a ring ``(ring_tiling, its fit_tiles)`` of ``tiling``'s tiles
-    (``ValueError`` naming ``ring`` otherwise), or ``(None, None)``."""
+    (``ValueError`` naming ``ring`` otherwise), or ``(None, None)``: the same tiles, each
+    tile's K APs first (what :func:`refine_on_ring` assumes of its ``r``), one model per tile
+    and AP. What :meth:`TiledLocator.from_offline` checks of its ``ring``; for a caller that
+    runs :func:`refine_on_ring` itself."""
     if ring is None:
         return None, None
     if not (isinstance(ring, tuple) and len(ring) == 2 and isinstance(ring[0], Tiling)
