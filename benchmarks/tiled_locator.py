@@ -55,7 +55,6 @@ from _common import peak_rss_mb, print_table, write_json  # noqa: E402
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import tiles  # noqa: E402
 from dmimo_jax.datasets import hall_scene  # noqa: E402
-from dmimo_jax.learning import get_preset  # noqa: E402
 from dmimo_jax.pipeline import tiled, tiled_screen  # noqa: E402
 
 # the PEB of the APs not excluded at each position: the package's O(M) subset bound, vmapped
@@ -124,7 +123,7 @@ def hall_offline(side, args):
                              progress=args.progress)  # fmt: skip
     jax.block_until_ready(models.models)
     row["fit_s"] = time.perf_counter() - t0
-    cells = get_preset("quick").cells
+    cells = tiled.TILE_CELLS  # its training; the width and the set size are flags
     cells = dataclasses.replace(cells, num_samples=args.tile_samples,
                                 network=dataclasses.replace(cells.network, hidden=args.hidden))  # fmt: skip
     net = tiled.TILE_CLASSIFIER

@@ -425,3 +425,22 @@ def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
     }
     assert all({"method", "num_ues", "us_per_snapshot_per_ue"} <= set(r) for r in rows)
     assert all(r["rmse_m"] < 1e-3 for r in rows)
+
+
+@pytest.mark.slow  # a tiny classifier trained, its Locator compiled for one batch size
+def test_cell_classifier_size_benchmark_smoke_and_resume(tmp_path, monkeypatch):
+    out = tmp_path / "ccs.json"
+    argv = ["--seeds", "0", "--variants", "64x1", "--num-samples", "4000", "--num-test", "1",
+            "--json", str(out)]  # fmt: skip
+    _run("benchmarks/cell_classifier_size.py", argv, monkeypatch)
+    (row,) = read_rows(out)
+    assert row["variant"] == "64x1" and row["hidden"] == [64, 64, 64] and row["epochs"] == 1
+    # 17 APs -> 32 inputs, three layers of 64, the UE region's cells out
+    assert row["parameters"] > 32 * 64 + 2 * 64 * 64
+    assert sum(row["statuses"].values()) == 1 and row["recall"] in (0.0, 1.0)
+    assert row["rmse_over_peb"] > 0 and row["ms_batch1"] > 0 and row["ms_batch256"] > 0
+    # a second call with the same record skips the row it holds (no training, no new row)
+    _run("benchmarks/cell_classifier_size.py", argv, monkeypatch)
+    assert read_rows(out) == [row]
+    with pytest.raises(ValueError, match="--variants"):
+        _run("benchmarks/cell_classifier_size.py", ["--variants", "wide"], monkeypatch)

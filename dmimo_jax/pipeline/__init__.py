@@ -90,6 +90,7 @@ from dmimo_jax.pipeline.tiled import (
     refine_on_ring,
 )
 from dmimo_jax.pipeline.tiled_offline import (
+    TILE_CELLS,
     TILE_CLASSIFIER,
     TiledOffline,
     run_offline_tiled,
@@ -107,6 +108,7 @@ from dmimo_jax.pipeline.locator import Locator  # noqa: F401
 from dmimo_jax.pipeline.offline import run_offline  # noqa: F401
 
 __all__ = [
+    "TILE_CELLS",
     "TILE_CLASSIFIER",
     "SHARED_SCREEN_TILES",
     "TiledLocator",

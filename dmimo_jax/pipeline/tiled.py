@@ -59,6 +59,7 @@ from dmimo_jax.pipeline.rescues import Status
 from dmimo_jax.pipeline.settings import checked_settings
 from dmimo_jax.pipeline.stages import Network
 from dmimo_jax.pipeline.tiled_offline import (  # noqa: F401 (also this module's names)
+    TILE_CELLS,
     TILE_CLASSIFIER,
     TiledOffline,
     run_offline_tiled,

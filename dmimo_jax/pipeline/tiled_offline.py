@@ -6,6 +6,7 @@ over all M APs (:func:`run_offline_tiled`; the tiles' stages alone, for any tile
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from typing import NamedTuple
 
@@ -18,7 +19,7 @@ from dmimo_jax._checks import check_int
 from dmimo_jax.estimators import CellGrid, cell_grid
 from dmimo_jax.gp.kernel import check_training_data
 from dmimo_jax.learning.cells import CellClassifier, CellConfig
-from dmimo_jax.learning.presets import CellsPreset, Preset, get_preset
+from dmimo_jax.learning.presets import CellsPreset, Preset
 from dmimo_jax.learning.train import TrainConfig
 from dmimo_jax.physics import PhaseModel, TwoRayModel
 from dmimo_jax.pipeline.cache import cache_key, default_cache_dir
@@ -32,14 +33,19 @@ from dmimo_jax.pipeline.offline import (
 from dmimo_jax.scene import Scene
 from dmimo_jax.tiles import TileModels, Tiling, tile_scene
 
-TILE_CLASSIFIER = CellsPreset(
-    CellConfig(top_k=2),
+TILE_CELLS = CellsPreset(
+    CellConfig(),
     TrainConfig(epochs=2, batch_size=1024, peak_lr=1e-3, pct_start=0.05, val_fraction=0.01),
     600_000,
 )
-"""The tile classifier's default settings (:func:`run_offline_tiled`): the ``"quick"``
-preset's cell classifier (1024 x 3 GELU, 600,000 samples, 2 epochs), its validation error
-the top-2 miss. On the 20 m hall of ``benchmarks/tiled_locator.py`` (16 tiles of 4.75 m),
+"""The tiles' cell classifiers' default settings (:func:`run_offline_tiled`,
+:func:`tile_offlines`): 1024 x 3 GELU, 600,000 samples, 2 epochs, the settings every hall
+and floor of docs/locality_measurements.md was measured with (the ``"quick"`` preset's until
+its classifier was narrowed for the single room)."""
+
+TILE_CLASSIFIER = dataclasses.replace(TILE_CELLS, network=CellConfig(top_k=2))
+"""The tile classifier's default settings (:func:`run_offline_tiled`): :data:`TILE_CELLS`'
+network and training, its validation error the top-2 miss. On the 20 m hall of ``benchmarks/tiled_locator.py`` (16 tiles of 4.75 m),
 a (256, 256) network of 200,000 samples named the right tile first for 61% of the test
 snapshots, this one for 95% (docs/locality_measurements.md)."""
 
@@ -124,8 +130,9 @@ def run_offline_tiled(
         models: :func:`~dmimo_jax.tiles.fit_tiles` of these labels and ``tiling``.
         whole_model: the tile classifier's model of all M APs (default: ``scene``'s
             two-ray model).
-        preset: the tiles' training preset (:func:`~dmimo_jax.pipeline.run_offline`).
-        cells: the tiles' cell classifier settings (default: the preset's).
+        preset: the tiles' :func:`~dmimo_jax.pipeline.run_offline` preset (part of their
+            cache key; their classifiers' settings are ``cells``).
+        cells: the tiles' cell classifier settings (default: :data:`TILE_CELLS`).
         classifier: the tile classifier's settings (:data:`TILE_CLASSIFIER`).
         cache_dir: root of the cache.
         seed: seeds the synthetic sets and initializations.
@@ -214,7 +221,7 @@ def tile_offlines(
         pick = np.ix_(rows, aps)
         return x[rows], r[pick], noise_var[pick], tile_scene(scene, tiling, t)
 
-    settings = get_preset(preset).cells if cells is None else cells
+    settings = TILE_CELLS if cells is None else cells
     # the tiles' classifiers first, ``together`` at a time, into the folders run_offline reads
     groups = range(0, tiling.num_tiles, together) if together > 1 else ()
     for start in groups:
@@ -233,6 +240,6 @@ def tile_offlines(
     # each tile's classifier trained above is loaded from its folder
     return tuple(
         run_offline(*tile_args(t), model=models.tile(t), kinds=("cells",), preset=preset,
-                    cells=cells, cache_dir=cache_dir, seed=seed, progress=progress)
+                    cells=settings, cache_dir=cache_dir, seed=seed, progress=progress)
         for t in steps
     )  # fmt: skip
