@@ -3,6 +3,7 @@ the integrity rules (never more than max_excluded APs out, never an answer witho
 redundant AP), and the Locator's batch buckets (any batch runs one of a few programs)."""
 
 import dataclasses
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -156,6 +157,24 @@ def test_any_batch_runs_one_of_the_buckets_and_gives_each_rows_answer(loc):
     if before >= 0:
         assert pipeline.Locator.compiled_programs() - before <= 4  # buckets 1, 4, 16, 64
     assert pipeline.bucket_for(5) == 16 and pipeline.BUCKETS[-1] == 4096
+
+
+def test_a_new_batch_size_compiles_its_padding_and_unpadding_alone(loc, caplog):
+    """Batches of 6 and 7 device rows after one of 5 (all of bucket 16): the Locator's
+    program is not compiled again, and each new size compiles at most two small programs
+    (its padding and its results' first rows, each one program whatever the leaves), not
+    an eager slice per leaf and operation (14 a size before)."""
+    _, r, _ = _labeled(7, seed=21)
+    r = jax.device_put(r)
+    rows = jax.block_until_ready([r[:6], r[:7]])  # sliced before counting
+    loc(r[:5])
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        got = [loc(rr) for rr in rows]
+    compiled = [m for m in caplog.messages if m.startswith("Finished XLA compilation")]
+    assert len(compiled) <= 4, compiled
+    assert not [m for m in compiled if "jit(program)" in m], compiled
+    np.testing.assert_array_equal(np.asarray(got[1].x[:6]), np.asarray(got[0].x))
+    assert got[0].x.shape == (6, 3) and got[1].status.shape == (7,)
 
 
 def test_locator_entry_points_refuse_bad_input_by_name(loc):

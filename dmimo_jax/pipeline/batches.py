@@ -5,6 +5,7 @@ requests the same way)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
 from typing import Any
@@ -137,12 +138,30 @@ def padded_parts(r: Array | np.ndarray, sizes: tuple[int, ...] = BUCKETS):
     """``r`` (B, M) in parts of at most the largest of ``sizes``, each padded to the next
     size by repeats of its last row: yields ``(n, padded)`` with ``n`` its real rows. What
     the Locator's call and a loaded export run, so a few programs serve any batch. A NumPy
-    ``r`` is split and padded on the host (no device dispatch), a JAX array on its device;
-    a part that fills its size is yielded as it is."""
-    xp = np if isinstance(r, np.ndarray) else jnp
+    ``r`` is split and padded on the host (no device dispatch); a JAX array on its device,
+    each part padded by one small program per row count (not one per operation: a new
+    batch size compiles one, not four); a part that fills its size is yielded as it is."""
     top = sizes[-1]
     for start in range(0, r.shape[0], top):
-        part = r[start : start + top]
+        part = r if r.shape[0] <= top else r[start : start + top]  # one part: no slice
         n = part.shape[0]
-        pad = bucket_for(n, sizes) - n
-        yield n, xp.concatenate([part, xp.repeat(part[-1:], pad, axis=0)]) if pad else part
+        size = bucket_for(n, sizes)
+        if size == n:
+            yield n, part
+        elif isinstance(part, np.ndarray):
+            yield n, np.concatenate([part, np.repeat(part[-1:], size - n, axis=0)])
+        else:
+            yield n, _padded(part, size)
+
+
+@partial(jax.jit, static_argnums=1)
+def _padded(part: Array, size: int) -> Array:
+    return jnp.concatenate([part, jnp.repeat(part[-1:], size - part.shape[0], axis=0)])
+
+
+@partial(jax.jit, static_argnums=1)
+def head_rows(tree: Any, n: int) -> Any:
+    """The first ``n`` rows of every leaf of ``tree`` (a padded batch's results without
+    the padding), as one program: a new ``n`` compiles one small program, not one slice
+    per leaf (a Locator's result has eight)."""
+    return jax.tree.map(lambda a: a[:n], tree)

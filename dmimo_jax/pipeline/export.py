@@ -17,8 +17,9 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch
 from dmimo_jax.estimators import PhasorTable
-from dmimo_jax.pipeline.batches import padded_parts, program_jit
+from dmimo_jax.pipeline.batches import head_rows, padded_parts, program_jit
 from dmimo_jax.pipeline.locator import Locator, LocatorResult
+from dmimo_jax.pipeline.rescues import Status
 
 FORMAT = "dmimo_jax.Locator/3"
 """The export format :func:`load_locator` reads: ``locator.json``, ``arrays.npz`` (the
@@ -152,9 +153,11 @@ class ExportedLocator:
         parts = []
         for k, pad in padded_parts(rb, tuple(self.batch_sizes)):
             out = self._run(pad.shape[0], pad, k)
-            parts.append(jax.tree.map(lambda a, k=k: a[:k], tuple(out)))
-        out = LocatorResult(*(jnp.concatenate(f) for f in zip(*parts, strict=True)))
-        for row in np.flatnonzero(np.asarray(out.overflow)):  # alone, a row always fits
+            parts.append(out if k == pad.shape[0] else head_rows(out, k))
+        if len(parts) > 1:
+            out = LocatorResult(*(jnp.concatenate(f) for f in zip(*parts, strict=True)))
+        overflow = np.asarray(out.status) == Status.OVERFLOW  # on the host
+        for row in np.flatnonzero(overflow):  # alone, a row always fits
             again = self._run(1, rb[row : row + 1], 1)
             out = jax.tree.map(lambda a, b, i=row: a.at[i].set(b[0]), out, again)
         return jax.tree.map(lambda a: a[0], out) if single else out

@@ -37,7 +37,13 @@ from dmimo_jax.estimators.window import window_offsets
 from dmimo_jax.learning.cells import CellClassifier
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel
-from dmimo_jax.pipeline.batches import BUCKETS, bucket_for, padded_parts, program_jit
+from dmimo_jax.pipeline.batches import (
+    BUCKETS,
+    bucket_for,
+    head_rows,
+    padded_parts,
+    program_jit,
+)
 from dmimo_jax.pipeline.gate import run_gate
 from dmimo_jax.pipeline.heal import HealReport, heal
 from dmimo_jax.pipeline.online import CandidateScreen
@@ -422,14 +428,14 @@ class Locator:
         for n, padded in padded_parts(r):
             size = padded.shape[0]
             out = _program(self, padded, self.capacity_for(size), np.int32(n))
-            parts.append(out if n == size else jax.tree.map(lambda a, n=n: a[:n], out))
+            parts.append(out if n == size else head_rows(out, n))
         return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
 
     def _rerun_overflow(self, r: Array | np.ndarray, out: LocatorResult) -> LocatorResult:
         """The rows of ``r`` that overflowed the capacity, run again through the program the
         batch ran (its first part's bucket: no new compile), at most its capacity of them at
         a time, the rest of the bucket padding: each then fits every rescue."""
-        rows = np.flatnonzero(np.asarray(out.overflow))
+        rows = np.flatnonzero(np.asarray(out.status) == Status.OVERFLOW)  # on the host
         if rows.size == 0:
             return out
         size = bucket_for(min(r.shape[0], BUCKETS[-1]))
