@@ -37,7 +37,7 @@ CELLS_CPU = CellsPreset(
     TrainConfig(epochs=3, batch_size=1024, peak_lr=1e-3, pct_start=0.05, val_fraction=0.01),
     1_000_000,
 )
-CELLS_QUICK = CellsPreset(  # 512 wide: a quarter of 1024's products for 0.2-0.4% less top-16 recall
+CELLS_QUICK = CellsPreset(  # why 3 x 512: docs/learning_measurements.md, the classifier's size
     CellConfig(hidden=(512, 512, 512)),
     TrainConfig(epochs=3, batch_size=1024, peak_lr=1e-3, pct_start=0.05, val_fraction=0.01),
     600_000,

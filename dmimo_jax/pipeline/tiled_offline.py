@@ -45,9 +45,8 @@ its classifier was narrowed for the single room)."""
 
 TILE_CLASSIFIER = dataclasses.replace(TILE_CELLS, network=CellConfig(top_k=2))
 """The tile classifier's default settings (:func:`run_offline_tiled`): :data:`TILE_CELLS`'
-network and training, its validation error the top-2 miss. On the 20 m hall of ``benchmarks/tiled_locator.py`` (16 tiles of 4.75 m),
-a (256, 256) network of 200,000 samples named the right tile first for 61% of the test
-snapshots, this one for 95% (docs/locality_measurements.md)."""
+network and training, its validation error the top-2 miss (why this size:
+docs/locality_measurements.md, the tile classifier against a smaller one)."""
 
 
 def tile_grid(tiling: Tiling) -> tuple[CellGrid, np.ndarray]:
