@@ -163,7 +163,7 @@ def test_a_new_batch_size_compiles_its_padding_and_unpadding_alone(loc, caplog):
     """Batches of 6 and 7 device rows after one of 5 (all of bucket 16): the Locator's
     program is not compiled again, and each new size compiles at most two small programs
     (its padding and its results' first rows, each one program whatever the leaves), not
-    an eager slice per leaf and operation (14 a size before)."""
+    an eager slice per leaf and operation (20 for the two before)."""
     _, r, _ = _labeled(7, seed=21)
     r = jax.device_put(r)
     rows = jax.block_until_ready([r[:6], r[:7]])  # sliced before counting
@@ -207,17 +207,23 @@ def test_locator_entry_points_refuse_bad_input_by_name(loc):
         assert out.x.shape == (0, 3) and out.status.shape == (0,)
 
 
-@pytest.mark.slow  # exports the batch-1 program
+@pytest.mark.slow  # exports the batch-4 program
 def test_a_damaged_export_is_refused_naming_its_file(loc, tmp_path):
-    pipeline.export_locator(loc, tmp_path, batch_sizes=(1,))
+    pipeline.export_locator(loc, tmp_path, batch_sizes=(4,))
     loaded = pipeline.load_locator(tmp_path)
     assert loaded(np.zeros((0, 17))).x.shape == (0, 3)  # as the Locator's own call
-    blob = tmp_path / "batch_1.stablehlo"
+    # a batch padded to the program's 4 rows: its own 3 rows back, the Locator's answers
+    _, r, _ = _labeled(3, seed=22)
+    got, want = loaded(r), loc(r)
+    assert got.x.shape == (3, 3) and got.status.shape == (3,)
+    np.testing.assert_allclose(np.asarray(got.x), np.asarray(want.x), rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(np.asarray(got.status), np.asarray(want.status))
+    blob = tmp_path / "batch_4.stablehlo"
     good = blob.read_bytes()
     blob.write_bytes(good[:100])
-    with pytest.raises(ValueError, match=r"batch_1\.stablehlo is damaged"):
+    with pytest.raises(ValueError, match=r"batch_4\.stablehlo is damaged"):
         pipeline.load_locator(tmp_path)
-    (tmp_path / "batch_1.stablehlo").write_bytes(good)
+    (tmp_path / "batch_4.stablehlo").write_bytes(good)
     arrays = tmp_path / "arrays.npz"
     arrays.write_bytes(arrays.read_bytes()[:1000])
     with pytest.raises(ValueError, match=r"arrays\.npz is damaged"):

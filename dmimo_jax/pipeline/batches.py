@@ -154,6 +154,17 @@ def padded_parts(r: Array | np.ndarray, sizes: tuple[int, ...] = BUCKETS):
             yield n, _padded(part, size)
 
 
+def run_in_buckets(run: Callable[[Any, int], Any], r: Array | np.ndarray, sizes=BUCKETS) -> Any:
+    """``run(padded, n)`` on each part of :func:`padded_parts` ``(r, sizes)``, each result
+    cut to its ``n`` real rows (:func:`head_rows`) and the parts joined: a batch of any size
+    through a few programs, as the Locator's call and a loaded export run theirs."""
+    parts = []
+    for n, padded in padded_parts(r, sizes):
+        out = run(padded, n)
+        parts.append(out if n == padded.shape[0] else head_rows(out, n))
+    return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
+
 @partial(jax.jit, static_argnums=1)
 def _padded(part: Array, size: int) -> Array:
     return jnp.concatenate([part, jnp.repeat(part[-1:], size - part.shape[0], axis=0)])

@@ -17,7 +17,7 @@ from jax.typing import ArrayLike
 
 from dmimo_jax._checks import as_snapshot_batch
 from dmimo_jax.estimators import PhasorTable
-from dmimo_jax.pipeline.batches import head_rows, padded_parts, program_jit
+from dmimo_jax.pipeline.batches import program_jit, run_in_buckets
 from dmimo_jax.pipeline.locator import Locator, LocatorResult
 from dmimo_jax.pipeline.rescues import Status
 
@@ -150,12 +150,8 @@ class ExportedLocator:
             one = jax.ShapeDtypeStruct((1, self.num_aps), rb.dtype)
             empty = jax.eval_shape(lambda r: self._run(1, r, 1), one)
             return LocatorResult(*(jnp.zeros((0, *a.shape[1:]), a.dtype) for a in empty))
-        parts = []
-        for k, pad in padded_parts(rb, tuple(self.batch_sizes)):
-            out = self._run(pad.shape[0], pad, k)
-            parts.append(out if k == pad.shape[0] else head_rows(out, k))
-        if len(parts) > 1:
-            out = LocatorResult(*(jnp.concatenate(f) for f in zip(*parts, strict=True)))
+        out = run_in_buckets(lambda pad, k: self._run(pad.shape[0], pad, k), rb,
+                             tuple(self.batch_sizes))  # fmt: skip
         overflow = np.asarray(out.status) == Status.OVERFLOW  # on the host
         for row in np.flatnonzero(overflow):  # alone, a row always fits
             again = self._run(1, rb[row : row + 1], 1)

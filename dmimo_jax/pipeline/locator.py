@@ -40,9 +40,9 @@ from dmimo_jax.physics import PhaseModel
 from dmimo_jax.pipeline.batches import (
     BUCKETS,
     bucket_for,
-    head_rows,
     padded_parts,
     program_jit,
+    run_in_buckets,
 )
 from dmimo_jax.pipeline.gate import run_gate
 from dmimo_jax.pipeline.heal import HealReport, heal
@@ -424,12 +424,11 @@ class Locator:
         """The program on concrete rows ``r`` (B, M) in :func:`padded_parts` (the padding
         takes no rescue and is dropped): batches of 1 to 4,096 rows run one of
         ``len(BUCKETS)`` programs, each compiled once."""
-        parts = []
-        for n, padded in padded_parts(r):
-            size = padded.shape[0]
-            out = _program(self, padded, self.capacity_for(size), np.int32(n))
-            parts.append(out if n == size else head_rows(out, n))
-        return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
+        def run(padded: Array | np.ndarray, n: int) -> LocatorResult:
+            return _program(self, padded, self.capacity_for(padded.shape[0]), np.int32(n))
+
+        return run_in_buckets(run, r)
 
     def _rerun_overflow(self, r: Array | np.ndarray, out: LocatorResult) -> LocatorResult:
         """The rows of ``r`` that overflowed the capacity, run again through the program the
