@@ -76,7 +76,12 @@ def main(argv=None):
     ap.add_argument("--depth", type=int, default=3)
     ap.add_argument("--num-samples", type=int, default=None, help="default: the quick preset's")
     ap.add_argument("--num-test", type=int, default=1024)
-    ap.add_argument("--cache", type=pathlib.Path, default=None, help="default: a temporary folder")
+    ap.add_argument(
+        "--cache",
+        type=pathlib.Path,
+        default=None,
+        help="default: a temporary folder (a folder that already holds a classifier makes its offline s a load)",
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     settings = {v: variant(v, args.depth, args.num_samples) for v in args.variants}
@@ -86,6 +91,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         root = args.cache or pathlib.Path(tmp)
         for seed in args.seeds:
+            if all((seed, name) in done for name in settings):
+                continue  # a resumed run: nothing of this seed left to measure
             lab = dj.measure.labeled_snapshots(jax.random.key(seed), scene, 50)
             test = dj.measure.labeled_snapshots(jax.random.key(50_000 + seed), scene, args.num_test)
             pebs = np.asarray(dj.peb_map(test.x, scene))
