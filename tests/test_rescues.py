@@ -205,6 +205,43 @@ def test_locator_entry_points_refuse_bad_input_by_name(loc):
     empty = jnp.zeros((0, 17))
     for out in (loc(empty), jax.jit(loc)(empty), jax.vmap(loc)(empty)):
         assert out.x.shape == (0, 3) and out.status.shape == (0,)
+    # stage by stage: a NaN start was refined into a NaN answer, silently, and certify
+    # took any shape of screened
+    x, r, _ = _labeled(2, seed=3)
+    nan = np.where(np.arange(2)[:, None] == 1, np.nan, np.asarray(x))
+    with pytest.raises(ValueError, match="screened must be finite"):
+        loc.fine_stage(r, nan)
+    fine = loc.fine_stage(r, x)
+    with pytest.raises(ValueError, match="screened must be finite"):
+        loc.certify(r, nan, fine)
+    with pytest.raises(ValueError, match=r"screened must have shape \(2, 3\)"):
+        loc.certify(r, x[:1], fine)
+    with pytest.raises(ValueError, match="fine must be fine_stage's RefineResult"):
+        loc.certify(r, x, fine.x)
+
+
+def test_the_batch_helpers_refuse_what_is_no_row_count_or_no_ascending_sizes():
+    """Each of these was accepted (a count of -1 or 1.5 given a bucket, a negative head cut
+    rows from the end, sizes out of order padded 5 rows to parts of 4 and 16) or raised an
+    obscure error (an IndexError, max() of an empty sequence)."""
+    from dmimo_jax.pipeline.batches import head_rows, padded_parts
+
+    for n in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="n must be an int >= 0"):
+            pipeline.bucket_for(n)
+        with pytest.raises(ValueError, match="n must be an int >= 0"):
+            pipeline.snug_parts(n)
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        head_rows({"a": jnp.zeros(4)}, -1)
+    for sizes in ((16, 4), (), (0, 4), (4, 4), (1.0, 4), 4):
+        with pytest.raises(ValueError, match="sizes must be"):
+            padded_parts(np.zeros((5, 3)), sizes)
+        with pytest.raises(ValueError, match="sizes must be"):
+            pipeline.bucket_for(3, sizes)
+    # a rest below the smallest size is one part, padded to that size
+    assert pipeline.snug_parts(2, (4, 16)) == [2]
+    assert [(n, p.shape[0]) for n, p in padded_parts(np.zeros((2, 3)), (4, 16))] == [(2, 4)]
+    assert pipeline.snug_parts(0) == [] and pipeline.bucket_for(0) == 1
 
 
 @pytest.mark.slow  # exports the batch-4 program

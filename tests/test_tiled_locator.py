@@ -219,6 +219,16 @@ def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building)
     assert np.all(once.tile != right.tile)
     with pytest.raises(ValueError, match="r must"):
         loc(r[:, :10])
+    # the tile ranking checks its snapshots (NaN rows were ranked, (B, M/2) rows read as
+    # (B/2, M)), and one (M,) snapshot answers without the batch axis, as the Locator's
+    for bad, match in ((np.full((2, r.shape[1]), np.nan), "finite"),
+                       (r[:2].reshape(4, -1), "shape")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"r must .*{match}"):
+            loc.ranked_tiles(bad)
+    single = loc(r[3])
+    assert single.x.shape == (3,) and single.excluded.shape == (r.shape[1],)
+    assert int(single.tile) == right.tile[3] and int(single.status) == right.status[3]
+    np.testing.assert_allclose(single.x, np.asarray(right.x)[3], atol=1e-9)
 
 
 @pytest.fixture(scope="module")

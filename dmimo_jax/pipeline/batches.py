@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import Array
 
+from dmimo_jax._checks import check_int
+
 BUCKETS = (1, 4, 16, 64, 256, 1024, 4096)
 """The batch sizes the Locator's call compiles: a batch is padded to the next (a larger one
 runs in parts of the last), so any batch runs one of seven programs."""
@@ -91,13 +93,34 @@ def program_jit(fn: Callable, **jit_kwargs: Any) -> ProgramJit:
     return ProgramJit(fn, **jit_kwargs)
 
 
+def check_sizes(sizes: Any) -> tuple[int, ...]:
+    """``sizes`` as a tuple of batch sizes: ints >= 1, strictly ascending, at least one
+    (``ValueError`` naming ``sizes`` otherwise: a size out of order would pad a batch to a
+    smaller program or split it in the wrong parts)."""
+    try:
+        sizes = tuple(sizes)
+    except TypeError:
+        raise ValueError(f"sizes must be a tuple of batch sizes, got {sizes!r}") from None
+    ok = len(sizes) > 0 and all(
+        isinstance(s, int | np.integer) and not isinstance(s, bool) and s >= 1 for s in sizes
+    )
+    if not ok or any(a >= b for a, b in zip(sizes, sizes[1:], strict=False)):
+        raise ValueError(
+            f"sizes must be ints >= 1 in strictly ascending order, at least one, got {sizes!r}"
+        )
+    return tuple(int(s) for s in sizes)
+
+
 def bucket_for(n: int, sizes: tuple[int, ...] = BUCKETS) -> int:
     """The smallest of ``sizes`` (ascending; default :data:`BUCKETS`) that holds ``n`` rows.
 
     Raises:
-        ValueError: ``n`` above the largest (split the batch: :func:`padded_parts`).
+        ValueError: ``n`` not an int >= 0, ``sizes`` not ascending ints >= 1
+            (:func:`check_sizes`), or ``n`` above the largest (split the batch:
+            :func:`padded_parts`).
     """
-    for size in sizes:
+    check_int("n", n)
+    for size in check_sizes(sizes):
         if size >= n:
             return size
     raise ValueError(f"n={n} rows exceed the largest batch size {sizes[-1]}: split them")
@@ -115,10 +138,11 @@ def snug_parts(n: int, sizes: tuple[int, ...] = BUCKETS, waste: float = 0.25) ->
         ([4, 1], [4, 4, 3], [63], [64, 4, 1, 1])
 
     Raises:
-        ValueError: a negative ``n`` or a ``waste`` outside [0, 1).
+        ValueError: ``n`` not an int >= 0, ``sizes`` not ascending ints >= 1, or a
+            ``waste`` outside [0, 1).
     """
-    if n < 0:
-        raise ValueError(f"n must be a row count >= 0, got {n}")
+    check_int("n", n)
+    sizes = check_sizes(sizes)
     if not 0 <= waste < 1:
         raise ValueError(f"waste must be in [0, 1), got {waste}")
     parts = []
@@ -127,8 +151,8 @@ def snug_parts(n: int, sizes: tuple[int, ...] = BUCKETS, waste: float = 0.25) ->
             part = sizes[-1]
         elif bucket_for(n, sizes) - n <= waste * bucket_for(n, sizes):
             part = n
-        else:
-            part = max(s for s in sizes if s <= n)
+        else:  # the largest size the rest fills (none: the rest, padded to the smallest)
+            part = max((s for s in sizes if s <= n), default=n)
         parts.append(part)
         n -= part
     return parts
@@ -140,7 +164,15 @@ def padded_parts(r: Array | np.ndarray, sizes: tuple[int, ...] = BUCKETS):
     the Locator's call and a loaded export run, so a few programs serve any batch. A NumPy
     ``r`` is split and padded on the host (no device dispatch); a JAX array on its device,
     each part padded by one small program per row count (not one per operation: a new
-    batch size compiles one, not four); a part that fills its size is yielded as it is."""
+    batch size compiles one, not four); a part that fills its size is yielded as it is.
+
+    Raises:
+        ValueError: ``sizes`` not ascending ints >= 1 (:func:`check_sizes`), at the call.
+    """
+    return _parts(r, check_sizes(sizes))
+
+
+def _parts(r: Array | np.ndarray, sizes: tuple[int, ...]):
     top = sizes[-1]
     for start in range(0, r.shape[0], top):
         part = r if r.shape[0] <= top else r[start : start + top]  # one part: no slice
@@ -174,5 +206,7 @@ def _padded(part: Array, size: int) -> Array:
 def head_rows(tree: Any, n: int) -> Any:
     """The first ``n`` rows of every leaf of ``tree`` (a padded batch's results without
     the padding), as one program: a new ``n`` compiles one small program, not one slice
-    per leaf (a Locator's result has eight)."""
+    per leaf (a Locator's result has eight). ``ValueError`` unless ``n`` is an int >= 0
+    (a negative one would cut rows from the end)."""
+    check_int("n", n)
     return jax.tree.map(lambda a: a[:n], tree)

@@ -29,7 +29,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import as_snapshot_batch, check_phases, is_concrete
+from dmimo_jax._checks import as_snapshot_batch, check_finite, check_phases, is_concrete
 from dmimo_jax.estimators import PhasorTable
 from dmimo_jax.estimators.mle import RefineResult, best_start_then_refine, refine_batch_unchecked
 from dmimo_jax.estimators.rows import MIN_CAPACITY, capacity_for, passes_gate
@@ -467,10 +467,7 @@ class Locator:
     def fine_stage(self, r: ArrayLike, screened: ArrayLike) -> RefineResult:
         """Stage 3: ``fine_steps`` Levenberg-Marquardt steps under :attr:`fine_model`."""
         r = self._snapshots(r)
-        x = jnp.asarray(screened, r.dtype)
-        if x.shape != (r.shape[0], 3):
-            raise ValueError(f"screened must have shape ({r.shape[0]}, 3), got {x.shape}")
-        return _refine(self, r, x)
+        return _refine(self, r, _checked_positions("screened", screened, r))
 
     def coarse_position(self, coarse: Any) -> Array:
         """The coarse stage's position (B, 3): the most likely cell's centre for cells."""
@@ -485,11 +482,17 @@ class Locator:
     def certify(
         self, r: ArrayLike, screened: Array, fine: RefineResult
     ) -> tuple[Array, RefineResult, np.ndarray]:
-        """The cost gate's rescues on answers ``(screened, fine)`` (every row fitted).
+        """The cost gate's rescues on answers ``(screened, fine)`` (every row fitted;
+        ``screened`` finite, ``ValueError`` otherwise; a non-finite ``fine`` fails the gate).
         Returns ``(screened, fine, rescued)``: the rows the rescues ran on replaced, and the
         (B,) mask of those a rescue brought under the gate."""
         r = self._snapshots(r)
-        out = _certify(self, r, jnp.asarray(screened, r.dtype), fine, max(r.shape[0], 1))
+        screened = _checked_positions("screened", screened, r)
+        if not isinstance(fine, RefineResult) or np.shape(fine.x) != (r.shape[0], 3):
+            raise ValueError(  # a NaN in fine is an answer that fails the gate: it is rescued
+                f"fine must be fine_stage's RefineResult for the {r.shape[0]} snapshots r"
+            )
+        out = _certify(self, r, screened, fine, max(r.shape[0], 1))
         return out.screened, out.fine, np.asarray(out.rescued)
 
     @staticmethod
@@ -498,6 +501,16 @@ class Locator:
         batch bucket and capacity it was called with; JAX's in-memory caches; -1 where this
         JAX does not report it): what a benchmark counts to check the buckets' bound."""
         return _program.cache_size()
+
+
+def _checked_positions(name: str, x: ArrayLike, r: Array) -> Array:
+    """``x`` as (B, 3) positions of ``r``'s dtype for the (B, M) snapshots ``r``:
+    ``ValueError`` naming ``name`` for another shape or a NaN (no silent NaN answer)."""
+    x = jnp.asarray(x, r.dtype)
+    if x.shape != (r.shape[0], 3):
+        raise ValueError(f"{name} must have shape ({r.shape[0]}, 3), got {x.shape}")
+    check_finite(name, x)
+    return x
 
 
 _program = program_jit(Locator.program, static_argnums=2)  # plain inside a trace

@@ -261,17 +261,21 @@ class TiledLocator:
         return min(max(self.gate_tries, self.tries), len(self.locators))
 
     def ranked_tiles(self, r: ArrayLike) -> np.ndarray:
-        """(B, :attr:`first_tries`) the tiles of snapshots ``r`` (B, M), most likely first."""
+        """(B, :attr:`first_tries`) the tiles of snapshots ``r`` (B, M) (or (M,): B = 1),
+        most likely first. ``ValueError`` unless ``r`` holds finite real phases of the M APs."""
+        check_phases("r", r, self.num_aps)
         r = np.asarray(r, np.float32).reshape(-1, self.num_aps)
         return self.tile_of[np.asarray(_top_cells(self.network, r, self.first_tries))]
 
     def __call__(self, r: ArrayLike) -> TiledResult:
-        """Locate snapshots ``r`` (B, M) of all M APs (module docstring).
+        """Locate snapshots ``r`` (B, M) of all M APs (module docstring); one (M,) snapshot
+        gives a result without the batch axis, as :class:`~dmimo_jax.Locator`'s call does.
 
         Raises:
-            ValueError: ``r`` not (B, M) finite real phases.
+            ValueError: ``r`` not (M,) or (B, M) finite real phases.
         """
         check_phases("r", r, self.num_aps)
+        single = np.ndim(r) == 1
         r = np.asarray(r, float).reshape(-1, self.num_aps)
         b = r.shape[0]
         ranked = self.ranked_tiles(r)
@@ -296,10 +300,11 @@ class TiledLocator:
                 break
         if self.ring is not None:
             self._refine_on_ring(answer, r)
-        return TiledResult(
+        out = TiledResult(
             answer["x"], answer["tile"], answer["rank"], answer["cost"], answer["status"],
             answer["excluded"],
         )  # fmt: skip
+        return TiledResult(*(a[0] for a in out)) if single else out
 
     def _tries(self) -> list[tuple[tuple[Locator, ...], int]]:
         """``(locators, rank)`` in the order a pending row tries them: its first ``tries``
