@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
@@ -27,6 +28,10 @@ def wrap(angle: ArrayLike) -> Array:
     Returns:
         Array of the same shape and dtype, in :math:`[-\pi, \pi)`.
 
+    Raises:
+        ValueError: complex ``angle`` (a phasor is not an angle: its imaginary part would
+            be dropped; ``jnp.angle`` gives the angle of a phasor).
+
     Examples:
         >>> import jax.numpy as jnp
         >>> float(wrap(jnp.pi))
@@ -35,6 +40,11 @@ def wrap(angle: ArrayLike) -> Array:
         -1.570796...
     """
     angle = jnp.asarray(angle)
+    if jnp.issubdtype(angle.dtype, jnp.complexfloating):
+        raise ValueError(
+            f"angle must be real angles in radians, got {angle.dtype} values (the angle of "
+            "a phasor is jnp.angle of it)"
+        )
     if not jnp.issubdtype(angle.dtype, jnp.floating):
         angle = angle.astype(jnp.result_type(float))
     return _wrap(angle)
@@ -50,8 +60,19 @@ def _wrap(angle: Array) -> Array:
 
 
 def angle_diff(a: ArrayLike, b: ArrayLike) -> Array:
-    r"""Signed circular difference :math:`\mathrm{wrap}(a - b)` in :math:`[-\pi, \pi)`."""
-    return wrap(jnp.asarray(a) - jnp.asarray(b))
+    r"""Signed circular difference :math:`\mathrm{wrap}(a - b)` in :math:`[-\pi, \pi)`.
+
+    Raises:
+        ValueError: ``a`` and ``b`` of shapes that do not broadcast, or complex.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise ValueError(
+            f"a and b must have shapes that broadcast, got {a.shape} and {b.shape}"
+        ) from None
+    return wrap(a - b)
 
 
 def circular_mean(angle: ArrayLike, weights: ArrayLike | None = None, axis: int = -1) -> Array:

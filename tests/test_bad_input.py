@@ -716,6 +716,17 @@ def test_round_five_probe_arguments_are_refused_by_name():
     assert failed.tolist() == [True, False]
 
 
+def test_wrap_refuses_a_phasor_and_angle_diff_shapes_that_do_not_broadcast():
+    """wrap(1 + 1j) was 1.0 (the imaginary part dropped); angle_diff of (3,) and (4,) a
+    TypeError from inside jnp."""
+    with pytest.raises(ValueError, match="angle must be real"):
+        dj.wrap(jnp.array([1.0 + 1.0j]))
+    with pytest.raises(ValueError, match=r"a and b must have shapes that broadcast"):
+        dj.angle_diff(jnp.zeros(3), jnp.zeros(4))
+    assert float(dj.angle_diff(0.1, 2 * jnp.pi)) == pytest.approx(0.1)
+    assert dj.angle_diff(jnp.zeros((2, 1)), jnp.zeros((1, 3))).shape == (2, 3)
+
+
 def test_no_source_or_doc_file_holds_a_control_character():
     """A TeX escape in a non-raw string turns \\alpha into a BEL byte and \\top into a tab
     (protection_level's formula did): no package, test, example or doc file may hold a
