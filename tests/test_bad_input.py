@@ -727,6 +727,16 @@ def test_wrap_refuses_a_phasor_and_angle_diff_shapes_that_do_not_broadcast():
     assert dj.angle_diff(jnp.zeros((2, 1)), jnp.zeros((1, 3))).shape == (2, 3)
 
 
+def test_egs_names_a_region_that_is_neither_room_nor_ue_with_a_table_too():
+    """With a grid or table given, egs ignored region and took any text."""
+    from dmimo_jax.estimators import make_grid
+
+    grid = make_grid(np.array([1.0, 1.0, 1.0]), np.array([1.2, 1.2, 1.2]), 0.1)
+    for g in (0.5, grid):
+        with pytest.raises(ValueError, match="region must be 'room' or 'ue'"):
+            dj.egs(jnp.zeros(17), MODEL, g, region="bogus")
+
+
 def test_no_source_or_doc_file_holds_a_control_character():
     """A TeX escape in a non-raw string turns \\alpha into a BEL byte and \\top into a tab
     (protection_level's formula did): no package, test, example or doc file may hold a

@@ -103,6 +103,8 @@ def egs(
     model = as_phase_model(model)
     check_num_aps(model.num_aps)
     warn_if_float32("egs")
+    if region not in ("room", "ue"):  # checked with a grid or table too (unused there)
+        raise ValueError(f"region must be 'room' or 'ue', got {region!r}")
     if not isinstance(grid, (Grid, PhasorTable)):
         grid = search_grid(model, as_spacing(grid), region)
     if chunk_size is not None:
