@@ -737,6 +737,32 @@ def test_egs_names_a_region_that_is_neither_room_nor_ue_with_a_table_too():
             dj.egs(jnp.zeros(17), MODEL, g, region="bogus")
 
 
+def test_run_offline_names_kinds_as_text_a_seed_a_sample_count_cells_and_a_file_as_folder(
+    tmp_path,
+):
+    """Each was accepted (kinds "cells" read letter by letter, 0 samples) or failed deep
+    inside (a TypeError from JAX's key, an AttributeError, an OSError from mkdir)."""
+    from dmimo_jax.pipeline import offline_folder, use_compilation_cache
+
+    x = np.array([[2.0, 2.0, 1.0], [3.0, 5.0, 1.5]])
+    r = np.zeros((2, 17))
+    var = np.full((2, 17), 1e-6)
+    file = tmp_path / "a_file"
+    file.write_text("")
+    with pytest.raises(ValueError, match=r"kinds must be a tuple of names, \('cells',\)"):
+        dj.pipeline.run_offline(x, r, var, SCENE, kinds="cells", cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="cells must be a CellsPreset or None, got str"):
+        dj.pipeline.run_offline(x, r, var, SCENE, kinds=("cells",), cells="big")
+    for kw, match in ((dict(seed=1.5), "seed must be an int"),
+                      (dict(num_samples=0), "num_samples must be an int >= 1"),
+                      (dict(cache_dir=file), "cache_dir must be a folder"),
+                      (dict(cache_dir=file / "below"), "cache_dir must be a folder")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            offline_folder(x, r, var, SCENE, **{"cache_dir": tmp_path, **kw})
+    with pytest.raises(ValueError, match="path must be a folder"):
+        use_compilation_cache(file)
+
+
 def test_no_source_or_doc_file_holds_a_control_character():
     """A TeX escape in a non-raw string turns \\alpha into a BEL byte and \\top into a tab
     (protection_level's formula did): no package, test, example or doc file may hold a

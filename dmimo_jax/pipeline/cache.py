@@ -75,8 +75,18 @@ def use_compilation_cache(path: str | os.PathLike | None = None) -> pathlib.Path
     caches a result). Returns the folder.
     """
     folder = path or os.environ.get(COMPILATION_CACHE_ENV) or default_cache_dir() / "xla"
-    folder = pathlib.Path(folder).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = made_folder("path", pathlib.Path(folder).expanduser())
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     return folder
+
+
+def made_folder(name: str, path: str | os.PathLike) -> pathlib.Path:
+    """``path`` as a folder, created with its parents: ``ValueError`` naming the argument
+    ``name`` where it (or a parent) is a file, instead of an ``OSError`` from ``mkdir``."""
+    path = pathlib.Path(path)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"{name} must be a folder, but {p} is a file")
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -23,7 +23,7 @@ from jax import Array
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
-from dmimo_jax._checks import is_concrete
+from dmimo_jax._checks import check_int, is_concrete
 from dmimo_jax.calibration import Calibration
 from dmimo_jax.estimators import (
     CellTable,
@@ -43,7 +43,7 @@ from dmimo_jax.learning.popt import POPTConfig
 from dmimo_jax.learning.presets import CellsPreset, Preset, get_preset
 from dmimo_jax.learning.train import TrainConfig, train, train_many
 from dmimo_jax.physics import PhaseModel
-from dmimo_jax.pipeline.cache import cache_key, default_cache_dir
+from dmimo_jax.pipeline.cache import cache_key, default_cache_dir, made_folder
 from dmimo_jax.pipeline.online import coarse_estimate
 from dmimo_jax.scene import Scene
 
@@ -281,6 +281,9 @@ def offline_folder(
     :func:`~dmimo_jax.pipeline.tiled_offline.run_offline_tiled`) writes into, for
     :func:`run_offline` to find."""
     p = get_preset(preset)
+    if num_samples is not None:
+        check_int("num_samples", num_samples, minimum=1)
+    check_int("seed", seed, minimum=-(2**63))
     config = dict(
         model=model if isinstance(model, str) else type(model).__name__,
         preset=p.name,
@@ -292,8 +295,7 @@ def offline_folder(
     x, r, noise_var = (jnp.asarray(v) for v in (x, r, noise_var))
     trees = (scene, x, r, noise_var) + (() if isinstance(model, str) else (model,))
     root = default_cache_dir() if cache_dir is None else pathlib.Path(cache_dir)
-    folder = root / cache_key(config, *trees)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = made_folder("cache_dir", root / cache_key(config, *trees))
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
 
@@ -357,6 +359,10 @@ def run_offline(
     p = get_preset(preset)
     if isinstance(model, Calibration):
         model = calibrated_model(model)
+    if isinstance(kinds, str):
+        raise ValueError(f"kinds must be a tuple of names, ({kinds!r},), got the text {kinds!r}")
+    if cells is not None and not isinstance(cells, CellsPreset):
+        raise ValueError(f"cells must be a CellsPreset or None, got {type(cells).__name__}")
     for kind in kinds:
         if kind not in KINDS:
             raise ValueError(f"kinds must be from {KINDS}, got {kind!r}")
