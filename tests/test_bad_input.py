@@ -763,6 +763,23 @@ def test_run_offline_names_kinds_as_text_a_seed_a_sample_count_cells_and_a_file_
         use_compilation_cache(file)
 
 
+def test_a_hall_below_its_ue_region_a_negative_exponent_and_nan_labels_are_named():
+    """Each was accepted: APs hung at 1 m inside the hall's UE region (0.5-3.5 m), a
+    negative cosine exponent where the patch is off, NaN labels ranked for the tiles."""
+    from dmimo_jax import tiles
+    from dmimo_jax.datasets import hall_scene, synthetic_deployment
+
+    for height in (1.0, 3.5):
+        with pytest.raises(ValueError, match="height must be above the UE region's top"):
+            hall_scene(10, height=height)
+    for kw in (dict(true_exponent=-1.0), dict(believed_exponent=np.nan)):
+        with pytest.raises(ValueError, match="exponent must"):
+            synthetic_deployment(**kw)
+    tiling = tiles.tile_aps(hall_scene(10), 5.0, rule="nearest", num_aps=8)
+    with pytest.raises(ValueError, match="x must be finite"):
+        tiles.tile_labels(tiling, np.full((5, 3), np.nan), 2)
+
+
 def test_no_source_or_doc_file_holds_a_control_character():
     """A TeX escape in a non-raw string turns \\alpha into a BEL byte and \\top into a tab
     (protection_level's formula did): no package, test, example or doc file may hold a

@@ -200,12 +200,16 @@ def synthetic_deployment(
     Raises:
         ValueError: an unknown ``world``, a ``seed`` that is not an integer in [0,
             :data:`SEED_MAX`], a non-finite ``power_dbm``, a negative or non-finite
-            ``position_std``, ``random_materials`` for the two-ray world.
+            ``position_std``, a negative exponent, ``random_materials`` for the two-ray world.
     """
     if world not in ("room", "two-ray", "faces"):
         raise ValueError(f"world must be 'room', 'two-ray' or 'faces', got {world!r}")
     check_int("seed", seed, maximum=SEED_MAX)  # seed + 1000 is a 32-bit key (larger wrap)
     check_scalar("power_dbm", power_dbm)
+    for name, q in (("true_exponent", true_exponent), ("believed_exponent", believed_exponent)):
+        check_scalar(name, q)  # checked without patch too, where they are not used
+        if q < 0:
+            raise ValueError(f"{name} must be >= 0 (a cosine pattern's exponent), got {q!r}")
     if random_materials and world == "two-ray":
         raise ValueError("random_materials draws a room's surfaces: use world='room' or 'faces'")
     surveyed = paper_scene(power_dbm, "concrete", convention="itu")
@@ -245,6 +249,10 @@ PAPER_DENSITY = 0.17
 """APs per square metre of the paper's room (17 over 10 x 10 m)."""
 
 
+UE_TOP = 3.5
+"""The top of a hall's UE region (:func:`hall_scene`), m: its APs hang above it."""
+
+
 def hall_scene(
     side: float,
     *,
@@ -265,13 +273,16 @@ def hall_scene(
     from its centre. Same arguments, same hall.
 
     Raises:
-        ValueError: a ``side`` not above 2 m, fewer than 4 APs, a bad ``seed`` or ``jitter``.
+        ValueError: a ``side`` not above 2 m, fewer than 4 APs, a ``height`` not above the
+            UE region (:data:`UE_TOP`), a bad ``seed`` or ``jitter``.
     """
     check_scalar("side", side, positive=True)
     if side <= 2.0:
         raise ValueError(f"side must exceed 2 m (a 0.5 m margin on each side), got {side!r}")
     check_scalar("density", density, positive=True)
     check_scalar("height", height, positive=True)
+    if height <= UE_TOP:  # the APs would hang inside the UE region (a UE at an AP)
+        raise ValueError(f"height must be above the UE region's top, {UE_TOP} m, got {height!r}")
     check_scalar("jitter", jitter)
     if not 0 <= jitter < 0.5:
         raise ValueError(f"jitter must be in [0, 0.5) of a cell, got {jitter!r}")
@@ -292,6 +303,6 @@ def hall_scene(
     return base.replace(
         ap_positions=ap,
         ue_low=np.array([0.5, 0.5, 0.5]),
-        ue_high=np.array([side - 0.5, side - 0.5, 3.5]),
+        ue_high=np.array([side - 0.5, side - 0.5, UE_TOP]),
         room_size=np.array([side, side, float(height)]),
     )

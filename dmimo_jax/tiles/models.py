@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec
 from jax.typing import ArrayLike
 
 from dmimo_jax import gp
-from dmimo_jax._checks import check_int, check_scalar, warn_if_float32
+from dmimo_jax._checks import check_finite, check_int, check_scalar, warn_if_float32
 from dmimo_jax.scene import Scene
 from dmimo_jax.tiles.tiling import Tiling, scene_of, tile_scene, tile_sharding
 
@@ -42,6 +42,7 @@ def tile_labels(tiling: Tiling, x: ArrayLike, num_labels: int) -> np.ndarray:
     x = np.asarray(x, float)
     if x.ndim != 2 or x.shape[1] != 3:
         raise ValueError(f"x must have shape (L, 3), got {x.shape}")
+    check_finite("x", x)
     check_int("num_labels", num_labels, minimum=2, maximum=x.shape[0])
     out = []
     for lo, hi in zip(tiling.low, tiling.high, strict=True):
