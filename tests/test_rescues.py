@@ -177,6 +177,30 @@ def test_a_new_batch_size_compiles_its_padding_and_unpadding_alone(loc, caplog):
     assert got[0].x.shape == (6, 3) and got[1].status.shape == (7,)
 
 
+def test_a_batch_over_the_largest_bucket_is_cut_and_joined_by_one_program(caplog):
+    """Parts of a batch over the largest size (here sizes (2, 4): 9 rows run 4 + 4 + 1,
+    10 rows 4 + 4 + 2): each new size compiles one program that cuts and joins every leaf
+    (a slice and a concatenation per leaf before: 4 leaves, 5 programs), and the rows are
+    the unpadded ones in order."""
+    from dmimo_jax.pipeline.batches import run_in_buckets
+
+    def run(padded, n):  # a result of four leaves, row i holding r's row i
+        p = jnp.asarray(padded)
+        return {"a": p, "b": p[:, 0], "c": p.sum(1), "d": p[:, :2] > 0}
+
+    r = np.arange(30.0).reshape(10, 3)
+    run_in_buckets(run, r[:9], (2, 4))  # the run's own programs compiled first
+    run_in_buckets(run, r[:10], (2, 4))
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        got = [run_in_buckets(run, r[:n], (2, 4)) for n in (5, 6, 7)]
+    compiled = [m for m in caplog.messages if m.startswith("Finished XLA compilation")]
+    assert len(compiled) <= 3, compiled  # 5: (4, 1), 6: (4, 2), 7: (4, 3), one each
+    for n, out in zip((5, 6, 7), got, strict=True):
+        want = run(r[:n], n)
+        for key in want:
+            np.testing.assert_array_equal(np.asarray(out[key]), np.asarray(want[key]))
+
+
 def test_locator_entry_points_refuse_bad_input_by_name(loc):
     """Snapshots that are not phases (bool, str), a table that is not this Locator's,
     batch_sizes and devices that are not what they say: a ValueError naming the argument.

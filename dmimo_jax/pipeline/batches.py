@@ -189,12 +189,28 @@ def _parts(r: Array | np.ndarray, sizes: tuple[int, ...]):
 def run_in_buckets(run: Callable[[Any, int], Any], r: Array | np.ndarray, sizes=BUCKETS) -> Any:
     """``run(padded, n)`` on each part of :func:`padded_parts` ``(r, sizes)``, each result
     cut to its ``n`` real rows (:func:`head_rows`) and the parts joined: a batch of any size
-    through a few programs, as the Locator's call and a loaded export run theirs."""
-    parts = []
+    through a few programs, as the Locator's call and a loaded export run theirs. A batch
+    of several parts is cut and joined by one program (:func:`joined_rows`)."""
+    outs, counts, full = [], [], True
     for n, padded in padded_parts(r, sizes):
-        out = run(padded, n)
-        parts.append(out if n == padded.shape[0] else head_rows(out, n))
-    return parts[0] if len(parts) == 1 else jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+        outs.append(run(padded, n))
+        counts.append(n)
+        full = full and n == padded.shape[0]
+    if len(outs) > 1:
+        return joined_rows(outs, tuple(counts))
+    return outs[0] if full else head_rows(outs[0], counts[0])
+
+
+@partial(jax.jit, static_argnums=1)
+def joined_rows(trees: list, counts: tuple[int, ...]) -> Any:
+    """The first ``counts[i]`` rows of every leaf of ``trees[i]``, the trees joined along
+    the rows, as one program: a batch of several parts (over the largest bucket) compiles
+    one small program per new size, not a slice and a concatenation per leaf."""
+    for c in counts:
+        check_int("counts", c)
+    return jax.tree.map(
+        lambda *a: jnp.concatenate([x[:c] for x, c in zip(a, counts, strict=True)]), *trees
+    )
 
 
 @partial(jax.jit, static_argnums=1)
