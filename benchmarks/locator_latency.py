@@ -7,10 +7,13 @@ of the test snapshots) per snapshot, its
 ratio to the batched cost of the largest batch, the first call's time (compilation), the same program under ``jax.jit`` (no
 host checks), and the lambda/8 MLE (``estimators.exact_mle``: table EGS + refinement + the gate's
 recheck, one program) at the batch sizes it can
-afford on this machine; the RMSE against the truth for each.
+afford on this machine; the RMSE against the truth for each. With ``--per-row N``, N more
+single snapshots one by one (each's first call and its best of three), grouped by how many
+of its candidate cells the screen read (its first cells alone, or all) and its status.
 
     python benchmarks/locator_latency.py --json out/locator_latency.json
     python benchmarks/locator_latency.py --quick      # batches 1, 16, 256
+    python benchmarks/locator_latency.py --batches 1 --mle-max-batch 0 --per-row 256
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--batches", type=int, nargs="*", default=None)
     ap.add_argument("--mle-max-batch", type=int, default=256)
+    ap.add_argument(
+        "--per-row", type=int, default=0,
+        help="also time this many single snapshots one by one, grouped by the screen's tier",
+    )  # fmt: skip
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     batches = args.batches or ([1, 16, 256] if args.quick else [1, 16, 256, 4096])
@@ -108,7 +115,40 @@ def main(argv=None):
             ("overflow", "overflow", "d"),
         ],
     )
+    if args.per_row:
+        rows += per_row(loc, labeled_snapshots(scene, args.per_row, 2, salt=20_000)[1])
     write_json(args.json, rows)
+
+
+def per_row(loc, r):
+    """Single snapshots ``r`` one by one through ``loc``, each called four times: its first
+    call (the table rows it screens not yet in the caches) and the best of the next three,
+    grouped by the screen's tier (its first cells alone when they hold ``first_mass``, else
+    all its candidate cells) and the status; one row per group."""
+    s = loc.settings.screen
+    _, probs = loc.coarse(r)
+    mass = np.asarray(probs, float)
+    narrow = mass[:, : s.first_cells].sum(1) >= s.first_mass
+    loc(r[:1])  # compiled
+    first, warm, status = [], [], []
+    for i in range(r.shape[0]):
+        row = jax.device_put(np.asarray(r[i : i + 1]))
+        cold, times = time_call(lambda row=row: loc(row), 3)
+        first.append(cold)
+        warm.append(min(times))
+        status.append(int(np.asarray(loc(row).status)[0]))
+    first, warm, status = 1e3 * np.asarray(first), 1e3 * np.asarray(warm), np.asarray(status)
+    out = []
+    for tier, mask in (("first cells", narrow), ("all cells", ~narrow)):
+        for st in np.unique(status[mask]):
+            m = mask & (status == st)
+            out.append(dict(per_row=tier, status=int(st), rows=int(m.sum()),
+                            share=float(m.mean()), first_call_ms=float(np.median(first[m])),
+                            warm_ms=float(np.median(warm[m]))))  # fmt: skip
+    print_table(out, [("per_row", "screened", "s"), ("status", "status", "d"),
+                      ("rows", "rows", "d"), ("share", "share", ".3f"),
+                      ("first_call_ms", "first call ms", ".3f"), ("warm_ms", "warm ms", ".3f")])  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

@@ -128,7 +128,8 @@ def hall_offline(side, args):
                                 network=dataclasses.replace(cells.network, hidden=args.hidden))  # fmt: skip
     net = tiled.TILE_CLASSIFIER
     net = dataclasses.replace(net, num_samples=args.net_samples,
-                              network=dataclasses.replace(net.network, hidden=args.net_hidden))  # fmt: skip
+                              network=dataclasses.replace(net.network, hidden=args.net_hidden),
+                              train=dataclasses.replace(net.train, epochs=args.net_epochs))  # fmt: skip
     t0 = time.perf_counter()
     off = tiled.run_offline_tiled(lab.x, lab.r, lab.variance, scene, tiling, models,
                                   preset="quick", cells=cells, classifier=net, cache_dir=args.cache,
@@ -153,6 +154,10 @@ def hall_arguments(ap):
     ap.add_argument("--hidden", type=int, nargs="*", default=[512, 512, 512])
     ap.add_argument("--net-samples", type=int, default=600_000, help="the tile classifier's")
     ap.add_argument("--net-hidden", type=int, nargs="*", default=[1024, 1024, 1024])
+    ap.add_argument(
+        "--net-epochs", type=int, default=tiled.TILE_CLASSIFIER.train.epochs,
+        help="the tile classifier's epochs",
+    )  # fmt: skip
     ap.add_argument("--num", type=int, default=512, help="test snapshots")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cache", type=pathlib.Path, default=None, help="default: a temporary one")
