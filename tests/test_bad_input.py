@@ -753,6 +753,8 @@ def test_run_offline_names_kinds_as_text_a_seed_a_sample_count_cells_and_a_file_
         dj.pipeline.run_offline(x, r, var, SCENE, kinds="cells", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="cells must be a CellsPreset or None, got str"):
         dj.pipeline.run_offline(x, r, var, SCENE, kinds=("cells",), cells="big")
+    with pytest.raises(ValueError, match="num_samples must be an int >= 1, got 1.5"):
+        dj.pipeline.run_offline(x, r, var, SCENE, num_samples=1.5, cache_dir=tmp_path)
     for kw, match in ((dict(seed=1.5), "seed must be an int"),
                       (dict(num_samples=0), "num_samples must be an int >= 1"),
                       (dict(cache_dir=file), "cache_dir must be a folder"),
