@@ -235,7 +235,8 @@ def test_locator_entry_points_refuse_bad_input_by_name(loc):
     nan = np.where(np.arange(2)[:, None] == 1, np.nan, np.asarray(x))
     with pytest.raises(ValueError, match="screened must be finite"):
         loc.fine_stage(r, nan)
-    fine = loc.fine_stage(r, x)
+    zeros = jnp.zeros(2)  # refused before any program runs: none compiled here
+    fine = RefineResult(jnp.asarray(x), zeros, zeros, jnp.zeros(2, jnp.int32))
     with pytest.raises(ValueError, match="screened must be finite"):
         loc.certify(r, nan, fine)
     with pytest.raises(ValueError, match=r"screened must have shape \(2, 3\)"):
