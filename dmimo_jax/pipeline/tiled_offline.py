@@ -49,8 +49,8 @@ TILE_CLASSIFIER = dataclasses.replace(
     train=dataclasses.replace(TILE_CELLS.train, epochs=4),
 )
 """The tile classifier's default settings (:func:`run_offline_tiled`): :data:`TILE_CELLS`'
-network and samples trained 4 epochs, its validation error the top-2 miss. Its first tile
-is the answering one for more rows than with 2 epochs, so fewer rows try a second tile (why
+network and samples trained 4 epochs, its validation error the top-2 miss. It ranks the
+UE's own tile first for more rows than with 2 epochs, so fewer go on to a later tile (why
 this size and training: docs/locality_measurements.md, "The tile classifier's training")."""
 
 
