@@ -782,6 +782,15 @@ def test_a_hall_below_its_ue_region_a_negative_exponent_and_nan_labels_are_named
         tiles.tile_labels(tiling, np.full((5, 3), np.nan), 2)
 
 
+def test_the_gp_fits_refuse_a_negative_or_nan_tolerance():
+    """gp.fit and gp.fit_blocks took rtol = -1 or NaN (the fit never stopped early)."""
+    x = np.array([[2.0, 2.0, 1.0], [3.0, 5.0, 1.5], [6.0, 4.0, 1.2]])
+    r, var = np.zeros((3, 17)), np.full((3, 17), 1e-6)
+    for rtol, match in ((-1.0, "rtol must be >= 0"), (np.nan, "rtol must be finite")):
+        with pytest.raises(ValueError, match=match):
+            gp.fit(x, r, var, SCENE, rtol=rtol)
+
+
 def test_no_source_or_doc_file_holds_a_control_character():
     """A TeX escape in a non-raw string turns \\alpha into a BEL byte and \\top into a tab
     (protection_level's formula did): no package, test, example or doc file may hold a

@@ -12,7 +12,7 @@ import optax
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import warn_if_float32
+from dmimo_jax._checks import check_scalar, warn_if_float32
 from dmimo_jax.gp.kernel import (
     FIT_MEMORY_FACTOR,
     GPParams,
@@ -160,6 +160,7 @@ def fit(
         raise ValueError(f"num_restarts must be a positive int, got {num_restarts!r}")
     if not (isinstance(num_steps, int) and num_steps >= 1):
         raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+    check_rtol(rtol)
     x, r, noise_var = (jnp.asarray(v, scene.ap_positions.dtype) for v in (x, r, noise_var))
     if num_restarts > 1 and key is None:
         raise ValueError(f"key is required for num_restarts={num_restarts} > 1 (random restarts)")
@@ -191,6 +192,14 @@ def _finish(params, cpo0, x, r, noise_var, scene) -> tuple[Array, Array]:
     """The profiled CPOs (wrapped) and eq. (23) there, compiled as one program."""
     cpo = profile_cpos(params, cpo0, x, r, noise_var, scene)
     return wrap(cpo), log_marginal_likelihood(params, cpo, x, r, noise_var, scene)
+
+
+def check_rtol(rtol: float) -> None:
+    """``ValueError`` unless the fits' stopping tolerance ``rtol`` is finite and >= 0 (a
+    negative or NaN one would never stop a fit early, silently)."""
+    check_scalar("rtol", rtol)
+    if rtol < 0:
+        raise ValueError(f"rtol must be >= 0 (a relative change), got {rtol!r}")
 
 
 @partial(jax.jit, static_argnames=("num_steps",))
@@ -291,6 +300,7 @@ def fit_blocks(
     warn_if_float32("gp.fit_blocks")
     if not (isinstance(num_steps, int) and num_steps >= 1):
         raise ValueError(f"num_steps must be a positive int, got {num_steps!r}")
+    check_rtol(rtol)
     dtype = scenes.ap_positions.dtype
     x, r, noise_var = (jnp.asarray(v, dtype) for v in (x, r, noise_var))
     return _fit_blocks(x, r, noise_var, scenes, num_steps, rtol)
