@@ -10,7 +10,7 @@ import numpy as np
 from jax import Array
 from jax.typing import ArrayLike
 
-from dmimo_jax._checks import check_phases, check_positions
+from dmimo_jax._checks import check_finite, check_phases, check_positions
 from dmimo_jax.likelihood import compressed_residuals
 from dmimo_jax.phase import wrap
 from dmimo_jax.physics import PhaseModel, as_phase_model
@@ -85,6 +85,12 @@ _score = jit_or_eager(_modeling_score)  # one compiled program per model and sha
 
 
 def ecdf(values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    """Empirical CDF: sorted values and their probabilities (i + 1) / n."""
+    """Empirical CDF: sorted values and their probabilities (i + 1) / n.
+
+    Raises:
+        ValueError: a NaN or infinite value (a failed answer's error: count it apart, it
+            has no place in the distribution of the others).
+    """
+    check_finite("values", values)
     v = np.sort(np.asarray(values).ravel())
     return v, np.arange(1, v.size + 1) / v.size

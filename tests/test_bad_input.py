@@ -791,6 +791,20 @@ def test_the_gp_fits_refuse_a_negative_or_nan_tolerance():
             gp.fit(x, r, var, SCENE, rtol=rtol)
 
 
+def test_an_ecdf_of_nan_errors_and_the_floor_of_a_non_square_fim_are_refused():
+    """ecdf put a NaN error at the top of the distribution (probability 1); the information
+    floor of a (3, 2) matrix was a number."""
+    from dmimo_jax.bounds import information_floor
+    from dmimo_jax.metrics import ecdf
+
+    with pytest.raises(ValueError, match="values must be finite"):
+        ecdf(np.array([1.0, np.nan]))
+    v, p = ecdf(np.array([3.0, 1.0]))
+    assert v.tolist() == [1.0, 3.0] and p.tolist() == [0.5, 1.0]
+    with pytest.raises(ValueError, match=r"fim must be a square matrix, got shape \(3, 2\)"):
+        information_floor(jnp.ones((3, 2)))
+
+
 def test_no_source_or_doc_file_holds_a_control_character():
     """A TeX escape in a non-raw string turns \\alpha into a BEL byte and \\top into a tab
     (protection_level's formula did): no package, test, example or doc file may hold a

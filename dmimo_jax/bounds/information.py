@@ -317,7 +317,11 @@ def peb(x: ArrayLike, model: PhaseModel | Scene) -> Array:
 
 def information_floor(fim: Array) -> Array:
     """The information below which a direction of a (3, 3) FIM counts as unobservable:
-    :math:`10^3\\epsilon\\max_i J_{ii}` (a rounding artefact, not information)."""
+    :math:`10^3\\epsilon\\max_i J_{ii}` (a rounding artefact, not information).
+    ``ValueError`` for a matrix that is not square (its shape is static: checked traced too)."""
+    fim = jnp.asarray(fim)
+    if fim.ndim < 2 or fim.shape[-1] != fim.shape[-2]:
+        raise ValueError(f"fim must be a square matrix, got shape {fim.shape}")
     return 1e3 * jnp.finfo(fim.dtype).eps * jnp.max(jnp.diagonal(fim))
 
 
