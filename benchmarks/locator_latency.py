@@ -123,23 +123,22 @@ def main(argv=None):
 def per_row(loc, r):
     """Single snapshots ``r`` one by one through ``loc``, each called four times: its first
     call (the table rows it screens not yet in the caches) and the best of the next three,
-    grouped by the screen's tier (its first cells alone when they hold ``first_mass``, else
-    all its candidate cells) and the status; one row per group."""
-    s = loc.settings.screen
-    _, probs = loc.coarse(r)
-    mass = np.asarray(probs, float)
-    narrow = mass[:, : s.first_cells].sum(1) >= s.first_mass
+    grouped by the screen's tier (its first cells alone, all its candidate cells, or the
+    whole region: the Locator's own screen says which) and the status; one row per group."""
+    screen = loc.screen(r, loc.coarse(r))
+    narrow, whole = np.asarray(screen.narrow), np.asarray(screen.fallback)
+    status = np.asarray(loc(r).status)  # each row's status is its own (batch or alone)
     loc(r[:1])  # compiled
-    first, warm, status = [], [], []
+    first, warm = [], []
     for i in range(r.shape[0]):
         row = jax.device_put(np.asarray(r[i : i + 1]))
         cold, times = time_call(lambda row=row: loc(row), 3)
         first.append(cold)
         warm.append(min(times))
-        status.append(int(np.asarray(loc(row).status)[0]))
-    first, warm, status = 1e3 * np.asarray(first), 1e3 * np.asarray(warm), np.asarray(status)
+    first, warm = 1e3 * np.asarray(first), 1e3 * np.asarray(warm)
     out = []
-    for tier, mask in (("first cells", narrow), ("all cells", ~narrow)):
+    tiers = (("first cells", narrow), ("all cells", ~narrow & ~whole), ("whole region", whole))
+    for tier, mask in tiers:
         for st in np.unique(status[mask]):
             m = mask & (status == st)
             out.append(dict(per_row=tier, status=int(st), rows=int(m.sum()),

@@ -120,7 +120,11 @@ def bucket_for(n: int, sizes: tuple[int, ...] = BUCKETS) -> int:
             :func:`padded_parts`).
     """
     check_int("n", n)
-    for size in check_sizes(sizes):
+    return _bucket(n, check_sizes(sizes))
+
+
+def _bucket(n: int, sizes: tuple[int, ...]) -> int:  # bucket_for on checked arguments
+    for size in sizes:
         if size >= n:
             return size
     raise ValueError(f"n={n} rows exceed the largest batch size {sizes[-1]}: split them")
@@ -149,7 +153,7 @@ def snug_parts(n: int, sizes: tuple[int, ...] = BUCKETS, waste: float = 0.25) ->
     while n > 0:
         if n >= sizes[-1]:
             part = sizes[-1]
-        elif bucket_for(n, sizes) - n <= waste * bucket_for(n, sizes):
+        elif _bucket(n, sizes) - n <= waste * _bucket(n, sizes):
             part = n
         else:  # the largest size the rest fills (none: the rest, padded to the smallest)
             part = max((s for s in sizes if s <= n), default=n)
@@ -177,7 +181,7 @@ def _parts(r: Array | np.ndarray, sizes: tuple[int, ...]):
     for start in range(0, r.shape[0], top):
         part = r if r.shape[0] <= top else r[start : start + top]  # one part: no slice
         n = part.shape[0]
-        size = bucket_for(n, sizes)
+        size = _bucket(n, sizes)
         if size == n:
             yield n, part
         elif isinstance(part, np.ndarray):

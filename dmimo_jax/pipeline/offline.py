@@ -368,9 +368,7 @@ def run_offline(
             raise ValueError(f"kinds must be from {KINDS}, got {kind!r}")
     check_training_data(x, r, noise_var, scene.num_aps)
     _check_model(model, scene, np.shape(r)[1])
-    if num_samples is not None:  # before int(): 1.5 would train on 1
-        check_int("num_samples", num_samples, minimum=1)
-    num = p.num_samples if num_samples is None else int(num_samples)
+    num = p.num_samples if num_samples is None else num_samples  # offline_folder checks it
     x, r, noise_var = (jnp.asarray(v) for v in (x, r, noise_var))
     folder = offline_folder(x, r, noise_var, scene, model=model, preset=p, num_samples=num,
                             cache_dir=cache_dir, seed=seed)  # fmt: skip
