@@ -126,19 +126,42 @@ def _free_compiled_programs_near_the_map_limit(request):
 # seconds (setup, call and teardown) in pytest's cache (.pytest_cache, key DURATIONS_KEY),
 # and the next run starts the longest first: the test command (xdist `--dist loadfile`,
 # `--no-loadscope-reorder`: one file at a time, in collection order) by each file's sum,
-# the slow tier (`--dist load`) test by test. So a long file never starts last and keeps one
-# core busy after the other is idle. Nothing measured yet (a fresh clone, CI): the
-# collection order. A stale entry only costs balance, never a result.
+# the slow tier (`--dist loadgroup`) test by test (the tests of one `xdist_group` on one
+# worker: those that share a module fixture build it once). So a long file never starts
+# last and keeps one core busy after the other is idle. A fresh clone (CI) has no cache: it
+# reads the committed measurement tests/durations.json (the tests of 0.5 s or more, written
+# from a run's cache by `.ci/record_durations.py`); the cache's entries take precedence. A
+# stale or missing entry only costs balance, never a result.
 DURATIONS_KEY = "dmimo_jax/durations"
+DURATIONS_FILE = pathlib.Path(__file__).parent / "tests" / "durations.json"
+
+
+def _measured_seconds(cache):
+    """Each test's measured seconds: the committed file's, then this clone's cache's."""
+    import json
+
+    try:
+        seconds = dict(json.loads(DURATIONS_FILE.read_text()))
+    except (OSError, ValueError):
+        seconds = {}
+    if cache is not None:
+        seconds.update(cache.get(DURATIONS_KEY, {}))
+    return seconds
 
 
 def _file_of(nodeid):
     return nodeid.split("::")[0]
 
 
+def _without_group(nodeid):
+    """A test's id without the ``@group`` that xdist's ``--dist loadgroup`` appends to the
+    tests marked ``xdist_group`` (tests sharing a module fixture: one worker builds it)."""
+    head, at, group = nodeid.rpartition("@")
+    return head if at and "]" not in group else nodeid
+
+
 def pytest_collection_modifyitems(config, items):
-    cache = getattr(config, "cache", None)
-    seconds = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
+    seconds = _measured_seconds(getattr(config, "cache", None))
     if config.getoption("markexpr", "") == "slow":
         key = lambda item: -seconds.get(item.nodeid, 0.0)  # noqa: E731
     else:
@@ -157,7 +180,8 @@ class _Durations:
         self.seconds = {}
 
     def pytest_runtest_logreport(self, report):
-        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        nodeid = _without_group(report.nodeid)
+        self.seconds[nodeid] = self.seconds.get(nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session):
         cache = getattr(session.config, "cache", None)

@@ -374,31 +374,30 @@ def test_deployment_example_with_unlabeled_snapshots(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.optimized
+# without XLA's passes: its lambda/8 table computes slower, its 138 programs compile
+# faster (44 s against 50 s alone)
 def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
-    """Two seeds in one test, one after the other: the second reuses the first's compiled
-    programs (split over two workers, the two compiled them at the same time); seed 53
-    once stopped at a start just outside the region."""
-    for seed in (0, 53):
-        out = tmp_path / f"trk{seed}"
-        argv = ["--quick", "--powers-dbm", "-10", "--seed", str(seed), "--out", str(out)]  # locked
-        _run("examples/tracking.py", argv, monkeypatch)
-        rows = read_rows(out / "tracking.json")
-        keys = {"power_dbm", "rmse_m", "pcrb_m", "mean_peb_m", "single_rmse_m"}
-        keys |= {"single_outside_lobe_fraction", "lock_fraction", "lock_fraction_outage"}
-        keys |= {"ms_per_update_per_ue"}
-        assert all(keys <= set(r) for r in rows)
-        high = next(r for r in rows if r["power_dbm"] == -10.0)
-        assert high["rmse_m"] < 1.5 * high["pcrb_m"] and high["lock_fraction"] == 1.0
-        assert (out / "tracking_trajectory.png").exists() and (out / "tracking_error.png").exists()
-        # a second run with --resume keeps the rows it finds (nothing recomputed, same JSON)
-        before = (out / "tracking.json").read_text()
-        _run("examples/tracking.py", [*argv, "--resume"], monkeypatch)
-        assert (out / "tracking.json").read_text() == before
+    """One seed (seed 53's start just outside the region, which once stopped this run, is
+    tests/test_tracking.py's fast test of a start moved onto the region); a resumed run
+    recomputes nothing (and builds no table: it finds every power done)."""
+    out = tmp_path / "trk"
+    argv = ["--quick", "--powers-dbm", "-10", "--seed", "0", "--out", str(out)]  # locked
+    _run("examples/tracking.py", argv, monkeypatch)
+    rows = read_rows(out / "tracking.json")
+    keys = {"power_dbm", "rmse_m", "pcrb_m", "mean_peb_m", "single_rmse_m"}
+    keys |= {"single_outside_lobe_fraction", "lock_fraction", "lock_fraction_outage"}
+    keys |= {"ms_per_update_per_ue"}
+    assert all(keys <= set(r) for r in rows)
+    high = next(r for r in rows if r["power_dbm"] == -10.0)
+    assert high["rmse_m"] < 1.5 * high["pcrb_m"] and high["lock_fraction"] == 1.0
+    assert (out / "tracking_trajectory.png").exists() and (out / "tracking_error.png").exists()
+    # a second run with --resume keeps the rows it finds (nothing recomputed, same JSON)
+    before = (out / "tracking.json").read_text()
+    _run("examples/tracking.py", [*argv, "--resume"], monkeypatch)
+    assert (out / "tracking.json").read_text() == before
 
 
-@pytest.mark.slow
-@pytest.mark.optimized
+@pytest.mark.slow  # without XLA's passes: every track bit-identical still (23 s against 38 s)
 def test_reacquisition_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "reacq.json"
     _run("benchmarks/reacquisition.py", ["--quick", "--json", str(out)], monkeypatch)
