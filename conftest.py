@@ -126,10 +126,9 @@ def _free_compiled_programs_near_the_map_limit(request):
 # seconds (setup, call and teardown) in pytest's cache (.pytest_cache, key DURATIONS_KEY),
 # and the next run starts the longest first: the test command (xdist `--dist loadfile`,
 # `--no-loadscope-reorder`: one file at a time, in collection order) by each file's sum,
-# the slow tier (`--dist loadgroup`) test by test (the tests of one `xdist_group` on one
-# worker: those that share a module fixture build it once). So a long file never starts
-# last and keeps one core busy after the other is idle. Nothing measured yet (a fresh
-# clone, CI): the collection order. A stale entry only costs balance, never a result. (A
+# the slow tier (`--dist load`) test by test. So a long file never starts last and keeps
+# one core busy after the other is idle. Nothing measured yet (a fresh clone, CI): the
+# collection order. A stale entry only costs balance, never a result. (A
 # committed measurement for fresh clones, longest first, was measured worse: the test
 # command 247 s against 230 s in the collection order, 466 s of CPU against 425 s, back to
 # back on an empty compilation cache.)
@@ -138,13 +137,6 @@ DURATIONS_KEY = "dmimo_jax/durations"
 
 def _file_of(nodeid):
     return nodeid.split("::")[0]
-
-
-def _without_group(nodeid):
-    """A test's id without the ``@group`` that xdist's ``--dist loadgroup`` appends to the
-    tests marked ``xdist_group`` (tests sharing a module fixture: one worker builds it)."""
-    head, at, group = nodeid.rpartition("@")
-    return head if at and "]" not in group else nodeid
 
 
 def pytest_collection_modifyitems(config, items):
@@ -168,8 +160,7 @@ class _Durations:
         self.seconds = {}
 
     def pytest_runtest_logreport(self, report):
-        nodeid = _without_group(report.nodeid)
-        self.seconds[nodeid] = self.seconds.get(nodeid, 0.0) + report.duration
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session):
         cache = getattr(session.config, "cache", None)

@@ -116,7 +116,6 @@ def building(strip, tmp_path_factory):
 
 
 @pytest.mark.slow  # two tiles' offline stages and the Locator's program (~40 s)
-@pytest.mark.xdist_group("tiled_locator_building")  # one worker builds it
 def test_tiles_share_one_program_and_locate_at_their_bound(building, monkeypatch):
     """Every tile's Locator is one tree of one shape: calling the second tile after the
     first compiles nothing (nor does its rescue-free copy after the first's). The tiled answers are the answering tile's own Locator's on its
@@ -167,7 +166,6 @@ def test_tiles_share_one_program_and_locate_at_their_bound(building, monkeypatch
 
 
 @pytest.mark.slow  # shares the program of the test above
-@pytest.mark.xdist_group("tiled_locator_building")  # one worker builds it
 def test_a_wrong_tile_is_rejected_by_its_gate_and_the_next_one_answers(building):
     """A tile classifier that names the wrong tile first (its map swapped): that tile's cost
     gate rejects every row it cannot reach, by the gate alone and then with its rescues (its
@@ -242,7 +240,6 @@ def ring(strip):
 
 
 @pytest.mark.slow  # shares the program of the tests above; the rings conditioned (~10 s)
-@pytest.mark.xdist_group("tiled_locator_building")  # one worker builds it
 def test_the_ring_refines_on_more_aps_and_leaves_a_faulty_one_out(building, ring):
     """With each tile's ring of 48 APs (its K = 24 first), the accepted answers are refined
     on the ring's GP models: the same tiles and statuses, a lower error than on the K APs

@@ -68,7 +68,6 @@ def test_constant_velocity_noise_matches_simulation():
 
 
 @pytest.mark.slow  # over about 6 s here (.ci/run runs it after the test command)
-@pytest.mark.xdist_group("tracking_walked")  # one worker tracks the walks
 def test_paths_bounce_inside_the_region(walked):
     # the fixture's 20 walks (2 s at 1.5 m/s from random starts: 6 bounces)
     path = walked["path"]
@@ -155,7 +154,6 @@ def test_tracker_is_consistent_and_reaches_the_pcrb(walked):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("tracking_walked")  # one worker tracks the walks
 def test_chord_steps_land_where_relinearizing_does(walked):
     """With relinearize=False the second iteration keeps the first linearization (a chord
     step); the iterated EKF re-linearizes: through the acquisition and after, the two
@@ -224,7 +222,6 @@ def test_phases_at_the_update_after_a_short_step_are_the_exact_ones():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("tracking_walked")  # one worker tracks the walks
 def test_chunks_of_ues_track_as_one_batch(walked):
     """run_tracker in chunks of UEs (padded: 20 = 8 + 8 + 4 + 4 copies) gives the one-batch
     answer when the re-acquisition capacity is not the limit (all 20 UEs acquire at the
@@ -366,7 +363,6 @@ def test_medoid_start_ignores_a_minority_of_wrong_maxima():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("tracking_walked")  # one worker tracks the walks
 def test_lattice_screen_returns_the_whole_lattice_argmin(walked):
     """lattice_argmin (the screen on the newest snapshots, then the whole window for the
     lowest bounds, the whole lattice if uncertified) == the brute-force argmin, for a
