@@ -128,10 +128,10 @@ def _free_compiled_programs_near_the_map_limit(request):
 # `--no-loadscope-reorder`: one file at a time, in collection order) by each file's sum,
 # the slow tier (`--dist load`) test by test. So a long file never starts last and keeps
 # one core busy after the other is idle. Nothing measured yet (a fresh clone, CI): the
-# collection order. A stale entry only costs balance, never a result. (A
-# committed measurement for fresh clones, longest first, was measured worse: the test
-# command 247 s against 230 s in the collection order, 466 s of CPU against 425 s, back to
-# back on an empty compilation cache.)
+# collection order. A stale entry only costs balance, never a result. (A committed
+# measurement for fresh clones, longest first, was measured worse: the test command 247 s
+# against 230 s in the collection order, 466 s of CPU against 425 s, back to back on an
+# empty compilation cache.)
 DURATIONS_KEY = "dmimo_jax/durations"
 
 

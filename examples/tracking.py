@@ -285,7 +285,8 @@ def main(argv=None) -> list[dict]:
         if float(p) in done:
             rows.append(done[float(p)])
             continue
-        single = single or SingleSnapshot(dj.paper_scene())
+        if single is None:
+            single = SingleSnapshot(dj.paper_scene())
         row, curves[p] = run_power(p, args, single)
         rows.append(row)
         write_json(json_path, rows)  # after every power: an interrupted run resumes

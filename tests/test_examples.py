@@ -379,7 +379,7 @@ def test_deployment_example_with_unlabeled_snapshots(tmp_path, monkeypatch):
 def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
     """One seed (seed 53's start just outside the region, which once stopped this run, is
     tests/test_tracking.py's fast test of a start moved onto the region); a resumed run
-    recomputes nothing (and builds no table: it finds every power done)."""
+    that finds every power done writes the same JSON."""
     out = tmp_path / "trk"
     argv = ["--quick", "--powers-dbm", "-10", "--seed", "0", "--out", str(out)]  # locked
     _run("examples/tracking.py", argv, monkeypatch)
