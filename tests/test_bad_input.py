@@ -789,6 +789,9 @@ def test_the_gp_fits_refuse_a_negative_or_nan_tolerance():
     for rtol, match in ((-1.0, "rtol must be >= 0"), (np.nan, "rtol must be finite")):
         with pytest.raises(ValueError, match=match):
             gp.fit(x, r, var, SCENE, rtol=rtol)
+        stacked = jax.tree.map(lambda a: jnp.asarray(a)[None], (x, r, var, SCENE))
+        with pytest.raises(ValueError, match=match):
+            gp.fit_blocks(*stacked, rtol=rtol)
 
 
 def test_an_ecdf_of_nan_errors_and_the_floor_of_a_non_square_fim_are_refused():

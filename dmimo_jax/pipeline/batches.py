@@ -153,7 +153,7 @@ def snug_parts(n: int, sizes: tuple[int, ...] = BUCKETS, waste: float = 0.25) ->
     while n > 0:
         if n >= sizes[-1]:
             part = sizes[-1]
-        elif _bucket(n, sizes) - n <= waste * _bucket(n, sizes):
+        elif (size := _bucket(n, sizes)) - n <= waste * size:
             part = n
         else:  # the largest size the rest fills (none: the rest, padded to the smallest)
             part = max((s for s in sizes if s <= n), default=n)
