@@ -72,6 +72,13 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=None, help="snapshots per batched call")
     ap.add_argument("--realizations", type=int, default=None, help="noise draws at the test point")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument(
+        "--divisors",
+        type=int,
+        nargs="+",
+        default=None,
+        help="the plain and table rows' spacings lambda/d (default 2 4 with --quick, else 2 4 8)",
+    )
     ap.add_argument("--power-dbm", type=float, default=-10.0)
     ap.add_argument("--json", type=pathlib.Path, default=None)
     ap.add_argument("--resume", action="store_true", help="keep rows already in --json")
@@ -79,7 +86,9 @@ def main(argv=None):
     batch = args.batch or (64 if args.quick else 1280)
     n_real = args.realizations or (50 if args.quick else 200)
     repeats = args.repeats or (3 if args.quick else 5)
-    divisors = (2, 4) if args.quick else (2, 4, 8)
+    divisors = tuple(args.divisors or ((2, 4) if args.quick else (2, 4, 8)))
+    if any(d < 1 for d in divisors):
+        raise ValueError(f"--divisors must be integers >= 1, got {list(divisors)}")
 
     scene = dj.paper_scene(power_dbm=args.power_dbm)
     model = dj.TwoRayModel(scene)

@@ -15,7 +15,7 @@ Methods (float64, the paper's scene at -10 dBm, 100 Hz snapshots of walking UEs)
   online         : the single-snapshot model-based online stage, coarse_to_fine (lambda/4
                    phasor-table screen + 8-start refinement) of every snapshot
   mle            : lambda/8 EGS (certified table screen) + refinement (as the tracking
-                   example's single-snapshot pipeline)
+                   example's single-snapshot pipeline; --mle-divisor sets the 8)
 
     python benchmarks/tracking_throughput.py                 # B = 1, 100, 10000
     python benchmarks/tracking_throughput.py --quick --json out/tracking_throughput.json
@@ -63,16 +63,22 @@ def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--num-ues", type=int, nargs="+", default=None, help="default 1 100 10000")
     ap.add_argument("--steps", type=int, default=100, help="snapshots per UE in a timed run")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None, help="timed calls (3; 2 with --quick)")
+    ap.add_argument(
+        "--mle-divisor", type=int, default=8, help="the mle row's grid spacing lambda/d"
+    )
     ap.add_argument("--online-snapshots", type=int, default=256)
     ap.add_argument("--quick", action="store_true", help="B = 1, 100; 20 steps; 32 snapshots")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
     if args.quick:
         args.num_ues = args.num_ues or [1, 100]
-        args.steps, args.repeats = 20, 2
+        args.steps, args.repeats = 20, args.repeats or 2
         args.online_snapshots = min(args.online_snapshots, 32)
     args.num_ues = args.num_ues or [1, 100, 10_000]
+    args.repeats = args.repeats or 3
+    if args.mle_divisor < 1:
+        raise ValueError(f"--mle-divisor must be an integer >= 1, got {args.mle_divisor}")
     scene = dj.paper_scene(-10.0)
     model = dj.TwoRayModel(scene)
     motion = tracking.ConstantVelocity(1.0, region=scene)
@@ -121,7 +127,7 @@ def main(argv=None) -> list[dict]:
     path, r = walks(scene, model, motion, n, 1, seed=1)
     r1 = r[:, 1]
     c2f_table = phasor_table(model, search_grid(scene, scene.wavelength / 4))
-    egs_table = phasor_table(model, search_grid(scene, scene.wavelength / 8))
+    egs_table = phasor_table(model, search_grid(scene, scene.wavelength / args.mle_divisor))
     methods = {
         "online": lambda: coarse_to_fine(r1, model, c2f_table).x,
         "mle": lambda: refine_batch(egs(r1, model, egs_table).x, r1, model).x,

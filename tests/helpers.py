@@ -46,6 +46,36 @@ def xla_optimized():
         jax.config.update("jax_disable_most_optimizations", previous)
 
 
+@contextlib.contextmanager
+def shared_folder(tmp_path_factory, name):
+    """A folder of this run that every xdist worker sees (``name`` under the parent of the
+    workers' own base folders; the base folder itself without xdist), held under an
+    exclusive file lock while the block runs: the first worker to come fills it, the others
+    wait, then find it filled. For a module fixture whose build the package caches on disk
+    (``--dist load`` spreads a module's tests over both workers, and each would build it).
+    Where ``fcntl`` is missing (Windows), each worker has a folder of its own."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if fcntl is not None and os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # pytest-N/: the parent of popen-gw0/, popen-gw1/
+    folder = base / name
+    folder.mkdir(exist_ok=True)
+    if fcntl is None:
+        yield folder
+        return
+    with open(base / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield folder
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def assert_rate_at_least(successes, num, rate, *, alpha=0.01, what="successes"):
     """A success rate stated with its sampling error, not a count that moves with XLA
     versions and backends: fail only where ``successes`` of ``num`` would be rarer than

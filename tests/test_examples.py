@@ -69,7 +69,9 @@ def test_scaling_benchmark_small(tmp_path, monkeypatch):
 def test_egs_flops_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "egs.json"
     argv = ["--quick", "--batch", "16", "--realizations", "8", "--repeats", "1", "--json", str(out)]
-    _run("benchmarks/egs_flops.py", argv, monkeypatch)
+    # plain and table rows at lambda/2 only: the plain search at lambda/4 (8x the points,
+    # computed on the fly without XLA's passes) was half of this test's time
+    _run("benchmarks/egs_flops.py", [*argv, "--divisors", "2"], monkeypatch)
     rows = read_rows(out)
     keys = {"method", "spacing_m", "n_points", "flops_paper", "flops_xla", "batch", "device"}
     keys |= {"ms_per_snapshot_single", "ms_per_snapshot_batched", "peak_rss_mb", "fine_rmse_m"}
@@ -412,6 +414,9 @@ def test_reacquisition_benchmark_quick(tmp_path, monkeypatch):
 def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
     out = tmp_path / "tt.json"
     argv = ["--quick", "--num-ues", "4", "--online-snapshots", "8", "--json", str(out)]
+    # one timed call a row; the mle row's table at lambda/4 (the lambda/8 one, 3.9 M points,
+    # took a third of this test's time to build without XLA's passes)
+    argv += ["--repeats", "1", "--mle-divisor", "4"]
     _run("benchmarks/tracking_throughput.py", argv, monkeypatch)
     rows = read_rows(out)
     assert {r["method"] for r in rows} == {

@@ -17,7 +17,7 @@ from dmimo_jax.learning.presets import CellsPreset
 from dmimo_jax.pipeline import tiled
 from dmimo_jax.pipeline.rescues import Status
 from dmimo_jax.pipeline.tiled_screen import tile_results
-from tests.helpers import LOCATOR_LIGHT
+from tests.helpers import LOCATOR_LIGHT, shared_folder
 from tests.test_offline_online import CELLS, TINY
 
 # a 4 m x 2 m x 0.2 m strip of a 20 m hall (68 APs): two tiles of 2 m, each with its 24
@@ -106,11 +106,12 @@ def strip():
 @pytest.fixture(scope="module")
 def building(strip, tmp_path_factory):
     tiling, lab, models = strip
-    off = tiled.run_offline_tiled(
-        lab.x, lab.r, lab.variance, SCENE, tiling, models, preset=TINY, cells=CELLS,
-        classifier=TILE_NET, cache_dir=tmp_path_factory.mktemp("cache"), together=2,
-        progress=False,
-    )  # fmt: skip
+    # one build a run: the worker that comes second loads the first one's (31-44 s each)
+    with shared_folder(tmp_path_factory, "tiled-building") as cache:
+        off = tiled.run_offline_tiled(
+            lab.x, lab.r, lab.variance, SCENE, tiling, models, preset=TINY, cells=CELLS,
+            classifier=TILE_NET, cache_dir=cache, together=2, progress=False,
+        )  # fmt: skip
     loc = tiled.TiledLocator.from_offline(off, **LOCATOR_LIGHT)
     return off, loc
 
