@@ -115,26 +115,31 @@ def calibration_table(args) -> list[dict]:
     return rows
 
 
-def screened(model, r, gp_model=None):
-    """lambda/4 screen + 8-start refinement of ``model`` (two exact GP steps for the GP)."""
+def screen_table(model):
+    """``model``'s phasor table over the UE region at lambda/4 (built once per model)."""
     scene = model.scene
-    table = est.phasor_table(model, est.search_grid(scene, float(scene.wavelength) / 4, "ue"))
+    return est.phasor_table(model, est.search_grid(scene, float(scene.wavelength) / 4, "ue"))
+
+
+def screened(model, table, r, gp_model=None):
+    """The ``table`` screen + 8-start refinement of ``model`` (two exact GP steps for the GP)."""
     out = est.coarse_to_fine(r, model, table).x
     if gp_model is not None:
         out = dj.refine_batch(out, r, gp_model, num_steps=2).x
     return np.asarray(out)
 
 
-def screened_errors(model, exact, r, x):
+def screened_errors(model, exact, table, r, x):
     """Position errors (B,) of :func:`screened` against the truth x ((3,) or (B, 3)), and RMSE."""
-    e = np.linalg.norm(screened(model, r, exact) - np.asarray(x), axis=1)
+    e = np.linalg.norm(screened(model, table, r, exact) - np.asarray(x), axis=1)
     return e, float(np.sqrt(np.mean(e**2)))
 
 
 def estimators_at(truth, args, power, built=None):
-    """The believed models at one power: matched, mismatched, calibrated, GP. ``built``: a
-    dict of those already built this run, by power (the sweep and the region part share
-    the region's power: its calibration and GP are fitted once)."""
+    """The believed models at one power: matched, mismatched, calibrated, GP, each as
+    ``(model, exact GP or None, its screen table)``. ``built``: a dict of those already built
+    this run, by power (the sweep and the region part share the region's power: its
+    calibration, GP and tables are built once)."""
     if built is not None and power in built:
         return built[power]
     out = _estimators_at(truth, args, power)
@@ -158,7 +163,7 @@ def _estimators_at(truth, args, power):
         gp.TabulatedGPModel.from_model(gp_model, variance=False),
         gp_model,
     )
-    return models, fit
+    return {name: (m, exact, screen_table(m)) for name, (m, exact) in models.items()}, fit
 
 
 def sweep(args, built=None) -> list[dict]:
@@ -172,8 +177,8 @@ def sweep(args, built=None) -> list[dict]:
             jax.random.key(int(power) + 77), truth, xs, jnp.full(args.draws, jnp.pi / 2)
         )
         peb = float(dj.peb(x0, truth))
-        for name, (model, exact) in models.items():
-            e, rmse = screened_errors(model, exact, r, x0)
+        for name, (model, exact, table) in models.items():
+            e, rmse = screened_errors(model, exact, table, r, x0)
             rows.append(
                 dict(
                     method=name,
@@ -198,8 +203,8 @@ def random_ues(args, built=None) -> list[dict]:
     r = dj.simulate_phases_batch(k_n, truth, xs, dj.random_cpos(k_cpo, args.num_test))
     mean_peb = float(np.mean(np.asarray(dj.peb_map(xs, truth))))
     rows = []
-    for name, (model, exact) in models.items():
-        e, rmse = screened_errors(model, exact, r, xs)
+    for name, (model, exact, table) in models.items():
+        e, rmse = screened_errors(model, exact, table, r, xs)
         rows.append(
             dict(
                 method=name,

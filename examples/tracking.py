@@ -4,11 +4,12 @@ posterior bound, the single-snapshot PEB and single-snapshot positioning.
 Per power: UEs walk through the paper's scene (constant velocity, sigma_a = 1 m/s^2 per
 axis, 1.5 m/s horizontal start, bouncing at the UE region's faces) with 100 Hz snapshots
 (eq. 8, a fresh CPO each). The first 5 snapshots are positioned by the single-snapshot
-pipeline (lambda/8 EGS + refinement under the matched model); their medoid starts the
-tracker (iterated EKF with profiled CPOs, lock test, lattice re-acquisition); the tracker
-then runs twice, once on every snapshot and once with a 1 s outage (no snapshots). The
-same pipeline positions a sample of the snapshots on their own. Errors count after the
-first second; "lock" is an error below lambda/4, over the steps with a snapshot.
+pipeline (lambda/8 EGS + refinement under the matched model; --single-divisor sets the 8);
+their medoid starts the tracker (iterated EKF with profiled CPOs, lock test, lattice
+re-acquisition); the tracker then runs twice, once on every snapshot and once with a 1 s
+outage (no snapshots). The same pipeline positions a sample of the snapshots on their own.
+Errors count after the first second; "lock" is an error below lambda/4, over the steps
+with a snapshot.
 
     python examples/tracking.py                      # PNGs + JSON in out/tracking
     python examples/tracking.py --quick              # a smoke run (seconds)
@@ -71,10 +72,12 @@ def paths(key, scene, num_ues, num_steps):
 
 
 class SingleSnapshot:
-    """lambda/8 EGS (certified table screen) + refinement under the matched model."""
+    """lambda/8 EGS (certified table screen) + refinement under the matched model
+    (``divisor``: the grid's spacing lambda/divisor)."""
 
-    def __init__(self, scene):
-        self.table = phasor_table(dj.TwoRayModel(scene), search_grid(scene, scene.wavelength / 8))
+    def __init__(self, scene, divisor: int = 8):
+        grid = search_grid(scene, scene.wavelength / divisor)
+        self.table = phasor_table(dj.TwoRayModel(scene), grid)
 
     def __call__(self, r, model):
         res = egs(r, model, self.table)
@@ -257,6 +260,12 @@ def main(argv=None) -> list[dict]:
         action="store_true",
         help="-10 and -69 dBm (unless --powers-dbm), 6 UEs, 2.5 s (smoke run)",
     )
+    ap.add_argument(
+        "--single-divisor",
+        type=int,
+        default=8,
+        help="the single-snapshot pipeline's EGS grid spacing lambda/d",
+    )
     ap.add_argument("--resume", action="store_true", help="keep powers already in --json")
     ap.add_argument(
         "--chord",
@@ -272,6 +281,8 @@ def main(argv=None) -> list[dict]:
     args.powers_dbm = args.powers_dbm or [-10.0, -60.0, -69.0, -72.0]
     if args.seconds < args.outage_start + args.outage or args.outage_start < 1.0:
         ap.error("need 1 <= --outage-start and --outage-start + --outage <= --seconds")
+    if args.single_divisor < 1:
+        raise ValueError(f"--single-divisor must be an integer >= 1, got {args.single_divisor}")
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.json or args.out / "tracking.json"
     done = {}
@@ -286,7 +297,7 @@ def main(argv=None) -> list[dict]:
             rows.append(done[float(p)])
             continue
         if single is None:
-            single = SingleSnapshot(dj.paper_scene())
+            single = SingleSnapshot(dj.paper_scene(), args.single_divisor)
         row, curves[p] = run_power(p, args, single)
         rows.append(row)
         write_json(json_path, rows)  # after every power: an interrupted run resumes

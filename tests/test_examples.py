@@ -286,7 +286,8 @@ def test_popt_region_scaling_tiny_and_resumable(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_multipath_room_example_tiny(tmp_path, monkeypatch):
     out = tmp_path / "room"
-    argv = ["--walls", "concrete", "--num-test", "24", "--num-train", "20", "--out", str(out)]
+    argv = ["--walls", "concrete", "--num-test", "24", "--num-train", "20", "--num-starts", "8"]
+    argv += ["--out", str(out)]
     _run("examples/multipath_room.py", argv, monkeypatch)
     (res,) = read_rows(out.with_suffix(".json"))
     rows = {r["method"][:3]: r for r in res["rows"]}
@@ -384,6 +385,9 @@ def test_tracking_example_quick_and_resumable(tmp_path, monkeypatch):
     that finds every power done writes the same JSON."""
     out = tmp_path / "trk"
     argv = ["--quick", "--powers-dbm", "-10", "--seed", "0", "--out", str(out)]  # locked
+    # the single-snapshot stage's EGS at lambda/4: its lambda/8 table (3.9 M points) took
+    # 15 s of this test's 40 s to build without XLA's passes
+    argv += ["--single-divisor", "4"]
     _run("examples/tracking.py", argv, monkeypatch)
     rows = read_rows(out / "tracking.json")
     keys = {"power_dbm", "rmse_m", "pcrb_m", "mean_peb_m", "single_rmse_m"}
