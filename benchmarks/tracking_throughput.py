@@ -71,12 +71,15 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--quick", action="store_true", help="B = 1, 100; 20 steps; 32 snapshots")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats must be an integer >= 1, got {args.repeats}")
     if args.quick:
         args.num_ues = args.num_ues or [1, 100]
-        args.steps, args.repeats = 20, args.repeats or 2
+        args.steps = 20
+        args.repeats = 2 if args.repeats is None else args.repeats
         args.online_snapshots = min(args.online_snapshots, 32)
     args.num_ues = args.num_ues or [1, 100, 10_000]
-    args.repeats = args.repeats or 3
+    args.repeats = 3 if args.repeats is None else args.repeats
     if args.mle_divisor < 1:
         raise ValueError(f"--mle-divisor must be an integer >= 1, got {args.mle_divisor}")
     scene = dj.paper_scene(-10.0)

@@ -102,6 +102,23 @@ def test_deployment_timed_passes_must_be_positive(tmp_path, monkeypatch):
         )
 
 
+@pytest.mark.parametrize(
+    ("script", "argv", "message"),
+    [
+        ("benchmarks/egs_flops.py", ["--divisors", "2", "0"], "--divisors must be integers >= 1"),
+        ("benchmarks/tracking_throughput.py", ["--quick", "--repeats", "0"], "--repeats must"),
+        ("benchmarks/tracking_throughput.py", ["--mle-divisor", "0"], "--mle-divisor must"),
+        ("examples/tracking.py", ["--single-divisor", "0"], "--single-divisor must"),
+    ],
+)
+def test_grid_divisors_and_repeats_must_be_positive(script, argv, message, tmp_path, monkeypatch):
+    """The smoke runs' spacing and repeat options refuse 0 by name (not silently a default)."""
+    if script.startswith("examples/"):
+        argv = [*argv, "--out", str(tmp_path / "x")]
+    with pytest.raises(ValueError, match=message):
+        _run(script, argv, monkeypatch)
+
+
 @pytest.mark.slow  # .ci/run runs these after the test command
 def test_gp_examples_quick(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend("examples")
