@@ -137,13 +137,14 @@ def screened_errors(model, exact, table, r, x):
 
 def estimators_at(truth, args, power, built=None):
     """The believed models at one power: matched, mismatched, calibrated, GP, each as
-    ``(model, exact GP or None, its screen table)``. ``built``: a dict of those already built
-    this run, by power (the sweep and the region part share the region's power: its
-    calibration, GP and tables are built once)."""
+    ``(model, exact GP or None, its screen table)``. ``built``: a dict that keeps the region
+    power's for the run (the sweep and the region part share that power only: its
+    calibration, GP and tables are built once; another power's tables, 38 MB each at
+    lambda/4, are not kept)."""
     if built is not None and power in built:
         return built[power]
     out = _estimators_at(truth, args, power)
-    if built is not None:
+    if built is not None and power == args.region_power_dbm:
         built[power] = out
     return out
 
@@ -310,7 +311,7 @@ def main(argv=None):
         ("region", random_ues),
         ("coverage", coverage),
     )
-    built = {}  # the believed models by power, fitted once for the sweep and the region
+    built = {}  # the region power's believed models, fitted once for the sweep and the region
     for part, fn in parts:
         if part in args.skip:
             continue
