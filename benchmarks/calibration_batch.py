@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 from _common import device_name, print_table, write_json  # noqa: E402
 from calibration_robustness import FITS, world  # noqa: E402
 
-from dmimo_jax.benchmarking import timed_passes  # noqa: E402
+from dmimo_jax.benchmarking import check_options, timed_passes  # noqa: E402
 from dmimo_jax.calibration import calibrate, calibrate_many  # noqa: E402
 
 ROWS = {
@@ -48,8 +48,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--json", type=pathlib.Path, default=None, help="write the rows here")
     args = ap.parse_args(argv)
     kind, sizes, repeats = args.kind, args.sizes, args.repeats
-    if min(sizes) < 1 or repeats < 1:
-        raise ValueError("--sizes and --repeats must be >= 1")
+    check_options(sizes=sizes, repeats=repeats)
     cfg, fit = ROWS[kind], FITS[kind]
     if args.quick:  # a smoke run: the first pass timed, compile included
         kind, sizes, repeats = "two-ray", [4], 1

@@ -58,7 +58,7 @@ from _common import device_name, print_table, write_json  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from dmimo_jax.benchmarking import read_rows  # noqa: E402
+from dmimo_jax.benchmarking import check_options, read_rows  # noqa: E402
 from dmimo_jax.calibration import calibrate, calibrate_many  # noqa: E402
 from dmimo_jax.datasets import sample_world_positions, synthetic_deployment  # noqa: E402
 
@@ -242,8 +242,7 @@ def main(argv=None) -> list[dict]:
     args = ap.parse_args(argv)
     if args.quick:
         args.num_worlds = min(args.num_worlds, 8)
-    if args.num_worlds < 1 or args.num_grid < 1 or args.batch < 1:
-        raise ValueError("--num-worlds, --num-grid and --batch must be >= 1")
+    check_options(num_worlds=args.num_worlds, num_grid=args.num_grid, batch=args.batch)
     if args.fine_seeds:
         fine = [fine_stage(s) for s in tqdm(range(args.fine_seeds), desc="fine stage")]
         print_table(

@@ -49,7 +49,7 @@ from tqdm import tqdm  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
-from dmimo_jax.benchmarking import read_rows  # noqa: E402
+from dmimo_jax.benchmarking import check_options, read_rows  # noqa: E402
 from dmimo_jax.complexity import egs_flops_paper, egs_flops_xla  # noqa: E402
 
 TEST_POINT = np.array([6.5, 5.0, 2.0])
@@ -87,8 +87,7 @@ def main(argv=None):
     n_real = args.realizations or (50 if args.quick else 200)
     repeats = args.repeats or (3 if args.quick else 5)
     divisors = tuple(args.divisors or ((2, 4) if args.quick else (2, 4, 8)))
-    if any(d < 1 for d in divisors):
-        raise ValueError(f"--divisors must be integers >= 1, got {list(divisors)}")
+    check_options(divisors=divisors)
 
     scene = dj.paper_scene(power_dbm=args.power_dbm)
     model = dj.TwoRayModel(scene)

@@ -36,6 +36,7 @@ from _common import device_name, peak_rss_mb, print_table, summarize, time_call,
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import tracking  # noqa: E402
+from dmimo_jax.benchmarking import check_options  # noqa: E402
 from dmimo_jax.estimators import (  # noqa: E402
     coarse_to_fine,
     egs,
@@ -71,8 +72,8 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--quick", action="store_true", help="B = 1, 100; 20 steps; 32 snapshots")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
-    if args.repeats is not None and args.repeats < 1:
-        raise ValueError(f"--repeats must be an integer >= 1, got {args.repeats}")
+    if args.repeats is not None:
+        check_options(repeats=args.repeats)
     if args.quick:
         args.num_ues = args.num_ues or [1, 100]
         args.steps = 20
@@ -80,8 +81,7 @@ def main(argv=None) -> list[dict]:
         args.online_snapshots = min(args.online_snapshots, 32)
     args.num_ues = args.num_ues or [1, 100, 10_000]
     args.repeats = 3 if args.repeats is None else args.repeats
-    if args.mle_divisor < 1:
-        raise ValueError(f"--mle-divisor must be an integer >= 1, got {args.mle_divisor}")
+    check_options(mle_divisor=args.mle_divisor)
     scene = dj.paper_scene(-10.0)
     model = dj.TwoRayModel(scene)
     motion = tracking.ConstantVelocity(1.0, region=scene)

@@ -26,6 +26,7 @@ from _common import device_name, print_table, write_json  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
+from dmimo_jax.benchmarking import check_options  # noqa: E402
 from dmimo_jax.estimators import hyperbola  # noqa: E402
 from dmimo_jax.learning import SyntheticBatch  # noqa: E402
 from dmimo_jax.learning.hi import AmbiguityClassifier  # noqa: E402
@@ -81,8 +82,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.epochs = 10, 2
-    if args.steps < 1 or args.epochs < 2:
-        raise ValueError("--steps must be >= 1 and --epochs >= 2 (epoch 1 compiles)")
+    check_options(steps=args.steps)
+    check_options(2, epochs=args.epochs)  # epoch 1 compiles
     scene = dj.paper_scene()
     rng = np.random.default_rng(0)
     rows = []

@@ -31,6 +31,7 @@ PROVENANCE = ("command", "date", "machine")
 
 __all__ = [
     "PROVENANCE",
+    "check_options",
     "machine",
     "plain_json",
     "read_rows",
@@ -39,6 +40,28 @@ __all__ = [
     "timed_passes",
     "write_json",
 ]
+
+
+def check_options(minimum: int = 1, /, **options: int | Sequence[int]) -> None:
+    """``ValueError`` naming the command-line option (``spacing_div`` is ``--spacing-div``)
+    unless each value, or each element of a sequence value, is an integer >= ``minimum``; a
+    script calls it on its parsed options (``check_options(spacing_div=args.spacing_div)``),
+    so a 0 is refused by name and never becomes a default or an empty loop.
+
+    >>> check_options(repeats=3, divisors=[2, 4])
+    >>> check_options(2, epochs=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: --epochs must be an integer >= 2, got 1
+    """
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        values = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not values or any(
+            isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum
+            for v in values
+        ):
+            raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}")
 
 
 def time_call(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:

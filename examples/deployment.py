@@ -56,6 +56,7 @@ from _helpers import pyplot, repeat_style, save_figure, timed_passes, write_json
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
 from dmimo_jax import gp, pipeline  # noqa: E402
+from dmimo_jax.benchmarking import check_options  # noqa: E402
 from dmimo_jax.calibration import Unlabeled, calibrate  # noqa: E402
 from dmimo_jax.datasets import sample_world_positions, synthetic_deployment  # noqa: E402
 from dmimo_jax.learning import get_preset  # noqa: E402
@@ -352,10 +353,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("out/deployment"))
     ap.add_argument("--json", type=pathlib.Path, default=None, help="default OUT.json")
     args = ap.parse_args(argv)
-    if args.spacing_div < 1:
-        raise ValueError(f"--spacing-div must be an integer >= 1, got {args.spacing_div}")
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be an integer >= 1, got {args.repeats}")
+    check_options(spacing_div=args.spacing_div, repeats=args.repeats)
     if args.quick:
         args.num_test = 256
     json_path = args.json or args.out.with_suffix(".json")

@@ -21,7 +21,7 @@ jax.config.update("jax_enable_x64", True)  # physics and estimation in float64 (
 import numpy as np  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from dmimo_jax.benchmarking import timed_passes, write_json  # noqa: E402
+from dmimo_jax.benchmarking import check_options, timed_passes, write_json  # noqa: E402
 from dmimo_jax.estimators import phasor_table, search_grid  # noqa: E402
 from dmimo_jax.learning import get_preset  # noqa: E402
 
@@ -56,8 +56,7 @@ def main(argv=None) -> list[dict]:
     ]:
         ap.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
     args = ap.parse_args(argv)
-    if args.spacing_div < 1:
-        raise ValueError(f"--spacing-div must be an integer >= 1, got {args.spacing_div}")
+    check_options(spacing_div=args.spacing_div)
     # compiled programs kept beside the trained networks: a second run compiles nothing
     dj.pipeline.use_compilation_cache(args.cache / "xla" if args.cache else None)
     t_start, scene = time.perf_counter(), dj.paper_scene(args.power_dbm, args.material)

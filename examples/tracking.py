@@ -36,7 +36,7 @@ from _helpers import pyplot, save_figure, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import tracking  # noqa: E402
-from dmimo_jax.benchmarking import read_rows  # noqa: E402
+from dmimo_jax.benchmarking import check_options, read_rows  # noqa: E402
 from dmimo_jax.estimators import egs, phasor_table, refine_batch, search_grid  # noqa: E402
 
 DT = 0.01  # 100 Hz snapshots
@@ -281,8 +281,7 @@ def main(argv=None) -> list[dict]:
     args.powers_dbm = args.powers_dbm or [-10.0, -60.0, -69.0, -72.0]
     if args.seconds < args.outage_start + args.outage or args.outage_start < 1.0:
         ap.error("need 1 <= --outage-start and --outage-start + --outage <= --seconds")
-    if args.single_divisor < 1:
-        raise ValueError(f"--single-divisor must be an integer >= 1, got {args.single_divisor}")
+    check_options(single_divisor=args.single_divisor)
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.json or args.out / "tracking.json"
     done = {}

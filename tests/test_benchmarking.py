@@ -1,6 +1,7 @@
 import json
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from dmimo_jax import benchmarking
@@ -21,6 +22,22 @@ def test_a_record_carries_its_provenance_and_gives_its_rows_back(tmp_path):
     path.write_text(json.dumps(rows))  # a file without provenance reads as it is
     assert benchmarking.read_rows(path) == rows
     benchmarking.write_json(None, rows)  # no path: nothing written, no error
+
+
+def test_options_below_their_minimum_are_refused_by_their_flag():
+    benchmarking.check_options(repeats=1, sizes=[1, 8], spacing_div=np.int64(4))
+    benchmarking.check_options(0, steps=0)
+    for options, message in [
+        (dict(spacing_div=0), "--spacing-div must be an integer >= 1, got 0"),
+        (dict(sizes=[4, 0]), r"--sizes must be an integer >= 1, got \[4, 0\]"),
+        (dict(sizes=[]), "--sizes must be"),
+        (dict(repeats=2.0), "--repeats must be"),
+        (dict(repeats=True), "--repeats must be"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            benchmarking.check_options(**options)
+    with pytest.raises(ValueError, match="--epochs must be an integer >= 2, got 1"):
+        benchmarking.check_options(2, epochs=1)
 
 
 def test_timers_block_on_results_and_refuse_bad_counts():

@@ -105,10 +105,13 @@ def test_deployment_timed_passes_must_be_positive(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("script", "argv", "message"),
     [
-        ("benchmarks/egs_flops.py", ["--divisors", "2", "0"], "--divisors must be integers >= 1"),
+        ("benchmarks/egs_flops.py", ["--divisors", "2", "0"], "--divisors must be an integer >= 1"),
         ("benchmarks/tracking_throughput.py", ["--quick", "--repeats", "0"], "--repeats must"),
         ("benchmarks/tracking_throughput.py", ["--mle-divisor", "0"], "--mle-divisor must"),
         ("examples/tracking.py", ["--single-divisor", "0"], "--single-divisor must"),
+        ("benchmarks/calibration_batch.py", ["--sizes", "4", "0"], "--sizes must"),
+        ("benchmarks/calibration_robustness.py", ["--batch", "0"], "--batch must"),
+        ("benchmarks/train_throughput.py", ["--epochs", "1"], "--epochs must be an integer >= 2"),
     ],
 )
 def test_grid_divisors_and_repeats_must_be_positive(script, argv, message, tmp_path, monkeypatch):

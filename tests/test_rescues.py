@@ -76,6 +76,8 @@ def test_a_new_rescue_is_one_object(loc):
     assert not bool(jnp.any(out.pending))
     with pytest.raises(ValueError, match="rescues must be"):
         loc.replace(rescues=(object(),))
+    with pytest.raises(ValueError, match=r"rescues must not repeat a rescue, got MoveToOrigin"):
+        loc.replace(rescues=(MoveToOrigin(), *loc.settings.rescues, MoveToOrigin()))
 
 
 def test_the_program_gives_a_status_per_row_and_the_booleans_are_its_views(loc):

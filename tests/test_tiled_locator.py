@@ -46,6 +46,9 @@ def test_the_tile_grid_names_each_tile():
     oblong = scene.replace(ue_high=np.array([7.0, 5.0, 2.0]))  # 6 x 3 m: tiles 2 x 1.5 m
     with pytest.raises(ValueError, match="square tiles"):
         tiled.tile_grid(tiles.tile_aps(oblong, 2.0, rule="nearest", num_aps=8))
+    for bad in (None, scene):
+        with pytest.raises(ValueError, match="tiling must be tile_aps' Tiling"):
+            tiled.tile_grid(bad)
 
 
 @pytest.mark.slow  # four tiny classifiers trained (~10 s of CPU)

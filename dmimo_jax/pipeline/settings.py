@@ -83,6 +83,11 @@ def checked_settings(loc: Locator, s: dict) -> LocatorSettings:
         raise ValueError(
             f"rescues must be a tuple of pipeline.rescues.Rescue objects, got {rescues!r}"
         )
+    # a rescue given twice runs twice on the rows it left pending: the same work again (a
+    # rescue is a pure function of the rows), the same answers, one more branch compiled
+    repeated = [x for i, x in enumerate(rescues) if x in rescues[:i]]
+    if repeated:
+        raise ValueError(f"rescues must not repeat a rescue, got {repeated[0]!r} twice")
     _check_exclusions(loc, s)
     if isinstance(loc.stage, CellStage):
         own = loc.stage.cells.num_cells

@@ -61,8 +61,11 @@ def tile_grid(tiling: Tiling) -> tuple[CellGrid, np.ndarray]:
     grid in C order).
 
     Raises:
-        ValueError: tiles that are not squares of one size on a regular grid.
+        ValueError: ``tiling`` not a :class:`~dmimo_jax.tiles.Tiling`, or tiles that are not
+            squares of one size on a regular grid.
     """
+    if not isinstance(tiling, Tiling):
+        raise ValueError(f"tiling must be tile_aps' Tiling, got {type(tiling).__name__}")
     low, high = np.asarray(tiling.low, float), np.asarray(tiling.high, float)
     edge = high[:, :2] - low[:, :2]
     size = float(edge[0, 0])
