@@ -33,7 +33,7 @@ from _common import print_table, write_json  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
-from dmimo_jax.benchmarking import read_rows, timed_passes  # noqa: E402
+from dmimo_jax.benchmarking import check_options, read_rows, timed_passes  # noqa: E402
 from dmimo_jax.learning import get_preset  # noqa: E402
 from dmimo_jax.learning.cells import CellConfig  # noqa: E402
 from dmimo_jax.pipeline.rescues import Status  # noqa: E402
@@ -59,13 +59,13 @@ def variant(spec: str, depth: int, num_samples: int | None):
     )
 
 
-def per_snapshot_ms(loc, r) -> tuple[float, float]:
-    """Median ms per snapshot of ``loc`` at batch 1 (50 calls) and 256 (5; fewer rows: all),
-    each batch size compiled first."""
+def per_snapshot_ms(loc, r, repeats: int = 50) -> tuple[float, float]:
+    """Median ms per snapshot of ``loc`` at batch 1 (``repeats`` calls) and 256 (a tenth of
+    them, at least one; fewer rows: all), each batch size compiled first."""
     out = []
-    for b, repeats in ((1, 50), (min(256, len(r)), 5)):
+    for b, calls in ((1, repeats), (min(256, len(r)), max(1, repeats // 10))):
         jax.block_until_ready(loc(r[:b]))
-        out.append(1e3 * timed_passes(lambda b=b: loc(r[:b]), repeats)[1] / b)
+        out.append(1e3 * timed_passes(lambda b=b: loc(r[:b]), calls)[1] / b)
     return out[0], out[1]
 
 
@@ -82,8 +82,10 @@ def main(argv=None):
         default=None,
         help="default: a temporary folder (a folder that already holds a classifier makes its offline s a load)",
     )
+    ap.add_argument("--repeats", type=int, default=50, help="timed calls at batch 1 (256: a tenth)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    check_options(repeats=args.repeats)
     settings = {v: variant(v, args.depth, args.num_samples) for v in args.variants}
     rows = list(read_rows(args.json)) if args.json and pathlib.Path(args.json).is_file() else []
     done = {(r["seed"], r["variant"]) for r in rows}
@@ -106,7 +108,7 @@ def main(argv=None):
                 offline_s = time.perf_counter() - t0
                 loc = dj.Locator.from_offline(off, "cells")
                 out = jax.block_until_ready(loc(test.r))
-                ms1, ms256 = per_snapshot_ms(loc, test.r)
+                ms1, ms256 = per_snapshot_ms(loc, test.r, args.repeats)
                 err = np.linalg.norm(np.asarray(out.x) - np.asarray(test.x), axis=1)
                 truth = np.asarray(off.estimators["cells"].cells.index(test.x))
                 screened = np.asarray(loc.coarse(test.r)[0])

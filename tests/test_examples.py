@@ -112,6 +112,7 @@ def test_deployment_timed_passes_must_be_positive(tmp_path, monkeypatch):
         ("benchmarks/calibration_batch.py", ["--sizes", "4", "0"], "--sizes must"),
         ("benchmarks/calibration_robustness.py", ["--batch", "0"], "--batch must"),
         ("benchmarks/train_throughput.py", ["--epochs", "1"], "--epochs must be an integer >= 2"),
+        ("benchmarks/cell_classifier_size.py", ["--repeats", "0"], "--repeats must"),
     ],
 )
 def test_grid_divisors_and_repeats_must_be_positive(script, argv, message, tmp_path, monkeypatch):
@@ -459,7 +460,7 @@ def test_tracking_throughput_benchmark_quick(tmp_path, monkeypatch):
 def test_cell_classifier_size_benchmark_smoke_and_resume(tmp_path, monkeypatch):
     out = tmp_path / "ccs.json"
     argv = ["--seeds", "0", "--variants", "64x1", "--num-samples", "4000", "--num-test", "1",
-            "--json", str(out)]  # fmt: skip
+            "--repeats", "5", "--json", str(out)]  # fmt: skip
     _run("benchmarks/cell_classifier_size.py", argv, monkeypatch)
     (row,) = read_rows(out)
     assert row["variant"] == "64x1" and row["hidden"] == [64, 64, 64] and row["epochs"] == 1
