@@ -185,13 +185,17 @@ def check_bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def is_int(value: Any, *, minimum: int = 0, maximum: int | None = None) -> bool:
+    """Whether ``value`` is a Python or NumPy integer >= ``minimum`` (and <= ``maximum`` if
+    given); bools are not."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        return False
+    return bool(value >= minimum and (maximum is None or value <= maximum))
+
+
 def check_int(name: str, value: Any, *, minimum: int = 0, maximum: int | None = None) -> None:
     """A Python or NumPy integer >= ``minimum`` (and <= ``maximum`` if given; bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        ok = False
-    else:
-        ok = value >= minimum and (maximum is None or value <= maximum)
-    if not ok:
+    if not is_int(value, minimum=minimum, maximum=maximum):
         want = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{name} must be an int {want}, got {value!r}")
 

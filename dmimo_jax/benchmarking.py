@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dmimo_jax._checks import check_int
+from dmimo_jax._checks import check_int, is_int
 
 PROVENANCE = ("command", "date", "machine")
 """The keys a record adds around its rows (:func:`write_json`)."""
@@ -57,10 +57,7 @@ def check_options(minimum: int = 1, /, **options: int | Sequence[int]) -> None:
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
         values = list(value) if isinstance(value, (list, tuple)) else [value]
-        if not values or any(
-            isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum
-            for v in values
-        ):
+        if not values or not all(is_int(v, minimum=minimum) for v in values):
             raise ValueError(f"{flag} must be an integer >= {minimum}, got {value!r}")
 
 
