@@ -59,7 +59,7 @@ def variant(spec: str, depth: int, num_samples: int | None):
     )
 
 
-def per_snapshot_ms(loc, r, repeats: int = 50) -> tuple[float, float]:
+def per_snapshot_ms(loc, r, repeats: int) -> tuple[float, float]:
     """Median ms per snapshot of ``loc`` at batch 1 (``repeats`` calls) and 256 (a tenth of
     them, at least one; fewer rows: all), each batch size compiled first."""
     out = []

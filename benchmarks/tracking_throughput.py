@@ -72,16 +72,14 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--quick", action="store_true", help="B = 1, 100; 20 steps; 32 snapshots")
     ap.add_argument("--json", type=pathlib.Path, default=None)
     args = ap.parse_args(argv)
-    if args.repeats is not None:
-        check_options(repeats=args.repeats)
     if args.quick:
         args.num_ues = args.num_ues or [1, 100]
         args.steps = 20
-        args.repeats = 2 if args.repeats is None else args.repeats
         args.online_snapshots = min(args.online_snapshots, 32)
     args.num_ues = args.num_ues or [1, 100, 10_000]
-    args.repeats = 3 if args.repeats is None else args.repeats
-    check_options(mle_divisor=args.mle_divisor)
+    if args.repeats is None:  # a given --repeats (0 included) is checked, never replaced
+        args.repeats = 2 if args.quick else 3
+    check_options(repeats=args.repeats, mle_divisor=args.mle_divisor)
     scene = dj.paper_scene(-10.0)
     model = dj.TwoRayModel(scene)
     motion = tracking.ConstantVelocity(1.0, region=scene)

@@ -89,22 +89,20 @@ def test_mle_mismatch_rejects_bad_arguments(bad, tmp_path, monkeypatch):
         _run("examples/mle_mismatch.py", [*bad, "--out", str(tmp_path / "x")], monkeypatch)
 
 
-@pytest.mark.parametrize("script", ["examples/quickstart.py", "examples/deployment.py"])
-def test_mle_grid_divisor_must_be_positive(script, tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match="--spacing-div must be an integer >= 1, got 0"):
-        _run(script, ["--spacing-div", "0", "--out", str(tmp_path / "x")], monkeypatch)
-
-
-def test_deployment_timed_passes_must_be_positive(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match="--repeats must be an integer >= 1, got 0"):
-        _run(
-            "examples/deployment.py", ["--repeats", "0", "--out", str(tmp_path / "x")], monkeypatch
-        )
-
-
 @pytest.mark.parametrize(
     ("script", "argv", "message"),
     [
+        (
+            "examples/quickstart.py",
+            ["--spacing-div", "0"],
+            "--spacing-div must be an integer >= 1, got 0",
+        ),
+        (
+            "examples/deployment.py",
+            ["--spacing-div", "0"],
+            "--spacing-div must be an integer >= 1, got 0",
+        ),
+        ("examples/deployment.py", ["--repeats", "0"], "--repeats must be an integer >= 1, got 0"),
         ("benchmarks/egs_flops.py", ["--divisors", "2", "0"], "--divisors must be an integer >= 1"),
         ("benchmarks/tracking_throughput.py", ["--quick", "--repeats", "0"], "--repeats must"),
         ("benchmarks/tracking_throughput.py", ["--mle-divisor", "0"], "--mle-divisor must"),
@@ -115,8 +113,11 @@ def test_deployment_timed_passes_must_be_positive(tmp_path, monkeypatch):
         ("benchmarks/cell_classifier_size.py", ["--repeats", "0"], "--repeats must"),
     ],
 )
-def test_grid_divisors_and_repeats_must_be_positive(script, argv, message, tmp_path, monkeypatch):
-    """The smoke runs' spacing and repeat options refuse 0 by name (not silently a default)."""
+def test_scripts_refuse_integer_options_below_their_minimum(
+    script, argv, message, tmp_path, monkeypatch
+):
+    """The scripts' spacing, repeat and size options refuse a value below their minimum by
+    name (benchmarking.check_options), never silently a default."""
     if script.startswith("examples/"):
         argv = [*argv, "--out", str(tmp_path / "x")]
     with pytest.raises(ValueError, match=message):
