@@ -16,6 +16,7 @@ sharing a persistent compilation cache; the second's load and first call are tim
 
     python benchmarks/compile_time.py --json out/compile_time.json
     python benchmarks/compile_time.py --tiny --batches 1 16 --sweep 20
+    python benchmarks/compile_time.py --batches 1 256 --sweep 0 --levels  # XLA's levels 0, 1
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ def offline_world(tiny: bool):
 
 def compile_row(loc, r, capacity, label, options=True):
     """StableHLO lines, lower and compile seconds of ``loc.program`` at ``r``'s shape,
-    compiled as the package compiles it (``options``: :func:`pipeline.program_jit`) or with
-    XLA's defaults."""
-    jit = pipeline.program_jit if options else jax.jit
-    fn = jit(pipeline.Locator.program, static_argnums=2)
+    compiled as the package compiles it (``options`` True: :func:`pipeline.program_jit`),
+    with XLA's defaults (False), or with the package's options and a dict of more."""
+    if isinstance(options, dict):
+        more = {**pipeline.PROGRAM_COMPILER_OPTIONS, **options}
+        fn = jax.jit(pipeline.Locator.program, static_argnums=2, compiler_options=more)
+    else:
+        jit = pipeline.program_jit if options else jax.jit
+        fn = jit(pipeline.Locator.program, static_argnums=2)
     t0 = time.perf_counter()
     lowered = fn.lower(loc, r, capacity, jnp.int32(r.shape[0]))
     t1 = time.perf_counter()
@@ -96,6 +101,16 @@ def reference_row(scene):
     t3 = time.perf_counter()
     return dict(program="reference: peb_map(256)", batch=256, stablehlo_lines=lines,
                 lower_s=t1 - t0, compile_s=t3 - t2)  # fmt: skip
+
+
+LEVELS = (
+    ("level 0", {"xla_backend_optimization_level": 0}),
+    ("level 0, expensive passes off",
+     {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}),
+    ("level 1", {"xla_backend_optimization_level": 1}),
+    ("expensive passes off", {"xla_llvm_disable_expensive_passes": True}),
+)  # fmt: skip
+"""``--levels``: more compiler options beside the package's (docs/performance.md)."""
 
 
 SECOND_PROCESS = """
@@ -132,6 +147,7 @@ def main(argv=None):
     ap.add_argument("--tiny", action="store_true", help="a small world (smoke run)")
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 256, 4096])
     ap.add_argument("--sweep", type=int, default=64, help="loc(r) for every batch 1..N (0: none)")
+    ap.add_argument("--levels", action="store_true", help="also XLA's optimization levels 0, 1")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     off, scene = offline_world(args.tiny)
@@ -144,6 +160,8 @@ def main(argv=None):
                     ("Locator, max_excluded=0", loc.replace(max_excluded=0), True)]  # fmt: skip
         if pipeline.PROGRAM_COMPILER_OPTIONS:  # the package's options against XLA's defaults
             programs.append(("Locator, XLA's default options", loc, False))
+        if args.levels:  # the package's options and a lower optimization level (not taken)
+            programs += [(f"Locator, + {name}", loc, more) for name, more in LEVELS]
         for label, lo, options in programs:
             rows.append(compile_row(lo, r, lo.capacity_for(b), label, options))
             ref = rows[0]["compile_s"]
