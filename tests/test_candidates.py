@@ -214,6 +214,7 @@ def test_a_tiny_candidate_model_learns_a_tiny_region(tiny_classifier):
     assert np.all(p[:, 0] >= p[:, 1])  # most likely first
 
 
+@pytest.mark.newest  # an orbax checkpoint written and read (CI's newest leg)
 def test_model_file_round_trip_of_the_cell_classifier(tiny_classifier, tmp_path):
     _, model, _, net = tiny_classifier
     save_model(tmp_path / "m", net)

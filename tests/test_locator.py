@@ -166,6 +166,7 @@ def test_the_program_shards_over_four_host_devices(trained):
     assert float(out.strip().splitlines()[-1]) < 1e-9
 
 
+@pytest.mark.newest  # jax.export's serialized program (CI's newest leg)
 @pytest.mark.slow  # compiles the whole program several times (40-100 s here)
 def test_export_runs_in_a_fresh_process_and_a_second_reads_the_compiled_program(trained, tmp_path):
     _, off = trained

@@ -80,6 +80,7 @@ def test_a_new_rescue_is_one_object(loc):
         loc.replace(rescues=(MoveToOrigin(), *loc.settings.rescues, MoveToOrigin()))
 
 
+@pytest.mark.newest  # the Locator's program, every status (CI's newest leg)
 def test_the_program_gives_a_status_per_row_and_the_booleans_are_its_views(loc):
     """Fault-free rows are accepted; an offset jump on one AP is left out, that AP alone;
     random phases on every AP are rejected."""

@@ -210,6 +210,7 @@ def pytrees():
     return built
 
 
+@pytest.mark.newest  # every public pytree through jit, vmap and flattening (CI's newest leg)
 @pytest.mark.parametrize("name", PYTREE_NAMES)
 def test_public_pytree_round_trips(name, pytrees):
     obj = pytrees[name]
