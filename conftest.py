@@ -6,6 +6,7 @@ error so that a silent (M,) vs (M, 1) broadcast cannot hide a bug.
 
 import os
 import pathlib
+import re
 import time
 
 
@@ -143,13 +144,52 @@ def pytest_collection_modifyitems(config, items):
     cache = getattr(config, "cache", None)
     seconds = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
     if config.getoption("markexpr", "") == "slow":
-        key = lambda item: -seconds.get(item.nodeid, 0.0)  # noqa: E731
+        # the modules run on one worker first (the largest units of work: see below)
+        shared = shared_fixture_files(config.rootpath, {_file_of(i.nodeid) for i in items})
+        key = lambda item: (_file_of(item.nodeid) not in shared, -seconds.get(item.nodeid, 0.0))  # noqa: E731
     else:
         per_file = {}
         for nodeid, s in seconds.items():
             per_file[_file_of(nodeid)] = per_file.get(_file_of(nodeid), 0.0) + s
         key = lambda item: -per_file.get(_file_of(item.nodeid), 0.0)  # noqa: E731
     items.sort(key=key)  # stable: unmeasured tests keep their collection order, last
+
+
+# The slow tier runs test by test (`--dist load`), but where a module's tests share a module
+# fixture (a trained Locator, a fitted GP, the tiles' offline stage: 10-35 s each), each
+# worker that runs one of them builds it: the slow tier's setups were 255 s of its 2,034 s,
+# about a third of them a second worker's build. So the tests of such a module run on one
+# worker, as one unit of work; every other test is a unit of its own.
+_MODULE_FIXTURE = re.compile(r"@pytest\.fixture\(\s*scope=[\"'](module|session)[\"']")
+
+
+def shared_fixture_files(root, files):
+    """The test files among ``files`` (paths relative to ``root``, as in node ids) that define
+    a module or session fixture."""
+    shared = set()
+    for name in files:
+        path = pathlib.Path(root) / name
+        if path.suffix == ".py" and path.is_file() and _MODULE_FIXTURE.search(path.read_text()):
+            shared.add(name)
+    return shared
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist load`` with the tests of :func:`shared_fixture_files` kept together."""
+    if config.getoption("dist", None) != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            name = _file_of(nodeid)
+            if name not in self.shared:
+                self.shared[name] = name in shared_fixture_files(config.rootpath, {name})
+            return name if self.shared[name] else nodeid
+
+    scheduler = SharedFixtureScheduling(config, log)
+    scheduler.shared = {}  # file -> whether it defines a module fixture, for this run
+    return scheduler
 
 
 class _Durations:

@@ -479,3 +479,29 @@ def test_the_math_check_finds_a_remote_mathjax_and_an_eaten_backslash(tmp_path):
     assert any(f.startswith("cdn.html: 1 equations but no") for f in findings)
     assert any(f.startswith("eaten.html: control characters ['\\\\x0c']") for f in findings)
     assert len(findings) == 3
+
+
+def test_the_slow_tier_keeps_the_tests_of_a_module_fixture_together(tmp_path):
+    """conftest.py's ``shared_fixture_files``: the test files that define a module or session
+    fixture (whose tests the slow tier runs on one worker, so that one worker builds it), not
+    those with function fixtures only, nor files that are not Python or not there."""
+    # the module pytest loaded (executing the file again would append its XLA flags again)
+    import conftest as root_conftest
+
+    assert pathlib.Path(root_conftest.__file__) == ROOT / "conftest.py"
+    (tmp_path / "tests").mkdir()
+    files = {
+        "tests/test_a.py": '@pytest.fixture(scope="module")\ndef built():\n    return 1\n',
+        "tests/test_b.py": "@pytest.fixture\ndef built():\n    return 1\n",
+        "tests/test_c.py": "@pytest.fixture(\n    scope='session'\n)\ndef built():\n    return 1\n",
+        "tests/notes.md": '@pytest.fixture(scope="module")\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    found = root_conftest.shared_fixture_files(tmp_path, {*files, "tests/test_gone.py"})
+    assert found == {"tests/test_a.py", "tests/test_c.py"}
+    # this suite's own: the trained Locator of tests/test_locator.py, none in test_physics.py
+    mine = root_conftest.shared_fixture_files(
+        ROOT, {"tests/test_locator.py", "tests/test_physics.py"}
+    )
+    assert mine == {"tests/test_locator.py"}
