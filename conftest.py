@@ -146,7 +146,10 @@ def pytest_collection_modifyitems(config, items):
     if config.getoption("markexpr", "") == "slow":
         # the modules run on one worker first (the largest units of work: see below)
         shared = shared_fixture_files(config.rootpath, {_file_of(i.nodeid) for i in items})
-        key = lambda item: (_file_of(item.nodeid) not in shared, -seconds.get(item.nodeid, 0.0))  # noqa: E731
+
+        def key(item):
+            return _file_of(item.nodeid) not in shared, -seconds.get(item.nodeid, 0.0)
+
     else:
         per_file = {}
         for nodeid, s in seconds.items():
@@ -181,15 +184,17 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedFixtureScheduling(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.shared = {}  # file -> whether it defines a module fixture, for this run
+
         def _split_scope(self, nodeid):
             name = _file_of(nodeid)
             if name not in self.shared:
                 self.shared[name] = name in shared_fixture_files(config.rootpath, {name})
             return name if self.shared[name] else nodeid
 
-    scheduler = SharedFixtureScheduling(config, log)
-    scheduler.shared = {}  # file -> whether it defines a module fixture, for this run
-    return scheduler
+    return SharedFixtureScheduling(config, log)
 
 
 class _Durations:
