@@ -58,16 +58,12 @@ def offline_world(tiny: bool):
     return off, scene
 
 
-def compile_row(loc, r, capacity, label, options=True):
+def compile_row(loc, r, capacity, label, options=pipeline.PROGRAM_COMPILER_OPTIONS):
     """StableHLO lines, lower and compile seconds of ``loc.program`` at ``r``'s shape,
-    compiled as the package compiles it (``options`` True: :func:`pipeline.program_jit`),
-    with XLA's defaults (False), or with the package's options and a dict of more."""
-    if isinstance(options, dict):
-        more = {**pipeline.PROGRAM_COMPILER_OPTIONS, **options}
-        fn = jax.jit(pipeline.Locator.program, static_argnums=2, compiler_options=more)
-    else:
-        jit = pipeline.program_jit if options else jax.jit
-        fn = jit(pipeline.Locator.program, static_argnums=2)
+    compiled with the XLA ``options``: by default the package's own
+    (:data:`pipeline.PROGRAM_COMPILER_OPTIONS`, as :func:`pipeline.program_jit` compiles it
+    from the host), ``{}`` XLA's defaults."""
+    fn = jax.jit(pipeline.Locator.program, static_argnums=2, compiler_options=dict(options) or None)
     t0 = time.perf_counter()
     lowered = fn.lower(loc, r, capacity, jnp.int32(r.shape[0]))
     t1 = time.perf_counter()
@@ -156,12 +152,13 @@ def main(argv=None):
     test = dj.measure.labeled_snapshots(jax.random.key(10_000), scene, max(args.batches))
     for b in args.batches:
         r = test.r[:b]
-        programs = [("Locator", loc, True),
-                    ("Locator, max_excluded=0", loc.replace(max_excluded=0), True)]  # fmt: skip
-        if pipeline.PROGRAM_COMPILER_OPTIONS:  # the package's options against XLA's defaults
-            programs.append(("Locator, XLA's default options", loc, False))
+        own = pipeline.PROGRAM_COMPILER_OPTIONS
+        programs = [("Locator", loc, own),
+                    ("Locator, max_excluded=0", loc.replace(max_excluded=0), own)]  # fmt: skip
+        if own:  # the package's options against XLA's defaults
+            programs.append(("Locator, XLA's default options", loc, {}))
         if args.levels:  # the package's options and a lower optimization level (not taken)
-            programs += [(f"Locator, + {name}", loc, more) for name, more in LEVELS]
+            programs += [(f"Locator, + {name}", loc, {**own, **more}) for name, more in LEVELS]
         for label, lo, options in programs:
             rows.append(compile_row(lo, r, lo.capacity_for(b), label, options))
             ref = rows[0]["compile_s"]
