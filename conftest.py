@@ -163,7 +163,10 @@ def pytest_collection_modifyitems(config, items):
 # worker that runs one of them builds it: the slow tier's setups were 255 s of its 2,034 s,
 # about a third of them a second worker's build. So the tests of such a module run on one
 # worker, as one unit of work; every other test is a unit of its own.
-_MODULE_FIXTURE = re.compile(r"@pytest\.fixture\(\s*scope=[\"'](module|session)[\"']")
+# scope= anywhere among the decorator's arguments (params=[...] before it included)
+_MODULE_FIXTURE = re.compile(
+    r"@pytest\.fixture\((?:[^()]|\([^()]*\))*?\bscope=[\"'](module|session)[\"']"
+)
 
 
 def shared_fixture_files(root, files):

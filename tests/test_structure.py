@@ -494,12 +494,14 @@ def test_the_slow_tier_keeps_the_tests_of_a_module_fixture_together(tmp_path):
         "tests/test_a.py": '@pytest.fixture(scope="module")\ndef built():\n    return 1\n',
         "tests/test_b.py": "@pytest.fixture\ndef built():\n    return 1\n",
         "tests/test_c.py": "@pytest.fixture(\n    scope='session'\n)\ndef built():\n    return 1\n",
+        "tests/test_d.py": '@pytest.fixture(params=[(1, 2)], scope="module")\ndef built():\n    return 1\n',
+        "tests/test_e.py": '@pytest.fixture(params=["scope"])\ndef built():\n    return 1\n',
         "tests/notes.md": '@pytest.fixture(scope="module")\n',
     }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     found = root_conftest.shared_fixture_files(tmp_path, {*files, "tests/test_gone.py"})
-    assert found == {"tests/test_a.py", "tests/test_c.py"}
+    assert found == {"tests/test_a.py", "tests/test_c.py", "tests/test_d.py"}
     # this suite's own: the trained Locator of tests/test_locator.py, none in test_physics.py
     mine = root_conftest.shared_fixture_files(
         ROOT, {"tests/test_locator.py", "tests/test_physics.py"}
