@@ -58,12 +58,16 @@ def offline_world(tiny: bool):
     return off, scene
 
 
-def compile_row(loc, r, capacity, label, options=pipeline.PROGRAM_COMPILER_OPTIONS):
+def compile_row(loc, r, capacity, label, options=None):
     """StableHLO lines, lower and compile seconds of ``loc.program`` at ``r``'s shape,
-    compiled with the XLA ``options``: by default the package's own
-    (:data:`pipeline.PROGRAM_COMPILER_OPTIONS`, as :func:`pipeline.program_jit` compiles it
-    from the host), ``{}`` XLA's defaults."""
-    fn = jax.jit(pipeline.Locator.program, static_argnums=2, compiler_options=dict(options) or None)
+    compiled as the package compiles it (``options`` None: :func:`pipeline.program_jit`,
+    with :data:`pipeline.PROGRAM_COMPILER_OPTIONS`) or with the XLA ``options`` given
+    (``{}``: XLA's defaults)."""
+    if options is None:
+        fn = pipeline.program_jit(pipeline.Locator.program, static_argnums=2)
+    else:
+        jit_options = dict(options) or None
+        fn = jax.jit(pipeline.Locator.program, static_argnums=2, compiler_options=jit_options)
     t0 = time.perf_counter()
     lowered = fn.lower(loc, r, capacity, jnp.int32(r.shape[0]))
     t1 = time.perf_counter()
@@ -153,8 +157,8 @@ def main(argv=None):
     for b in args.batches:
         r = test.r[:b]
         own = pipeline.PROGRAM_COMPILER_OPTIONS
-        programs = [("Locator", loc, own),
-                    ("Locator, max_excluded=0", loc.replace(max_excluded=0), own)]  # fmt: skip
+        programs = [("Locator", loc, None),
+                    ("Locator, max_excluded=0", loc.replace(max_excluded=0), None)]  # fmt: skip
         if own:  # the package's options against XLA's defaults
             programs.append(("Locator, XLA's default options", loc, {}))
         if args.levels:  # the package's options and a lower optimization level (not taken)
