@@ -4,8 +4,13 @@ timer, the JSON record and the simulated labeled set are the package's
 
 from __future__ import annotations
 
+import collections
+import gzip
+import json
+import pathlib
 import resource
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -50,3 +55,23 @@ def labeled_snapshots(scene: Any, num: int, seed: int, salt: int = 0, model: Any
         jax.random.key(salt + seed), scene if model is None else model, num
     )
     return x, r, variance
+
+
+def trace_seconds(fn: Callable[[], Any], top: int = 20) -> list[tuple[str, float, int]]:
+    """``fn()`` run under JAX's profiler: the ``top`` event names of its trace by total
+    seconds, as ``(name, seconds, count)``, Python's own frames left out. They name what
+    XLA does (its compiler's passes and code generation during a compile, each kernel of a
+    program during a call); events nest (a pass inside its pipeline, a kernel inside its
+    loop), so the totals do not add up to the wall time, and the names are those of the
+    installed XLA."""
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            fn()
+        (path,) = pathlib.Path(folder).rglob("perfetto_trace.json.gz")
+        events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    seconds, count = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and not e["name"].startswith("$"):
+            seconds[e["name"]] += e["dur"] * 1e-6
+            count[e["name"]] += 1
+    return [(name, s, count[name]) for name, s in seconds.most_common(top)]

@@ -17,6 +17,13 @@ sharing a persistent compilation cache; the second's load and first call are tim
     python benchmarks/compile_time.py --json out/compile_time.json
     python benchmarks/compile_time.py --tiny --batches 1 16 --sweep 20
     python benchmarks/compile_time.py --batches 1 256 --sweep 0 --levels  # XLA's levels 0, 1
+    python benchmarks/compile_time.py --batches 1 --sweep 0 --phases  # what XLA's compile does
+
+With ``--phases`` the Locator's program is compiled once more per batch size under JAX's
+profiler, and the row gets XLA's phases of that compile (its HLO passes, its code
+generation, the whole backend compile; seconds, from the trace's events of those names in
+the installed XLA, absent where it names them otherwise) and its ``phases_top``, the
+largest events by name.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ jax.config.update("jax_enable_x64", True)  # physics in float64; the networks st
 jax.config.update("jax_enable_compilation_cache", False)  # every compile measured, none read
 
 import jax.numpy as jnp  # noqa: E402
-from _common import device_name, print_table, write_json  # noqa: E402
+from _common import device_name, print_table, trace_seconds, write_json  # noqa: E402
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402
@@ -86,6 +93,37 @@ def compile_row(loc, r, capacity, label, options=None):
     return dict(program=label, batch=r.shape[0], stablehlo_lines=lines, lower_s=t1 - t0,
                 compile_s=t3 - t2, first_call_s=t4 - t3,
                 steady_ms_per_snapshot=1e3 * min(steady) / r.shape[0])  # fmt: skip
+
+
+PHASES = (
+    ("hlo_passes_s", (("HLO passes through layout assignment", "HLO passes after layout assignment"),)),
+    ("codegen_s", (("Codegen",),)),
+    ("backend_compile_s", (("PjRtCpuClient::Compile",), ("CompileCpuExecutable",))),
+)  # fmt: skip
+"""``--phases``: row keys and the XLA:CPU trace events of each: the first group of names
+that the trace holds, summed (jaxlib 0.10 and 0.12 name the backend's compile differently;
+an event's name may carry the module's after a space: ``... (jit_program)``)."""
+
+
+def compile_phases(loc, r, capacity) -> dict:
+    """XLA's phases of one more compile of ``loc.program`` at ``r``'s shape, under JAX's
+    profiler (``--phases``: :data:`PHASES`, and the 12 largest events by name). JAX's
+    in-memory caches are cleared first (they would hand back the program compiled before)."""
+    jax.clear_caches()
+    lowered = pipeline.program_jit(pipeline.Locator.program, static_argnums=2).lower(
+        loc, r, capacity, jnp.int32(r.shape[0])
+    )
+    events = trace_seconds(lowered.compile, top=200)
+    row = {}
+    for key, groups in PHASES:
+        row[key] = None
+        for names in groups:
+            found = [t for name, t, _ in events if name.split(" (")[0] in names]
+            if found:
+                row[key] = sum(found)
+                break
+    row["phases_top"] = [(name, round(t, 4), n) for name, t, n in events[:12]]
+    return row
 
 
 def reference_row(scene):
@@ -148,6 +186,7 @@ def main(argv=None):
     ap.add_argument("--batches", type=int, nargs="*", default=[1, 256, 4096])
     ap.add_argument("--sweep", type=int, default=64, help="loc(r) for every batch 1..N (0: none)")
     ap.add_argument("--levels", action="store_true", help="also XLA's optimization levels 0, 1")
+    ap.add_argument("--phases", action="store_true", help="XLA's phases of the compile")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     off, scene = offline_world(args.tiny)
@@ -167,6 +206,8 @@ def main(argv=None):
             rows.append(compile_row(lo, r, lo.capacity_for(b), label, options))
             ref = rows[0]["compile_s"]
             rows[-1]["compile_over_reference"] = rows[-1]["compile_s"] / ref
+            if args.phases and label == "Locator":
+                rows[-1].update(compile_phases(lo, r, lo.capacity_for(b)))
             print(rows[-1])
     # every batch size 1..sweep through the checked call: the buckets bound the programs
     if args.sweep > 0:
@@ -186,6 +227,7 @@ def main(argv=None):
                        ("stablehlo_lines", "HLO lines", "d"), ("lower_s", "lower s", ".2f"),
                        ("compile_s", "compile s", ".2f"),
                        ("compile_over_reference", "x reference", ".2f"),
+                       ("hlo_passes_s", "HLO passes s", ".2f"), ("codegen_s", "codegen s", ".2f"),
                        ("first_call_s", "first call s", ".3f"),
                        ("steady_ms_per_snapshot", "ms/snapshot", ".4f"),
                        ("programs", "programs", "d"), ("sweep_s", "sweep s", ".1f")])  # fmt: skip

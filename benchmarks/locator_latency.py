@@ -14,6 +14,11 @@ of its candidate cells the screen read (its first cells alone, or all) and its s
     python benchmarks/locator_latency.py --json out/locator_latency.json
     python benchmarks/locator_latency.py --quick      # batches 1, 16, 256
     python benchmarks/locator_latency.py --batches 1 --mle-max-batch 0 --per-row 256
+    python benchmarks/locator_latency.py --batches 1 --mle-max-batch 0 --trace 50
+
+With ``--trace N``, N more calls of one snapshot run under JAX's profiler, and the
+largest events of its trace by name are reported per call (the program's kernels and
+loops, the host's argument parsing; events nest, so they do not add up).
 """
 
 from __future__ import annotations
@@ -27,11 +32,19 @@ import jax
 jax.config.update("jax_enable_x64", True)  # physics in float64; the networks stay float32
 
 import numpy as np  # noqa: E402
-from _common import device_name, labeled_snapshots, print_table, time_call, write_json  # noqa: E402
+from _common import (  # noqa: E402
+    device_name,
+    labeled_snapshots,
+    print_table,
+    time_call,
+    trace_seconds,
+    write_json,
+)
 
 import dmimo_jax as dj  # noqa: E402
 from dmimo_jax import estimators as est  # noqa: E402
 from dmimo_jax import pipeline  # noqa: E402
+from dmimo_jax.benchmarking import check_options  # noqa: E402
 
 
 def median_time(fn, repeats):
@@ -48,8 +61,10 @@ def main(argv=None):
         "--per-row", type=int, default=0,
         help="also time this many single snapshots one by one, grouped by the screen's tier",
     )  # fmt: skip
+    ap.add_argument("--trace", type=int, default=0, help="profile this many one-snapshot calls")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
+    check_options(0, per_row=args.per_row, trace=args.trace)
     batches = args.batches or ([1, 16, 256] if args.quick else [1, 16, 256, 4096])
     scene = dj.paper_scene(-10.0, "concrete")
     x, r, nv = labeled_snapshots(scene, 50, 0)
@@ -117,7 +132,28 @@ def main(argv=None):
     )
     if args.per_row:
         rows += per_row(loc, labeled_snapshots(scene, args.per_row, 2, salt=20_000)[1])
+    if args.trace:
+        rows.append(traced_calls(loc, rt[:1], args.trace))
     write_json(args.json, rows)
+
+
+def traced_calls(loc, r, calls: int) -> dict:
+    """``calls`` calls of ``loc`` on the one snapshot ``r`` (1, M) under JAX's profiler
+    (compiled and warmed first): the 25 largest events by name, ms per call."""
+    r = jax.device_put(r)
+    for _ in range(5):
+        jax.block_until_ready(loc(r).x)
+
+    def run():
+        for _ in range(calls):
+            jax.block_until_ready(loc(r).x)
+
+    events = trace_seconds(run, top=25)
+    print(f"one snapshot under the profiler, {calls} calls: ms per call, calls per call, event")
+    for name, s, n in events:
+        print(f"{1e3 * s / calls:9.4f} {n / calls:6.1f}  {name[:90]}")
+    return dict(trace_calls=calls, trace_ms_per_call=[(name, 1e3 * s / calls, n / calls)
+                                                      for name, s, n in events])  # fmt: skip
 
 
 def per_row(loc, r):

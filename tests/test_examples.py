@@ -16,6 +16,30 @@ def _run(path, argv, monkeypatch):
     runpy.run_path(path, run_name="__main__")
 
 
+def test_trace_seconds_names_the_compile_and_leaves_python_out(monkeypatch):
+    """benchmarks/_common.trace_seconds (compile_time.py --phases, locator_latency.py
+    --trace): the events of a compile, largest first, no Python frame, none longer than
+    the traced call itself."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    monkeypatch.syspath_prepend("benchmarks")
+    from _common import trace_seconds
+
+    lowered = jax.jit(lambda x: jnp.sin(x) @ x).lower(jnp.ones((8, 8)))
+    t0 = time.perf_counter()
+    events = trace_seconds(lowered.compile, top=50)
+    wall = time.perf_counter() - t0
+    seconds = [s for _, s, _ in events]
+    assert events and seconds == sorted(seconds, reverse=True)
+    assert all(s >= 0 and n >= 1 for _, s, n in events)
+    assert not any(name.startswith("$") for name, _, _ in events)
+    assert any("ompile" in name for name, _, _ in events)
+    assert seconds[0] <= wall
+
+
 @pytest.mark.slow
 def test_mle_mismatch_example(tmp_path, monkeypatch):
     out = tmp_path / "mm"
