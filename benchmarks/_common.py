@@ -67,8 +67,10 @@ def trace_seconds(fn: Callable[[], Any], top: int = 20) -> list[tuple[str, float
     with tempfile.TemporaryDirectory() as folder:
         with jax.profiler.trace(folder, create_perfetto_trace=True):
             fn()
-        (path,) = pathlib.Path(folder).rglob("perfetto_trace.json.gz")
-        events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+        paths = list(pathlib.Path(folder).rglob("perfetto_trace.json.gz"))
+        if len(paths) != 1:
+            raise RuntimeError(f"JAX's profiler wrote {len(paths)} perfetto traces, expected one")
+        events = json.loads(gzip.decompress(paths[0].read_bytes()))["traceEvents"]
     seconds, count = collections.Counter(), collections.Counter()
     for e in events:
         if e.get("ph") == "X" and not e["name"].startswith("$"):
