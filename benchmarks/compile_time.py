@@ -65,11 +65,12 @@ def offline_world(tiny: bool):
     return off, scene
 
 
-def compile_row(loc, r, capacity, label, options=None):
+def compile_row(loc, r, capacity, label, options=None, phases=False):
     """StableHLO lines, lower and compile seconds of ``loc.program`` at ``r``'s shape,
     compiled as the package compiles it (``options`` None: :func:`pipeline.program_jit`,
     with :data:`pipeline.PROGRAM_COMPILER_OPTIONS`) or with the XLA ``options`` given
-    (``{}``: XLA's defaults)."""
+    (``{}``: XLA's defaults); with ``phases``, XLA's phases of the same program compiled once
+    more (:func:`compile_phases`)."""
     if options is None:
         fn = pipeline.program_jit(pipeline.Locator.program, static_argnums=2)
     else:
@@ -90,9 +91,10 @@ def compile_row(loc, r, capacity, label, options=None):
         s = time.perf_counter()
         jax.block_until_ready(compiled(loc, r, jnp.int32(r.shape[0])))
         steady.append(time.perf_counter() - s)
-    return dict(program=label, batch=r.shape[0], stablehlo_lines=lines, lower_s=t1 - t0,
-                compile_s=t3 - t2, first_call_s=t4 - t3,
-                steady_ms_per_snapshot=1e3 * min(steady) / r.shape[0])  # fmt: skip
+    row = dict(program=label, batch=r.shape[0], stablehlo_lines=lines, lower_s=t1 - t0,
+               compile_s=t3 - t2, first_call_s=t4 - t3,
+               steady_ms_per_snapshot=1e3 * min(steady) / r.shape[0])  # fmt: skip
+    return {**row, **compile_phases(lowered)} if phases else row
 
 
 PHASES = (
@@ -105,15 +107,13 @@ that the trace holds, summed (jaxlib 0.10 and 0.12 name the backend's compile di
 an event's name may carry the module's after a space: ``... (jit_program)``)."""
 
 
-def compile_phases(loc, r, capacity) -> dict:
-    """XLA's phases of one more compile of ``loc.program`` at ``r``'s shape, under JAX's
-    profiler (``--phases``: :data:`PHASES`, and the 12 largest events by name). JAX's
-    in-memory caches are cleared first (they would hand back the program compiled before)."""
+def compile_phases(lowered) -> dict:
+    """XLA's phases of one more compile of the ``lowered`` program, under JAX's profiler
+    (``--phases``: :data:`PHASES`, and the 12 largest events by name). A ``Lowered`` hands
+    back its first executable unless given compiler options, so it is given none in a dict
+    (``{}``: the same options); JAX's in-memory caches, which would too, are cleared first."""
     jax.clear_caches()
-    lowered = pipeline.program_jit(pipeline.Locator.program, static_argnums=2).lower(
-        loc, r, capacity, jnp.int32(r.shape[0])
-    )
-    events = trace_seconds(lowered.compile, top=200)
+    events = trace_seconds(lambda: lowered.compile({}), top=200)
     row = {}
     for key, groups in PHASES:
         row[key] = None
@@ -203,11 +203,10 @@ def main(argv=None):
         if args.levels:  # the package's options and a lower optimization level (not taken)
             programs += [(f"Locator, + {name}", loc, {**own, **more}) for name, more in LEVELS]
         for label, lo, options in programs:
-            rows.append(compile_row(lo, r, lo.capacity_for(b), label, options))
+            phases = args.phases and label == "Locator"
+            rows.append(compile_row(lo, r, lo.capacity_for(b), label, options, phases))
             ref = rows[0]["compile_s"]
             rows[-1]["compile_over_reference"] = rows[-1]["compile_s"] / ref
-            if args.phases and label == "Locator":
-                rows[-1].update(compile_phases(lo, r, lo.capacity_for(b)))
             print(rows[-1])
     # every batch size 1..sweep through the checked call: the buckets bound the programs
     if args.sweep > 0:
