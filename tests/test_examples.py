@@ -39,7 +39,7 @@ def test_trace_seconds_names_the_compile_and_leaves_python_out(monkeypatch):
     assert events and seconds == sorted(seconds, reverse=True)
     assert all(s >= 0 and n >= 1 for _, s, n in events)
     assert not any(name.startswith("$") for name, _, _ in events)
-    assert any("ompile" in name for name, _, _ in events)
+    assert any("compile" in name.lower() for name, _, _ in events)
     assert seconds[0] <= wall
 
 
